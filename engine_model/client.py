@@ -1,0 +1,224 @@
+"""Scripted clients, and the P/D proxy that stands between a client and two engines.
+
+A client sends one request, streams its outputs, and may abort it explicitly (``abort_at``),
+disconnect after k tokens, or be ended by EOS or a stop string. It records every output it
+receives; each token carries the incarnation that generated it, which only the checker reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any, Protocol
+
+import simpy
+
+from sim.world import World
+
+from engine_model.config import PDConfig, RequestSpec
+from engine_model.frontend.async_llm import AsyncLLM
+from engine_model.frontend.outputs import (
+    CompletionOutput,
+    RequestOutput,
+    RequestOutputCollector,
+)
+from engine_model.messages import FinishReason, KVTransferParams
+
+__all__ = ["Client", "Gateway", "Proxy"]
+
+Proc = Generator[simpy.Event, Any, Any]
+
+
+class Gateway(Protocol):
+    """What a client talks to: an API server (AsyncLLM) or the P/D proxy."""
+
+    def add_request(self, request_id: str, *, client_uid: int, prompt_tokens: int,
+                    max_tokens: int, n: int = 1, eos_at: int | None = None,
+                    stop_string_at: int | None = None,
+                    kv_transfer_params: KVTransferParams | None = None,
+                    ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]: ...
+
+    def abort(self, request_id: str, internal: bool = False) -> Proc: ...
+
+
+def finish_reason_of(out: RequestOutput) -> str | None:
+    if out.error is not None:
+        return FinishReason.ERROR
+    if not out.finished:
+        return None
+    reasons = [c.finish_reason for c in out.outputs if c.finish_reason is not None]
+    if FinishReason.ABORT in reasons:
+        return FinishReason.ABORT
+    return reasons[-1] if reasons else FinishReason.ABORT
+
+
+class Client:
+    """One scripted request (``uid`` is its hidden identity; the system only sees ``spec.id``)."""
+
+    def __init__(self, world: World, index: int, uid: int, spec: RequestSpec,
+                 gateway: Gateway) -> None:
+        self.world = world
+        self.index = index
+        self.uid = uid
+        self.spec = spec
+        self.gateway = gateway
+        self.name = f"client{index}"
+        self.tokens = 0
+        self.finish_reason: str | None = None
+        self._collector: RequestOutputCollector | None = None
+        world.env.process(self._run())
+        if spec.abort_at is not None:
+            # Armed now, so that at equal times scenario order decides who acts first.
+            world.env.process(self._abort_at(spec.abort_at))
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def _terminate(self, reason: str) -> None:
+        self.finish_reason = reason
+        self.world.record(self.name, "client.done", self.spec.id, 0, uid=self.uid, reason=reason,
+                          tokens=self.tokens)
+
+    def _run(self) -> Proc:
+        world = self.world
+        env = world.env
+        spec = self.spec
+        if spec.at > 0:
+            yield env.timeout(spec.at)
+        ev = world.sleep("client.send", 0.0, self.name)
+        if ev is not None:
+            yield ev
+        world.record(self.name, "client.send", spec.id, 0, uid=self.uid, frontend=spec.frontend,
+                     n=spec.n, prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens)
+        result = yield from self.gateway.add_request(
+            spec.id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
+            max_tokens=spec.max_tokens, n=spec.n, eos_at=spec.eos_at,
+            stop_string_at=spec.stop_string_at)
+        if isinstance(result, str):
+            self._terminate(result)
+            return
+        self._collector = result
+        disconnected = False
+        while True:
+            out = yield from result.get()
+            tokens = [[c.index, t.inc, t.ctx] for c in out.outputs for t in c.tokens]
+            reason = finish_reason_of(out)
+            self.tokens += len(tokens)
+            world.record(self.name, "client.output", spec.id, 0, uid=self.uid, tokens=tokens,
+                         finish=reason, after_done=self.done)
+            if self.done:
+                continue  # still listening: anything arriving now breaks one-terminal-output
+            if reason is not None:
+                self._terminate(reason)
+                continue
+            limit = spec.disconnect_after_tokens
+            if limit is not None and self.tokens >= limit and not disconnected:
+                disconnected = True
+                # The HTTP handler is cancelled; generate() aborts by its internal ID.
+                world.record(self.name, "client.disconnect", spec.id, 0, uid=self.uid)
+                self._terminate(FinishReason.ABORT)
+                yield from self.gateway.abort(result.request_id, internal=True)
+                return
+
+    def _abort_at(self, at: float) -> Proc:
+        env = self.world.env
+        if at > env.now:
+            yield env.timeout(at - env.now)
+        if self.done or self._collector is None:
+            return
+        self.world.record(self.name, "client.abort", self.spec.id, 0, uid=self.uid)
+        yield from self.gateway.abort(self.spec.id)
+
+
+class Proxy:
+    """toy_proxy_server.py: prefill with max_tokens=1, then decode with the transfer params."""
+
+    def __init__(self, world: World, index: int, prefill: AsyncLLM, decode: AsyncLLM,
+                 config: PDConfig) -> None:
+        self.world = world
+        self.name = f"proxy{index}"
+        self.index = index
+        self.prefill = prefill
+        self.decode = decode
+        self.config = config
+        self._stage: AsyncLLM | None = None
+        self._stage_id = ""
+        self._aborted = False
+
+    def add_request(self, request_id: str, *, client_uid: int, prompt_tokens: int,
+                    max_tokens: int, n: int = 1, eos_at: int | None = None,
+                    stop_string_at: int | None = None,
+                    kv_transfer_params: KVTransferParams | None = None,
+                    ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]:
+        collector = RequestOutputCollector(self.world.env, request_id)
+        self.world.env.process(self._run(collector, request_id, client_uid, prompt_tokens,
+                                         max_tokens, n, eos_at, stop_string_at))
+        return collector
+        yield  # a generator, like AsyncLLM.add_request
+
+    def _run(self, collector: RequestOutputCollector, request_id: str, client_uid: int,
+             prompt_tokens: int, max_tokens: int, n: int, eos_at: int | None,
+             stop_string_at: int | None) -> Proc:
+        world = self.world
+        rid = request_id
+        if self.config.proxy_ids == "uuid":
+            rid = f"{world.rng.stream('proxy-uuid').getrandbits(128):032x}"
+        world.record(self.name, "pd.prefill", rid, 0, uid=client_uid)
+        self._stage, self._stage_id = self.prefill, rid
+        got = yield from self.prefill.add_request(
+            rid, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=1, n=1,
+            kv_transfer_params=KVTransferParams(do_remote_decode=True))
+        if isinstance(got, str):
+            self._refused(collector, request_id, got)
+            return
+        while True:
+            out = yield from got.get()
+            if out.finished or out.error is not None:
+                break
+        params = out.kv_transfer_params
+        if out.error is not None or self._aborted or params is None:
+            collector.put(out)
+            return
+        ev = world.sleep("pd.proxy:after_prefill", 0.0, self.name)
+        if ev is not None:
+            yield ev
+        if self._aborted:
+            collector.put(RequestOutput(request_id, [], True))
+            return
+        world.record(self.name, "pd.decode", rid, 0, uid=client_uid,
+                     remote_request=params.remote_request_id)
+        self._stage = None
+        d_params = KVTransferParams(do_remote_prefill=True, remote_engine=params.remote_engine,
+                                    remote_request_id=params.remote_request_id,
+                                    remote_block_ids=params.remote_block_ids,
+                                    remote_inc=params.remote_inc)
+        got = yield from self.decode.add_request(
+            rid, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=max_tokens, n=n,
+            eos_at=eos_at, stop_string_at=stop_string_at, kv_transfer_params=d_params)
+        if isinstance(got, str):
+            self._refused(collector, request_id, got)
+            return
+        self._stage, self._stage_id = self.decode, got.request_id
+        if self._aborted:
+            yield from self.decode.abort(got.request_id, internal=True)
+        while True:
+            out = yield from got.get()
+            collector.put(out)
+            if out.finished or out.error is not None:
+                return
+
+    @staticmethod
+    def _refused(collector: RequestOutputCollector, request_id: str, reason: str) -> None:
+        error = "EngineDeadError" if reason == FinishReason.ERROR else None
+        collector.put(RequestOutput(request_id, [CompletionOutput(0, [], reason)], True, None,
+                                    error))
+
+    def abort(self, request_id: str, internal: bool = False) -> Proc:
+        """Abort whichever stage the request is in (the client's ID means nothing to P or D)."""
+        self._aborted = True
+        stage = self._stage
+        if stage is None:
+            return  # between stages: _run sees the flag
+        self.world.record(self.name, "pd.abort", self._stage_id, 0, stage=stage.name)
+        # The prefill stage is aborted by the ID the proxy sent; decode by its internal ID.
+        yield from stage.abort(self._stage_id, internal=stage is self.decode)

@@ -1,0 +1,96 @@
+"""The workload a run simulates: topology, engine and IPC settings, and the scripted clients.
+
+These are plain frozen records; ``scenarios`` loads them from TOML and validates them, and
+``engine_model.system`` builds the modelled system from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+__all__ = ["EngineConfig", "IpcConfig", "FrontendConfig", "PDConfig", "RequestSpec", "Workload",
+           "TOPOLOGIES"]
+
+TOPOLOGIES = ("single", "pd")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """One EngineCore: scheduler limits, KV pool, step time and scheduling mode."""
+
+    num_blocks: int = 64
+    block_size: int = 16
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048
+    step_time: float = 0.01
+    async_scheduling: bool = False
+    #: vLLM #29987: ABORTs also go to an ``aborts_queue`` applied just before update_from_output.
+    eager_aborts: bool = False
+    #: seconds the input thread spends preprocessing one message (natural delay of its point).
+    preprocess_time: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class IpcConfig:
+    """ZMQ socket hops: one latency for every hop (natural delay of the transit points)."""
+
+    latency: float = 0.0005
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendConfig:
+    """API-server settings: VLLM_V1_OUTPUT_PROC_CHUNK_SIZE."""
+
+    output_chunk_size: int = 128
+
+
+@dataclass(frozen=True, slots=True)
+class PDConfig:
+    """Prefill/decode disaggregation: KV transfer time and the prefill side's hold timeout."""
+
+    transfer_time: float = 0.002
+    #: VLLM_NIXL_ABORT_REQUEST_TIMEOUT (120 s; 480 s since vLLM #25897).
+    hold_timeout: float = 480.0
+    #: "client": the proxy forwards the client's request ID to P and D (as X-Request-Id);
+    #: "uuid": the proxy makes a fresh ID per client request (the toy proxy's uuid4).
+    proxy_ids: str = "client"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One scripted client request.
+
+    Times (``at``, ``abort_at``) are absolute simulated seconds; ``eos_at`` is the generated
+    token count at which the model samples EOS; ``stop_string_at`` the count after which the
+    frontend's detokenizer matches a stop string; ``disconnect_after_tokens`` makes the client
+    go away after receiving that many tokens.
+    """
+
+    id: str
+    at: float = 0.0
+    prompt_tokens: int = 16
+    max_tokens: int = 16
+    abort_at: float | None = None
+    eos_at: int | None = None
+    stop_string_at: int | None = None
+    disconnect_after_tokens: int | None = None
+    n: int = 1
+    frontend: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Everything the modelled system is built from (no delays: those are the plan's)."""
+
+    topology: str = "single"
+    frontends: int = 1
+    horizon: float = 30.0
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    ipc: IpcConfig = field(default_factory=IpcConfig)
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    pd: PDConfig = field(default_factory=PDConfig)
+    requests: tuple[RequestSpec, ...] = ()
+
+    def without_requests(self, keep: tuple[int, ...]) -> Workload:
+        """The same workload with only the requests at the given scenario indices."""
+        return replace(self, requests=tuple(self.requests[i] for i in keep))

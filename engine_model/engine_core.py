@@ -1,0 +1,277 @@
+"""EngineCore: the input thread, the busy loop, steps (sync and async scheduling) and death.
+
+The input thread preprocesses each message and queues it; the busy loop applies queued inputs
+only between steps, then steps: schedule -> execute -> update_from_output -> send outputs. With
+``async_scheduling`` the batch queue holds two steps, so step N+1 is scheduled before step N's
+output is applied (``step_with_batch_queue``, VLLM_LIFECYCLE §3 and §7).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+import simpy
+
+from sim.world import World
+
+from engine_model.config import EngineConfig
+from engine_model.fatal import EngineFatal
+from engine_model.ipc import Channel
+from engine_model.kv_cache import KVCacheManager
+from engine_model.kv_connector import ConnectorScheduler
+from engine_model.messages import (
+    AbortMessage,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineDead,
+    KVDoneNotice,
+    Token,
+)
+from engine_model.request import Request, RequestStatus
+from engine_model.runner import ModelRunner
+from engine_model.scheduler import Scheduler, SchedulerOutput
+
+if TYPE_CHECKING:
+    from engine_model.policies import LifecyclePolicy
+
+__all__ = ["EngineCore"]
+
+_Batch = tuple[simpy.Event, SchedulerOutput]
+
+
+class EngineCore:
+    """One engine process. ``index`` is its position in the system (0 = prefill under P/D)."""
+
+    def __init__(self, world: World, index: int, name: str, config: EngineConfig,
+                 policy: LifecyclePolicy, *, hold_timeout: float | None = None,
+                 transfer_time: float = 0.0) -> None:
+        self.world = world
+        self.index = index
+        self.name = name
+        self.config = config
+        self.policy = policy
+        self.kv = KVCacheManager(world, f"{name}.kv", config.num_blocks, config.block_size)
+        self.scheduler = Scheduler(world, f"{name}.scheduler", config, self.kv)
+        self.runner = ModelRunner(world, f"{name}.runner", config.async_scheduling)
+        self.connector: ConnectorScheduler | None = None
+        if hold_timeout is not None:
+            self.connector = ConnectorScheduler(world, f"{name}.connector", index, self.kv,
+                                                hold_timeout, self._start_kv_read)
+            self.scheduler.connector = self.connector
+        self.transfer_time = transfer_time
+        self.output_channels: dict[int, Channel] = {}
+        #: decode side: where transfer-done notices go, by remote engine index.
+        self.notify_channels: dict[int, Channel] = {}
+        self.dead: str | None = None
+        self._inbox: deque[Any] = deque()
+        self.input_queue: deque[tuple[str, Any]] = deque()
+        self.aborts_queue: deque[AbortMessage] = deque()
+        self._input_wakeup: simpy.Event | None = None
+        self._loop_wakeup: simpy.Event | None = None
+        self._batch_queue: deque[_Batch] = deque()
+        self._max_batches = 2 if config.async_scheduling else 1
+        self._gpu_free_at = 0.0
+        self._c_input = f"{name}.input"
+        self._c_core = f"{name}.core"
+        world.env.process(self._input_thread())
+        world.env.process(self._busy_loop())
+
+    # -- sockets --------------------------------------------------------------------------------
+
+    def deliver(self, msg: Any) -> None:
+        """A message arrived on the input socket."""
+        self._inbox.append(msg)
+        ev = self._input_wakeup
+        if ev is not None and not ev.triggered:
+            ev.succeed()
+
+    def deliver_kv_notice(self, notice: KVDoneNotice) -> None:
+        """Prefill side: the decode side's transfer-done notice (NIXL side channel)."""
+        if self.dead is not None or self.connector is None:
+            return
+        self.world.record(self._c_core, "pd.notice", notice.request_id, notice.remote_inc)
+        self.connector.notice(notice.request_id)
+        self._wake_loop()
+
+    def _wake_loop(self) -> None:
+        ev = self._loop_wakeup
+        if ev is not None and not ev.triggered:
+            ev.succeed()
+
+    # -- input thread ---------------------------------------------------------------------------
+
+    def _input_thread(self) -> Generator[simpy.Event, Any, None]:
+        world = self.world
+        env = world.env
+        inbox = self._inbox
+        natural = self.config.preprocess_time
+        while True:
+            while not inbox:
+                self._input_wakeup = env.event()
+                yield self._input_wakeup
+            msg = inbox.popleft()
+            ev = world.sleep("engine.input:preprocess", natural, self._c_input)
+            if ev is not None:
+                yield ev
+            if self.dead is not None:
+                continue
+            if isinstance(msg, EngineCoreRequest):
+                self.input_queue.append(("add", Request(msg)))
+            elif isinstance(msg, AbortMessage):
+                if self.config.eager_aborts:
+                    self.aborts_queue.append(msg)
+                self.input_queue.append(("abort", msg))
+            self._wake_loop()
+
+    # -- busy loop ------------------------------------------------------------------------------
+
+    def _busy_loop(self) -> Generator[simpy.Event, Any, None]:
+        sched = self.scheduler
+        try:
+            while self.dead is None:
+                self._process_kv_finished()
+                while not self.input_queue and not sched.has_requests() and not self._batch_queue:
+                    yield from self._idle_wait()
+                    self._process_kv_finished()
+                while self.input_queue:
+                    self._apply_input(*self.input_queue.popleft())
+                progressed = yield from self._step()
+                if not progressed and not self.input_queue:
+                    # Nothing could be scheduled (e.g. the pool is full of a waiting request's
+                    # needs): the real loop spins; here we wait for the next input instead.
+                    yield from self._idle_wait()
+        except EngineFatal as exc:
+            self._die(str(exc))
+
+    def _idle_wait(self) -> Generator[simpy.Event, Any, None]:
+        env = self.world.env
+        self._loop_wakeup = env.event()
+        expiry = self.connector.next_expiry() if self.connector is not None else None
+        if expiry is not None:
+            yield self._loop_wakeup | env.timeout(max(0.0, expiry - env.now))
+        else:
+            yield self._loop_wakeup
+        self._loop_wakeup = None
+
+    def _process_kv_finished(self) -> None:
+        if self.connector is None:
+            return
+        done = self.connector.get_finished()
+        for rid, cause in done:
+            self.scheduler.finish_kv_transfers([rid], cause)
+
+    def _apply_input(self, kind: str, payload: Any) -> None:
+        if kind == "add":
+            self.scheduler.add_request(payload)
+        else:
+            self._abort(payload, "abort")
+
+    def _abort(self, msg: AbortMessage, cause: str) -> None:
+        finished = self.scheduler.finish_requests(msg.request_ids, RequestStatus.FINISHED_ABORTED,
+                                                  cause, msg.tag)
+        if finished and self.policy.engine_final_abort:
+            # njhill's proposal in #15326: a final "abort" output for every aborted request.
+            by_client: dict[int, list[EngineCoreOutput]] = {}
+            for req in finished:
+                by_client.setdefault(req.client_index, []).append(
+                    EngineCoreOutput(req.request_id, (), "abort", None, req.inc))
+            self._send_outputs(by_client)
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def _step(self) -> Generator[simpy.Event, Any, bool]:
+        """One pass of step / step_with_batch_queue. Returns whether anything ran."""
+        world = self.world
+        sched = self.scheduler
+        queue = self._batch_queue
+        executed = False
+        if sched.has_requests():
+            out = sched.schedule()
+            if out.num_scheduled_tokens or out.finished_req_ids:
+                queue.append((self._submit(out), out))
+                executed = out.total_num_scheduled_tokens > 0
+                if executed and len(queue) < self._max_batches:
+                    return True  # async: do not block on the step in flight
+            elif not queue:
+                return False
+        elif not queue:
+            return False
+        future, out = queue.popleft()
+        if not future.processed:
+            yield future
+        sampled: dict[str, Token] = future.value
+        if self.aborts_queue:
+            # vLLM #29987: aborts are also applied just before update_from_output.
+            while self.aborts_queue:
+                self._abort(self.aborts_queue.popleft(), "abort(eager)")
+        ev = world.sleep("engine.step:update_from_output", 0.0, self._c_core)
+        if ev is not None:
+            yield ev
+        self._process_kv_finished()
+        results = sched.update_from_output(out, sampled)
+        if results:
+            by_client: dict[int, list[EngineCoreOutput]] = {}
+            for client, output in results:
+                by_client.setdefault(client, []).append(output)
+            self._send_outputs(by_client)
+        return True
+
+    def _submit(self, out: SchedulerOutput) -> simpy.Event:
+        """execute_model(non_block=True): _update_states now, the forward pass on the GPU queue."""
+        world = self.world
+        now = world.env.now
+        sampled = self.runner.execute_model(out)
+        if out.total_num_scheduled_tokens > 0:
+            delay = world.pause("engine.step:execute", self.config.step_time, self._c_core)
+        else:
+            delay = 0.0
+        start = self._gpu_free_at if self._gpu_free_at > now else now
+        self._gpu_free_at = start + delay
+        return world.env.timeout(self._gpu_free_at - now, sampled)
+
+    def _send_outputs(self, by_client: dict[int, list[EngineCoreOutput]]) -> None:
+        for client in sorted(by_client):
+            outputs = by_client[client]
+            channel = self.output_channels.get(client)
+            if channel is None:
+                continue
+            channel.send(EngineCoreOutputs(self.index, tuple(outputs)),
+                         [o.request_id for o in outputs],
+                         outputs=[[o.request_id, o.inc, len(o.new_tokens), o.finish_reason]
+                                  for o in outputs])
+
+    # -- P/D decode side ------------------------------------------------------------------------
+
+    def _start_kv_read(self, request: Request) -> None:
+        self.world.env.process(self._kv_read(request))
+
+    def _kv_read(self, request: Request) -> Generator[simpy.Event, Any, None]:
+        world = self.world
+        params = request.kv_transfer_params
+        assert params is not None
+        ev = world.sleep("pd.kv:read", self.transfer_time, f"{self.name}.connector")
+        if ev is not None:
+            yield ev
+        if self.dead is not None:
+            return
+        world.record(f"{self.name}.connector", "pd.read", request.request_id, request.inc,
+                     remote_engine=params.remote_engine, remote_request=params.remote_request_id,
+                     remote_blocks=list(params.remote_block_ids), remote_inc=params.remote_inc)
+        assert self.connector is not None
+        self.connector.finished_recving[request.request_id] = None
+        self._wake_loop()
+        channel = self.notify_channels.get(params.remote_engine)
+        if channel is not None:
+            channel.send(KVDoneNotice(params.remote_request_id, params.remote_inc),
+                         [params.remote_request_id], remote_inc=params.remote_inc)
+
+    # -- death ----------------------------------------------------------------------------------
+
+    def _die(self, reason: str) -> None:
+        self.dead = reason
+        self.world.record(self._c_core, "engine.fatal", None, 0, error=reason)
+        for client in sorted(self.output_channels):
+            self.output_channels[client].send(EngineDead(self.index, reason), ["*"])

@@ -1,0 +1,231 @@
+"""OutputProcessor (vllm/v1/engine/output_processor.py): the API server's per-request state.
+
+``request_states`` is keyed by the (internal) request ID; the "already running" check is the
+only duplicate guard and it is local to one API-server process (vLLM #27711).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sim.world import World
+
+from engine_model.frontend.outputs import CompletionOutput, RequestOutput, RequestOutputCollector
+from engine_model.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+
+if TYPE_CHECKING:
+    from engine_model.policies import LifecyclePolicy
+
+__all__ = ["OutputProcessor", "RequestState", "ParentRequest", "AlreadyRunning"]
+
+
+class AlreadyRunning(Exception):
+    """ValueError("Request id ... already running.") from OutputProcessor.add_request."""
+
+
+@dataclass(slots=True)
+class ParentRequest:
+    """n > 1: the parent of the child requests ``<index>_<parent id>``."""
+
+    request_id: str
+    external_req_id: str
+    collector: RequestOutputCollector
+    child_requests: list[str] = field(default_factory=list)
+    finished_children: int = 0
+
+
+@dataclass(slots=True)
+class RequestState:
+    request_id: str
+    external_req_id: str
+    index: int
+    parent: ParentRequest | None
+    collector: RequestOutputCollector
+    inc: int        # ground truth, for the checker only
+    client_uid: int  # ground truth, for the checker only
+    engine: int
+    stop_string_at: int | None
+    num_generated: int = 0
+    #: finished in the frontend (stop string or abort) but kept until the policy drops it.
+    finished: bool = False
+
+
+class OutputProcessor:
+    def __init__(self, world: World, component: str, policy: LifecyclePolicy) -> None:
+        self.world = world
+        self.component = component
+        self.policy = policy
+        self.request_states: dict[str, RequestState] = {}
+        self.parent_requests: dict[str, ParentRequest] = {}
+        self.external_req_ids: dict[str, list[str]] = {}
+
+    # -- add ------------------------------------------------------------------------------------
+
+    def check_not_running(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            if rid in self.request_states:
+                raise AlreadyRunning(rid)
+
+    def add_request(self, request: EngineCoreRequest, parent: ParentRequest | None, index: int,
+                    collector: RequestOutputCollector, client_uid: int, engine: int,
+                    stop_string_at: int | None) -> RequestState:
+        rid = request.request_id
+        if rid in self.request_states:
+            raise AlreadyRunning(rid)
+        state = RequestState(rid, request.external_req_id, index, parent, collector, request.inc,
+                             client_uid, engine, stop_string_at)
+        self.request_states[rid] = state
+        top = parent.request_id if parent is not None else rid
+        ids = self.external_req_ids.setdefault(request.external_req_id, [])
+        if top not in ids:
+            ids.append(top)
+        if parent is not None:
+            self.parent_requests[parent.request_id] = parent
+            parent.child_requests.append(rid)
+        self.world.record(self.component, "fe.add", rid, request.inc, uid=client_uid,
+                          external=request.external_req_id, index=index)
+        return state
+
+    # -- abort ----------------------------------------------------------------------------------
+
+    def flatten_req_to_abort(self, request_ids: list[str], internal: bool) -> list[str]:
+        """The internal request IDs an abort of ``request_ids`` means, without popping anything."""
+        out: list[str] = []
+        for rid in request_ids:
+            targets = [rid] if internal else list(self.external_req_ids.get(rid, [rid]))
+            for t in targets:
+                state = self.request_states.get(t)
+                if state is not None:
+                    if not state.finished:
+                        out.append(t)
+                    continue
+                parent = self.parent_requests.get(t)
+                if parent is not None:
+                    out.extend(c for c in parent.child_requests
+                               if c in self.request_states and not self.request_states[c].finished)
+        return out
+
+    def abort_requests(self, request_ids: list[str]) -> list[str]:
+        """Pop the states and give each client its final "abort" output (vLLM #22283).
+
+        Aborts initiated here never reach the finished-request stats (VLLM_LIFECYCLE §8).
+        """
+        popped = []
+        for rid in request_ids:
+            state = self.request_states.get(rid)
+            if state is None:
+                continue
+            if not state.finished:
+                self._deliver(state, [], FinishReason.ABORT)
+            self._pop(state, "abort")
+            popped.append(rid)
+        return popped
+
+    def mark_finished(self, request_ids: list[str]) -> None:
+        """Keep the states but give each client its final "abort" output now."""
+        for rid in request_ids:
+            state = self.request_states.get(rid)
+            if state is not None and not state.finished:
+                self._deliver(state, [], FinishReason.ABORT)
+                state.finished = True
+
+    def fail_engine(self, engine: int, reason: str) -> None:
+        """EngineDeadError: every request on the dead engine ends with an error."""
+        for rid in [r for r, s in self.request_states.items() if s.engine == engine]:
+            state = self.request_states[rid]
+            if not state.finished:
+                top = state.parent.request_id if state.parent else rid
+                state.collector.put(RequestOutput(state.external_req_id, [], True, None,
+                                                  f"EngineDeadError: {reason}"))
+                self.world.record(self.component, "fe.error", rid, state.inc, uid=state.client_uid,
+                                  parent=top)
+            self._pop(state, "error")
+
+    # -- outputs --------------------------------------------------------------------------------
+
+    def process_outputs(self, outputs: tuple[EngineCoreOutput, ...]) -> list[str]:
+        """Route each output to the state its ID maps to; returns the stop-string aborts."""
+        reqs_to_abort: list[str] = []
+        states = self.request_states
+        for out in outputs:
+            rid = out.request_id
+            state = states.get(rid)
+            if state is None:
+                self.world.record(self.component, "fe.drop", rid, out.inc,
+                                  tokens=len(out.new_tokens), finish=out.finish_reason)
+                continue
+            if state.finished:
+                # Finished here already; the engine's final answer lets the state go.
+                if out.finish_reason is not None:
+                    self._pop(state, "engine-final")
+                continue
+            tokens = list(out.new_tokens)
+            finish = out.finish_reason
+            stop_string = False
+            state.num_generated += len(tokens)
+            if finish is None and state.stop_string_at is not None \
+                    and state.num_generated >= state.stop_string_at:
+                extra = state.num_generated - state.stop_string_at
+                if extra:
+                    del tokens[len(tokens) - extra:]
+                    state.num_generated -= extra
+                finish = FinishReason.STOP
+                stop_string = True
+            self._deliver(state, tokens, finish, out)
+            if finish is None:
+                continue
+            self.world.record(self.component, "fe.stats", rid, state.inc, reason=finish,
+                              uid=state.client_uid)
+            if stop_string:
+                reqs_to_abort.append(rid)
+                self.world.record(self.component, "fe.abort_issue", rid, state.inc, ids=[rid],
+                                  cause="stop-string")
+                if self.policy.pop_stop_string_finishes:
+                    self._pop(state, "stop-string")
+                else:
+                    state.finished = True
+            else:
+                self._pop(state, "finished")
+        return reqs_to_abort
+
+    def pop_finished(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            state = self.request_states.get(rid)
+            if state is not None and state.finished:
+                self._pop(state, "abort-sent")
+
+    def _deliver(self, state: RequestState, tokens: list, finish: str | None,
+                 out: EngineCoreOutput | None = None) -> None:
+        parent = state.parent
+        finished = finish is not None
+        if parent is not None and finished:
+            parent.finished_children += 1
+            finished = parent.finished_children >= len(parent.child_requests)
+        params = out.kv_transfer_params if out is not None else None
+        state.collector.put(RequestOutput(
+            state.external_req_id, [CompletionOutput(state.index, tokens, finish)], finished,
+            params))
+        self.world.record(self.component, "fe.output", state.request_id, state.inc,
+                          tokens=len(tokens), finish=finish)
+
+    def _pop(self, state: RequestState, why: str) -> None:
+        rid = state.request_id
+        if self.request_states.get(rid) is not state:
+            return
+        del self.request_states[rid]
+        parent = state.parent
+        top = rid
+        if parent is not None:
+            top = parent.request_id
+            if all(c not in self.request_states for c in parent.child_requests):
+                self.parent_requests.pop(parent.request_id, None)
+            else:
+                top = ""
+        if top:
+            ids = self.external_req_ids.get(state.external_req_id)
+            if ids is not None and top in ids:
+                ids.remove(top)
+                if not ids:
+                    del self.external_req_ids[state.external_req_id]
+        self.world.record(self.component, "fe.pop", rid, state.inc, why=why)

@@ -1,0 +1,75 @@
+"""What a client sees: RequestOutput pieces and the per-request RequestOutputCollector."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from engine_model.messages import KVTransferParams, Token
+
+__all__ = ["CompletionOutput", "RequestOutput", "RequestOutputCollector"]
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    tokens: list[Token] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """One delta for one client request (``request_id`` is what the client knows it by)."""
+
+    request_id: str
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    kv_transfer_params: KVTransferParams | None = None
+    error: str | None = None
+
+    def merge(self, other: RequestOutput) -> None:
+        """DELTA merge, as RequestOutputCollector.put does: append tokens per sample index."""
+        by_index = {c.index: c for c in self.outputs}
+        for c in other.outputs:
+            mine = by_index.get(c.index)
+            if mine is None:
+                mine = CompletionOutput(c.index)
+                self.outputs.append(mine)
+                by_index[c.index] = mine
+            mine.tokens.extend(c.tokens)
+            if c.finish_reason is not None:
+                mine.finish_reason = c.finish_reason
+        self.finished = self.finished or other.finished
+        if other.kv_transfer_params is not None:
+            self.kv_transfer_params = other.kv_transfer_params
+
+
+class RequestOutputCollector:
+    """A single slot plus an event: ``put`` merges deltas, an error replaces the slot."""
+
+    __slots__ = ("env", "request_id", "_slot", "_ready")
+
+    def __init__(self, env: simpy.Environment, request_id: str) -> None:
+        self.env = env
+        self.request_id = request_id
+        self._slot: RequestOutput | None = None
+        self._ready: simpy.Event | None = None
+
+    def put(self, output: RequestOutput) -> None:
+        if self._slot is None or output.error is not None:
+            self._slot = output
+        elif self._slot.error is None:
+            self._slot.merge(output)
+        ev = self._ready
+        if ev is not None and not ev.triggered:
+            ev.succeed()
+
+    def get(self) -> Generator[simpy.Event, Any, RequestOutput]:
+        while self._slot is None:
+            self._ready = self.env.event()
+            yield self._ready
+        out, self._slot = self._slot, None
+        return out

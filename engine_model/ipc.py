@@ -1,0 +1,50 @@
+"""A socket hop: FIFO per (sender, receiver), a transit latency and an await point per message."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sim.world import World
+
+__all__ = ["Channel", "message_kind"]
+
+
+def message_kind(msg: object) -> str:
+    return type(msg).__name__
+
+
+class Channel:
+    """Delivers messages in send order; a delayed message holds back the ones behind it.
+
+    ZMQ gives per-pair FIFO order, so a later message never overtakes an earlier one on the same
+    channel even when the plan gives it a shorter transit.
+    """
+
+    __slots__ = ("world", "name", "point", "latency", "_deliver", "_last", "_seq")
+
+    def __init__(self, world: World, name: str, point: str, latency: float,
+                 deliver: Callable[[Any], None]) -> None:
+        self.world = world
+        self.name = name
+        self.point = point
+        self.latency = latency
+        self._deliver = deliver
+        self._last = 0.0
+        self._seq = 0
+
+    def send(self, msg: Any, request_ids: list[str], **detail: Any) -> None:
+        world = self.world
+        delay = world.pause(self.point, self.latency, self.name)
+        now = world.env.now
+        at = now + delay
+        if at < self._last:
+            at = self._last
+        self._last = at
+        self._seq += 1
+        msg_id = f"{self.name}#{self._seq}"
+        world.record(self.name, "ipc.send", request_ids[0] if len(request_ids) == 1 else None, 0,
+                     msg=msg_id, type=message_kind(msg), ids=request_ids, arrive=at, **detail)
+        ev = world.env.timeout(at - now)
+        deliver = self._deliver
+        ev.callbacks.append(lambda _ev: deliver(msg))

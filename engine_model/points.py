@@ -1,0 +1,40 @@
+"""The await-point catalogue of the vLLM V1 model (DESIGN's required names, plus extras)."""
+
+from __future__ import annotations
+
+from sim.points import AwaitPoint, PointCatalogue
+
+__all__ = ["POINTS"]
+
+POINTS = PointCatalogue([
+    AwaitPoint("client.send",
+               "before a client's request leaves it (HTTP handler scheduling)"),
+    AwaitPoint("frontend.add_request:before_send",
+               "AsyncLLM.add_request: OutputProcessor registered the request, ADD not yet sent"),
+    AwaitPoint("frontend.abort:after_pop",
+               "AsyncLLM.abort: the await on the ABORT send (buggy: after request_states was "
+               "popped; fixed policies: before the pop) -- vLLM #15326's BUG point"),
+    AwaitPoint("frontend.output_handler:between_chunks",
+               "output handler: await asyncio.sleep(0) between output chunks",
+               always_yields=True),
+    AwaitPoint("frontend.output_handler:before_abort_send",
+               "output handler: before sending ABORTs for stop-string finishes (#15326's second "
+               "window)"),
+    AwaitPoint("ipc.input:transit", "one frontend -> engine socket hop (ADD/ABORT)",
+               natural="ipc.latency"),
+    AwaitPoint("ipc.output:transit", "one engine -> frontend socket hop (EngineCoreOutputs)",
+               natural="ipc.latency"),
+    AwaitPoint("engine.input:preprocess",
+               "EngineCore input thread: preprocessing a message before it is queued",
+               natural="engine.preprocess_time"),
+    AwaitPoint("engine.step:execute", "the model forward pass of one step",
+               natural="engine.step_time"),
+    AwaitPoint("engine.step:update_from_output",
+               "busy loop: a step's output is ready, before update_from_output applies it"),
+    AwaitPoint("pd.proxy:after_prefill",
+               "P/D proxy: between the prefill reply and the decode send"),
+    AwaitPoint("pd.kv:read", "decode side reading the prefill side's KV blocks",
+               natural="pd.transfer_time"),
+    AwaitPoint("pd.kv:notify", "decode -> prefill transfer-done notice in transit",
+               natural="ipc.latency"),
+])

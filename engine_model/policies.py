@@ -1,0 +1,178 @@
+"""Lifecycle policies: the buggy abort path and the fixes proposed or merged in vLLM.
+
+A policy decides three things, and nothing else differs between them:
+
+1. the request ID the engine sees (``assign_request_id``);
+2. the frontend's abort coroutine (``abort``): when ``request_states`` is dropped relative to the
+   await that sends the ABORT;
+3. the same for stop-string finishes found by the output handler (``abort_stop_strings`` and
+   ``pop_stop_string_finishes``), and whether the engine answers every ABORT with a final
+   "abort" output (``engine_final_abort``).
+
+Writing your own
+----------------
+Subclass :class:`LifecyclePolicy`, set ``name`` and ``summary``, override what differs and run
+``racesim run SCENARIO --policy package.module:ClassName``. Options given as
+``--policy-opt KEY=VALUE`` reach ``__init__`` as keyword arguments (strings); declare them in
+``options`` (name -> help) and validate them, raising :class:`sim.InputError` on a bad value.
+``abort`` and ``abort_stop_strings`` are simpy process generators; build them from the frontend's
+primitives:
+
+- ``llm.output_processor.abort_requests(ids)``: drop the states, give clients their final "abort";
+- ``llm.output_processor.mark_finished(ids)``: final "abort" to clients, keep the states;
+- ``llm.output_processor.pop_finished(ids)``: drop states kept by ``mark_finished`` or a stop string;
+- ``yield from llm.send_abort(ids, point)``: pass await point ``point``, then send the ABORT.
+
+Pass the required points: ``frontend.abort:after_pop`` in ``abort`` and
+``frontend.output_handler:before_abort_send`` in ``abort_stop_strings``, so that schedules stay
+comparable across policies.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Generator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import simpy
+
+from sim.errors import InputError
+
+if TYPE_CHECKING:
+    from engine_model.frontend.async_llm import AsyncLLM
+
+__all__ = ["LifecyclePolicy", "Buggy", "AbortScope", "EngineFinal", "InternalId", "POLICIES",
+           "load_policy", "policy_spec"]
+
+Proc = Generator[simpy.Event, Any, None]
+
+ABORT_POINT = "frontend.abort:after_pop"
+STOP_POINT = "frontend.output_handler:before_abort_send"
+
+
+class LifecyclePolicy:
+    """The buggy lifecycle of vLLM before PR #15326; every other policy changes part of it."""
+
+    name: ClassVar[str] = "custom"
+    summary: ClassVar[str] = ""
+    source: ClassVar[str] = ""
+    options: ClassVar[Mapping[str, str]] = {}
+    #: the engine sends EngineCoreOutput(id, [], ABORT) for every request an ABORT ends.
+    engine_final_abort: ClassVar[bool] = False
+    #: the output handler drops a stop-string finish at once (before its ABORT is sent).
+    pop_stop_string_finishes: ClassVar[bool] = True
+
+    def __init__(self, **opts: str) -> None:
+        unknown = sorted(set(opts) - set(self.options))
+        if unknown:
+            known = ", ".join(self.options) or "none"
+            raise InputError(f"policy {self.name!r} has no option {unknown[0]!r} "
+                             f"(options: {known})")
+        self.opts = dict(opts)
+
+    def assign_request_id(self, llm: AsyncLLM, request_id: str) -> str:
+        return request_id
+
+    def abort(self, llm: AsyncLLM, request_ids: list[str]) -> Proc:
+        # vLLM #15326: abort pops the frontend state *before* the ABORT is sent.
+        llm.output_processor.abort_requests(request_ids)
+        yield from llm.send_abort(request_ids, ABORT_POINT)
+
+    def abort_stop_strings(self, llm: AsyncLLM, request_ids: list[str]) -> Proc:
+        # The state was popped in process_outputs; the ABORT follows after an await.
+        yield from llm.send_abort(request_ids, STOP_POINT)
+
+    def describe_options(self) -> dict[str, str]:
+        return dict(self.opts)
+
+
+class Buggy(LifecyclePolicy):
+    name = "buggy"
+    summary = "abort pops frontend state, then awaits the ABORT send; IDs used as given"
+    source = "vLLM before PR #15326"
+
+
+class AbortScope(LifecyclePolicy):
+    name = "abort-scope"
+    summary = ("send ABORT first, drop frontend state after; frontend visibility always covers "
+               "the engine's")
+    source = "PR #15326"
+    pop_stop_string_finishes = False
+
+    def abort(self, llm: AsyncLLM, request_ids: list[str]) -> Proc:
+        yield from llm.send_abort(request_ids, ABORT_POINT)
+        llm.output_processor.abort_requests(request_ids)
+
+    def abort_stop_strings(self, llm: AsyncLLM, request_ids: list[str]) -> Proc:
+        yield from llm.send_abort(request_ids, STOP_POINT)
+        llm.output_processor.pop_finished(request_ids)
+
+
+class EngineFinal(LifecyclePolicy):
+    name = "engine-final"
+    summary = ("the engine answers every ABORT with a final 'abort' output; the frontend drops "
+               "state only then, and counts the abort in stats")
+    source = "njhill's proposal in PR #15326's review"
+    engine_final_abort = True
+    pop_stop_string_finishes = False
+
+    def abort(self, llm: AsyncLLM, request_ids: list[str]) -> Proc:
+        # Nothing is dropped here: the engine's final "abort" output ends the request.
+        yield from llm.send_abort(request_ids, ABORT_POINT)
+
+    def abort_stop_strings(self, llm: AsyncLLM, request_ids: list[str]) -> Proc:
+        yield from llm.send_abort(request_ids, STOP_POINT)
+
+
+class InternalId(LifecyclePolicy):
+    name = "internal-id"
+    summary = ("internal ID = external + '-' + random hex suffix; abort by external ID aborts "
+               "all its internal IDs")
+    source = "PR #27987"
+    options = {"suffix_hex": "hex characters of random suffix (default 8; 0 disables it, as "
+                             "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1 does)"}
+
+    def __init__(self, **opts: str) -> None:
+        super().__init__(**opts)
+        raw = opts.get("suffix_hex", "8")
+        if not raw.isdigit() or not 0 <= int(raw) <= 32:
+            raise InputError(f"policy 'internal-id': suffix_hex must be a whole number 0..32, "
+                             f"got {raw!r}")
+        self.suffix_hex = int(raw)
+
+    def assign_request_id(self, llm: AsyncLLM, request_id: str) -> str:
+        # InputProcessor.assign_request_id (#27987): external ID + "-" + random hex.
+        if self.suffix_hex == 0:
+            return request_id
+        rng = llm.world.rng.stream(f"request-id/{llm.name}")
+        return f"{request_id}-{rng.getrandbits(4 * self.suffix_hex):0{self.suffix_hex}x}"
+
+
+POLICIES: dict[str, type[LifecyclePolicy]] = {
+    cls.name: cls for cls in (Buggy, AbortScope, EngineFinal, InternalId)
+}
+
+
+def policy_spec(spec: str) -> type[LifecyclePolicy]:
+    """A policy class by registry name or ``package.module:ClassName``."""
+    if spec in POLICIES:
+        return POLICIES[spec]
+    if ":" not in spec:
+        raise InputError(f"unknown policy {spec!r} (known: {', '.join(POLICIES)}; or give "
+                         f"package.module:ClassName)")
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any import failure is the user's module, reported in one line
+        raise InputError(f"policy {spec!r}: cannot import module {module_name!r}: "
+                         f"{type(exc).__name__}: {exc}") from None
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, LifecyclePolicy)):
+        raise InputError(f"policy {spec!r}: {attr!r} is not a LifecyclePolicy subclass in "
+                         f"{module_name!r}")
+    return cls
+
+
+def load_policy(spec: str, options: Mapping[str, str] | None = None) -> LifecyclePolicy:
+    """Instantiate a policy by name or ``module:Class`` with its ``--policy-opt`` options."""
+    return policy_spec(spec)(**dict(options or {}))

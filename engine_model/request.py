@@ -1,0 +1,65 @@
+"""The engine-side Request object (vllm/v1/request.py), keyed everywhere by its ID string."""
+
+from __future__ import annotations
+
+from engine_model.messages import EngineCoreRequest, KVTransferParams, Token
+
+__all__ = ["Request", "RequestStatus"]
+
+
+class RequestStatus:
+    WAITING = "WAITING"
+    WAITING_FOR_REMOTE_KVS = "WAITING_FOR_REMOTE_KVS"
+    RUNNING = "RUNNING"
+    PREEMPTED = "PREEMPTED"
+    FINISHED_STOPPED = "FINISHED_STOPPED"
+    FINISHED_LENGTH_CAPPED = "FINISHED_LENGTH_CAPPED"
+    FINISHED_ABORTED = "FINISHED_ABORTED"
+
+    FINISH_REASON = {
+        FINISHED_STOPPED: "stop",
+        FINISHED_LENGTH_CAPPED: "length",
+        FINISHED_ABORTED: "abort",
+    }
+
+
+class Request:
+    """One engine request. Compared by identity, as vLLM's Request objects are."""
+
+    __slots__ = ("request_id", "inc", "prompt_tokens", "max_tokens", "client_index", "eos_at",
+                 "kv_transfer_params", "status", "num_computed_tokens", "output",
+                 "num_output_placeholders", "remote_kv_ready")
+
+    def __init__(self, msg: EngineCoreRequest) -> None:
+        self.request_id = msg.request_id
+        self.inc = msg.inc
+        self.prompt_tokens = msg.prompt_tokens
+        self.max_tokens = msg.max_tokens
+        self.client_index = msg.client_index
+        self.eos_at = msg.eos_at
+        self.kv_transfer_params: KVTransferParams | None = msg.kv_transfer_params
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.output: list[Token] = []
+        self.num_output_placeholders = 0
+        self.remote_kv_ready = False
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + len(self.output)
+
+    def is_finished(self) -> bool:
+        return self.status.startswith("FINISHED")
+
+    @property
+    def do_remote_prefill(self) -> bool:
+        p = self.kv_transfer_params
+        return p is not None and p.do_remote_prefill
+
+    @property
+    def do_remote_decode(self) -> bool:
+        p = self.kv_transfer_params
+        return p is not None and p.do_remote_decode
+
+    def __repr__(self) -> str:
+        return f"Request({self.request_id!r}, inc={self.inc}, {self.status})"

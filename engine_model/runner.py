@@ -1,0 +1,85 @@
+"""GPUModelRunner: per-ID request state, ``_update_states`` and sampling.
+
+The runner keeps its own ``requests`` dict keyed by ID. ``_update_states`` removes the finished
+IDs, adds the new requests, then looks up every cached one unchecked: a missing ID is the
+KeyError that kills EngineCore (VLLM_LIFECYCLE §1 damage (d)). Under async scheduling the
+sampled tokens of step N are fed into step N+1 by ID match (``prev_req_id_to_index``), so a new
+request that reuses an ID can be fed the old one's token (§3).
+"""
+
+from __future__ import annotations
+
+from sim.world import World
+
+from engine_model.fatal import EngineFatal
+from engine_model.messages import Token
+from engine_model.scheduler import SchedulerOutput
+
+__all__ = ["ModelRunner", "CachedRequestState"]
+
+
+class CachedRequestState:
+    __slots__ = ("req_id", "inc", "prompt_tokens", "eos_at", "num_computed_tokens", "num_output")
+
+    def __init__(self, req_id: str, inc: int, prompt_tokens: int, eos_at: int | None,
+                 num_computed_tokens: int) -> None:
+        self.req_id = req_id
+        self.inc = inc
+        self.prompt_tokens = prompt_tokens
+        self.eos_at = eos_at
+        self.num_computed_tokens = num_computed_tokens
+        self.num_output = 0
+
+
+class ModelRunner:
+    __slots__ = ("world", "component", "requests", "async_scheduling", "_prev_sampled")
+
+    def __init__(self, world: World, component: str, async_scheduling: bool) -> None:
+        self.world = world
+        self.component = component
+        self.requests: dict[str, CachedRequestState] = {}
+        self.async_scheduling = async_scheduling
+        # Async scheduling: the previous batch's sampled tokens, by request ID.
+        self._prev_sampled: dict[str, Token] = {}
+
+    def execute_model(self, out: SchedulerOutput) -> dict[str, Token]:
+        """_update_states, then one forward pass: the token sampled for each request ID."""
+        self._update_states(out)
+        requests = self.requests
+        prev = self._prev_sampled
+        sampled: dict[str, Token] = {}
+        for rid, n in out.num_scheduled_tokens.items():
+            state = requests.get(rid)
+            if state is None:
+                raise EngineFatal(f"KeyError: {rid!r} in GPUModelRunner.requests (execute)")
+            state.num_computed_tokens += n
+            if state.num_computed_tokens < state.prompt_tokens + state.num_output:
+                continue  # partial prefill: the sampled token is discarded
+            ctx = 0
+            if self.async_scheduling:
+                carried = prev.get(rid)
+                if carried is not None and carried.inc != state.inc:
+                    ctx = carried.inc  # the input token came from another incarnation
+            state.num_output += 1
+            sampled[rid] = Token(state.inc, ctx, state.num_output == state.eos_at)
+        if self.async_scheduling:
+            self._prev_sampled = sampled
+        if sampled:
+            self.world.record(self.component, "runner.sample", None, 0, step=out.step,
+                              sampled=[[rid, t.inc, t.ctx, t.eos] for rid, t in sampled.items()])
+        return sampled
+
+    def _update_states(self, out: SchedulerOutput) -> None:
+        requests = self.requests
+        for rid in out.finished_req_ids:
+            requests.pop(rid, None)
+        for new in out.scheduled_new_reqs:
+            # A re-added ID replaces the state (woosuk's comment in _update_states allows it).
+            requests[new.req_id] = CachedRequestState(new.req_id, new.inc, new.prompt_tokens,
+                                                      new.eos_at, new.num_computed_tokens)
+        for rid in out.scheduled_cached_reqs:
+            state = requests.get(rid)
+            if state is None:
+                raise EngineFatal(f"KeyError: {rid!r} in GPUModelRunner.requests "
+                                  f"(_update_states, cached request)")
+            state.num_computed_tokens = out.num_computed_tokens[rid]

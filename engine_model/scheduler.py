@@ -1,0 +1,295 @@
+"""Scheduler (vllm/v1/core/sched/scheduler.py and async_scheduler.py), keyed by request ID.
+
+``requests`` is a dict keyed by the ID string and an ADD for a live ID overwrites its entry
+without a check, as vLLM did before #28973; ``waiting``/``running`` hold Request objects, so the
+overwritten object keeps running while the dict points at the new one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sim.world import World
+
+from engine_model.config import EngineConfig
+from engine_model.fatal import EngineFatal, checked_del, checked_get
+from engine_model.kv_cache import KVCacheManager
+from engine_model.messages import EngineCoreOutput, KVTransferParams, Token
+from engine_model.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from engine_model.kv_connector import ConnectorScheduler
+
+__all__ = ["Scheduler", "SchedulerOutput", "NewRequestData"]
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequestData:
+    req_id: str
+    inc: int
+    prompt_tokens: int
+    eos_at: int | None
+    num_computed_tokens: int
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's batch. Its dicts are keyed by request ID, as vLLM's are."""
+
+    step: int
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
+    scheduled_cached_reqs: list[str] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    num_computed_tokens: dict[str, int] = field(default_factory=dict)
+    finished_req_ids: list[str] = field(default_factory=list)
+    #: ground truth for the checker: the Request objects scheduled (identity, not ID).
+    scheduled_objects: list[Request] = field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+
+class Scheduler:
+    __slots__ = ("world", "component", "config", "kv", "requests", "waiting", "running",
+                 "finished_req_ids", "connector", "_step", "_async")
+
+    def __init__(self, world: World, component: str, config: EngineConfig,
+                 kv: KVCacheManager) -> None:
+        self.world = world
+        self.component = component
+        self.config = config
+        self.kv = kv
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        # An ordered set (a dict), shipped to the model runner with the next step.
+        self.finished_req_ids: dict[str, None] = {}
+        self.connector: ConnectorScheduler | None = None
+        self._step = 0
+        self._async = config.async_scheduling
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        rid = request.request_id
+        prev = self.requests.get(rid)
+        # vLLM before #28973: no duplicate check; the dict entry is overwritten.
+        self.waiting.append(request)
+        self.requests[rid] = request
+        self.world.record(self.component, "sched.add", rid, request.inc,
+                          prev=prev.inc if prev is not None else 0)
+
+    def finish_requests(self, request_ids: tuple[str, ...] | list[str], status: str,
+                        cause: str, tag: int = 0) -> list[Request]:
+        """Abort path: end whatever request each ID maps to *now*."""
+        finished = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None or req.is_finished():
+                # vLLM #25067: an ABORT for a finished request held for transfer is ignored.
+                self.world.record(self.component, "sched.abort_miss", rid,
+                                  req.inc if req is not None else 0, cause=cause, abort=tag)
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self._remove_running(req)
+            else:
+                self._remove_waiting(req)
+            req.status = status
+            self.world.record(self.component, "sched.finish", rid, req.inc, status=status,
+                              cause=cause, abort=tag)
+            self._free_request(req)
+            finished.append(req)
+        return finished
+
+    def _remove_running(self, req: Request) -> None:
+        for i, r in enumerate(self.running):
+            if r is req:
+                del self.running[i]
+                return
+
+    def _remove_waiting(self, req: Request) -> None:
+        for i, r in enumerate(self.waiting):
+            if r is req:
+                del self.waiting[i]
+                return
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting) or bool(self.running)
+
+    def has_requests(self) -> bool:
+        return bool(self.waiting) or bool(self.running) or bool(self.finished_req_ids)
+
+    # -- freeing --------------------------------------------------------------------------------
+
+    def _free_request(self, request: Request) -> KVTransferParams | None:
+        self.finished_req_ids[request.request_id] = None
+        delay_free = False
+        params = None
+        if self.connector is not None:
+            delay_free, params = self.connector.request_finished(request)
+        if not delay_free:
+            self._free_blocks(request)
+        return params
+
+    def _free_blocks(self, request: Request) -> None:
+        if not request.is_finished():
+            raise EngineFatal(f"AssertionError: _free_blocks of {request.request_id!r} which is "
+                              f"{request.status}")
+        self.kv.free(request)
+        checked_del(self.requests, request.request_id, "Scheduler.requests")  # type: ignore[arg-type]
+
+    def finish_kv_transfers(self, request_ids: list[str], cause: str) -> None:
+        """_update_from_kv_xfer_finished on the prefill side: the held blocks can go."""
+        for rid in request_ids:
+            if rid not in self.requests:
+                raise EngineFatal(f"AssertionError: finished_sending {rid!r} not in requests")
+            req = self.requests[rid]
+            self.world.record(self.component, "pd.release", rid, req.inc, cause=cause,
+                              status=req.status)
+            self._free_blocks(req)
+
+    # -- schedule -------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        self._step += 1
+        out = SchedulerOutput(self._step)
+        budget = self.config.max_num_batched_tokens
+        kv = self.kv
+        running = self.running
+        is_async = self._async
+
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            if is_async and len(req.output) + req.num_output_placeholders >= req.max_tokens:
+                i += 1
+                continue
+            n = min(req.num_tokens + req.num_output_placeholders - req.num_computed_tokens, budget)
+            if n <= 0:
+                i += 1
+                continue
+            scheduled = True
+            while not kv.allocate_slots(req, n):
+                victim = running.pop()
+                self._preempt(victim)
+                if victim is req:
+                    scheduled = False
+                    break
+            if not scheduled:
+                break
+            out.scheduled_cached_reqs.append(req.request_id)
+            self._note(out, req, n)
+            budget -= n
+            i += 1
+
+        connector = self.connector
+        skipped: list[Request] = []
+        waiting = self.waiting
+        while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
+            req = waiting[0]
+            if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                assert connector is not None
+                if not connector.take_finished_recving(req):
+                    skipped.append(waiting.popleft())
+                    continue
+            elif req.do_remote_prefill and not req.remote_kv_ready and connector is not None:
+                # D side: allocate for the prompt and start reading P's blocks.
+                if not kv.allocate_slots(req, req.prompt_tokens):
+                    break
+                req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                connector.start_recv(req)
+                skipped.append(waiting.popleft())
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not kv.allocate_slots(req, n):
+                break
+            waiting.popleft()
+            resumed = req.status == RequestStatus.PREEMPTED
+            req.status = RequestStatus.RUNNING
+            running.append(req)
+            if resumed:
+                out.scheduled_cached_reqs.append(req.request_id)
+            else:
+                out.scheduled_new_reqs.append(NewRequestData(
+                    req.request_id, req.inc, req.prompt_tokens, req.eos_at,
+                    req.num_computed_tokens))
+            self._note(out, req, n)
+            budget -= n
+        waiting.extendleft(reversed(skipped))
+
+        out.finished_req_ids = list(self.finished_req_ids)
+        self.finished_req_ids = {}
+        self._update_after_schedule(out)
+        if out.num_scheduled_tokens or out.finished_req_ids:
+            self.world.record(
+                self.component, "sched.step", None, 0, step=out.step,
+                batch=[[r.request_id, r.inc, out.num_scheduled_tokens.get(r.request_id, 0)]
+                       for r in out.scheduled_objects],
+                finished=out.finished_req_ids)
+        return out
+
+    def _note(self, out: SchedulerOutput, req: Request, n: int) -> None:
+        rid = req.request_id
+        out.num_scheduled_tokens[rid] = n
+        out.num_computed_tokens[rid] = req.num_computed_tokens
+        out.scheduled_objects.append(req)
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        self.waiting.appendleft(req)
+        self.world.record(self.component, "sched.preempt", req.request_id, req.inc)
+
+    def _update_after_schedule(self, out: SchedulerOutput) -> None:
+        # Keyed by ID, as in vLLM: with two objects under one ID only the dict's one advances.
+        requests = self.requests
+        for rid, n in out.num_scheduled_tokens.items():
+            req = checked_get(requests, rid, "Scheduler.requests")  # type: ignore[arg-type]
+            assert isinstance(req, Request)
+            req.num_computed_tokens += n
+            if self._async and req.num_computed_tokens >= req.num_tokens + req.num_output_placeholders:
+                req.num_output_placeholders += 1
+
+    # -- update_from_output ---------------------------------------------------------------------
+
+    def update_from_output(self, out: SchedulerOutput,
+                           sampled: dict[str, Token]) -> list[tuple[int, EngineCoreOutput]]:
+        """Apply a step's sampled tokens to whatever request each ID maps to now."""
+        results: list[tuple[int, EngineCoreOutput]] = []
+        applied = []
+        requests = self.requests
+        for rid in out.num_scheduled_tokens:
+            req = requests.get(rid)
+            if req is None or req.is_finished():
+                continue
+            token = sampled.get(rid)
+            if token is None:
+                continue  # a partial prefill chunk samples nothing
+            if self._async:
+                req.num_output_placeholders -= 1
+                if req.num_output_placeholders < 0:
+                    raise EngineFatal(f"AssertionError: num_output_placeholders >= 0 for {rid!r}")
+            req.output.append(token)
+            applied.append([rid, req.inc, token.inc, token.ctx])
+            reason = None
+            if token.eos:
+                req.status = RequestStatus.FINISHED_STOPPED
+            elif len(req.output) >= req.max_tokens:
+                req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            params = None
+            if req.is_finished():
+                reason = RequestStatus.FINISH_REASON[req.status]
+                self._remove_running(req)
+                self.world.record(self.component, "sched.finish", rid, req.inc,
+                                  status=req.status, cause=reason)
+                params = self._free_request(req)
+            results.append((req.client_index,
+                            EngineCoreOutput(rid, (token,), reason, params, req.inc)))
+        if out.scheduled_objects:
+            self.world.record(self.component, "sched.update", None, 0, step=out.step,
+                              applied=applied)
+        return results

@@ -1,0 +1,137 @@
+"""Build the modelled system from a workload and a policy, run it, and collect the result."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sim.points import Decision, DelayPlan
+from sim.trace import TraceEvent
+from sim.world import World
+
+from engine_model.checker import Checker, Violation
+from engine_model.client import Client, Gateway, Proxy
+from engine_model.config import Workload
+from engine_model.engine_core import EngineCore
+from engine_model.frontend.async_llm import AsyncLLM
+from engine_model.ipc import Channel
+from engine_model.points import POINTS
+from engine_model.policies import LifecyclePolicy
+
+__all__ = ["System", "RunResult", "RequestOutcome", "run_workload"]
+
+_YIELDING = frozenset(p.name for p in POINTS if p.always_yields)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """What one scripted client saw, in scenario order (the ``requests`` JSON field)."""
+
+    id: str
+    frontend: int
+    tokens: int
+    finish_reason: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "frontend": self.frontend, "tokens": self.tokens,
+                "finish_reason": self.finish_reason}
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """One run's verdict and evidence. ``trace`` is empty when the run did not retain it."""
+
+    seed: int
+    policy: str
+    trace_hash: str
+    events: int
+    sim_time: float
+    schedule: tuple[Decision, ...]
+    violations: tuple[Violation, ...]
+    requests: tuple[RequestOutcome, ...]
+    occurrences: dict[str, int]
+    trace: tuple[TraceEvent, ...]
+
+    @property
+    def violated(self) -> tuple[str, ...]:
+        """Names of the violated invariants, in catalogue order of first appearance."""
+        seen: dict[str, None] = {}
+        for v in self.violations:
+            seen.setdefault(v.invariant, None)
+        return tuple(seen)
+
+
+class System:
+    """The whole modelled deployment: clients, API servers, sockets, engines (and a proxy)."""
+
+    def __init__(self, world: World, workload: Workload, policy: LifecyclePolicy) -> None:
+        self.world = world
+        self.workload = workload
+        self.policy = policy
+        self._inc = 0
+        latency = workload.ipc.latency
+        self.engines: list[EngineCore] = []
+        self.frontends: list[AsyncLLM] = []
+        self.clients: list[Client] = []
+        if workload.topology == "pd":
+            pd = workload.pd
+            prefill = EngineCore(world, 0, "prefill", workload.engine, policy,
+                                 hold_timeout=pd.hold_timeout)
+            decode = EngineCore(world, 1, "decode", workload.engine, policy,
+                                hold_timeout=pd.hold_timeout, transfer_time=pd.transfer_time)
+            self.engines = [prefill, decode]
+            decode.notify_channels[0] = Channel(world, "nixl:decode->prefill", "pd.kv:notify",
+                                                latency, prefill.deliver_kv_notice)
+            p_fes = [self._frontend(i, f"P.frontend{i}", prefill) for i in range(workload.frontends)]
+            d_fes = [self._frontend(i, f"D.frontend{i}", decode) for i in range(workload.frontends)]
+            self.frontends = p_fes + d_fes
+            gateways: list[Gateway] = [
+                Proxy(world, i, p_fes[spec.frontend], d_fes[spec.frontend], pd)
+                for i, spec in enumerate(workload.requests)]
+        else:
+            engine = EngineCore(world, 0, "engine", workload.engine, policy)
+            self.engines = [engine]
+            self.frontends = [self._frontend(i, f"frontend{i}", engine)
+                              for i in range(workload.frontends)]
+            gateways = [self.frontends[spec.frontend] for spec in workload.requests]
+        for i, spec in enumerate(workload.requests):
+            self.clients.append(Client(world, i, self.next_inc(), spec, gateways[i]))
+
+    def next_inc(self) -> int:
+        """A fresh ground-truth number (incarnations, client uids, abort tags share one counter)."""
+        self._inc += 1
+        return self._inc
+
+    def _frontend(self, index: int, name: str, engine: EngineCore) -> AsyncLLM:
+        world = self.world
+        latency = self.workload.ipc.latency
+        fe = AsyncLLM(world, index, name, engine.index, self.policy, self.workload.frontend,
+                      self.next_inc)
+        fe.input_channel = Channel(world, f"ipc:{name}->{engine.name}", "ipc.input:transit",
+                                   latency, engine.deliver)
+        engine.output_channels[index] = Channel(world, f"ipc:{engine.name}->{name}",
+                                                "ipc.output:transit", latency, fe.deliver)
+        return fe
+
+    def outcomes(self) -> tuple[RequestOutcome, ...]:
+        return tuple(RequestOutcome(c.spec.id, c.spec.frontend, c.tokens, c.finish_reason)
+                     for c in self.clients)
+
+
+def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
+                 plan: DelayPlan | None = None, skip: Iterable[str] = (),
+                 retain_trace: bool = True) -> RunResult:
+    """Simulate ``workload`` under ``policy`` until quiescence or the horizon, and check it."""
+    world = World(seed, plan, retain_trace=retain_trace, always_yield=_YIELDING)
+    checker = Checker(world, frozenset(skip))
+    system = System(world, workload, policy)
+    checker.attach(system)
+    env = world.env
+    step, peek, horizon = env.step, env.peek, workload.horizon
+    while peek() <= horizon:  # until quiescence (empty queue) or the horizon
+        step()
+    violations = checker.finish()
+    return RunResult(seed, policy.name, world.trace.hexdigest(), world.trace.count,
+                     float(world.env.now), world.schedule, violations, system.outcomes(),
+                     world.occurrences, world.trace.events)

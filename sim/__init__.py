@@ -1,0 +1,38 @@
+"""racesim's deterministic kernel: World, await points, delay plans, schedules, traces.
+
+It knows nothing about vLLM; ``engine_model`` builds the serving-engine model on top of it.
+"""
+
+from sim.errors import InputError
+from sim.points import (
+    AwaitPoint,
+    Decider,
+    Decision,
+    DelayPlan,
+    PointCatalogue,
+    check_delay,
+    parse_point_key,
+    plan_entries,
+)
+from sim.rng import RngStreams, stable_seed
+from sim.trace import TraceEvent, TraceRecorder, canonical_line, trace_hash_of
+from sim.world import World
+
+__all__ = [
+    "AwaitPoint",
+    "Decider",
+    "Decision",
+    "DelayPlan",
+    "InputError",
+    "PointCatalogue",
+    "RngStreams",
+    "TraceEvent",
+    "TraceRecorder",
+    "World",
+    "canonical_line",
+    "check_delay",
+    "parse_point_key",
+    "plan_entries",
+    "stable_seed",
+    "trace_hash_of",
+]

@@ -1,0 +1,189 @@
+"""Await points, delay plans and schedules.
+
+An await point is a named place where a modelled coroutine or thread can lose control. Each pass
+is an *occurrence* ``(point, k)``; a :class:`DelayPlan` decides its delay. The decisions that
+differ from the default form the run's *schedule*, which is its replay token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from sim.errors import InputError
+
+__all__ = ["AwaitPoint", "PointCatalogue", "Decision", "DelayPlan", "Decider", "parse_point_key",
+           "check_delay", "plan_entries"]
+
+#: An exploration hook: ``(point, occurrence, default_delay) -> delay``.
+Decider = Callable[[str, int, float], float]
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitPoint:
+    """A named place where control can be lost.
+
+    ``natural`` names the default delay (``"0"`` or a config key such as ``"step_time"``);
+    ``always_yields`` marks points that give up control even at zero delay (``asyncio.sleep(0)``).
+    """
+
+    name: str
+    meaning: str
+    natural: str = "0"
+    always_yields: bool = False
+
+
+class PointCatalogue:
+    """An ordered registry of await points, used to validate names the user types."""
+
+    __slots__ = ("_points",)
+
+    def __init__(self, points: Iterable[AwaitPoint]) -> None:
+        self._points: dict[str, AwaitPoint] = {}
+        for p in points:
+            if p.name in self._points:
+                raise ValueError(f"await point {p.name!r} declared twice")
+            self._points[p.name] = p
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._points
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._points.values())
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._points)
+
+    def get(self, name: str) -> AwaitPoint:
+        try:
+            return self._points[name]
+        except KeyError:
+            known = ", ".join(self._points)
+            raise InputError(f"unknown await point {name!r} (known: {known})") from None
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Decision:
+    """One delay actually taken that differs from the default: the unit of a schedule."""
+
+    point: str
+    occurrence: int
+    delay: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {"point": self.point, "occurrence": self.occurrence, "delay": self.delay}
+
+
+def check_delay(value: object, where: str) -> float:
+    """A delay in seconds: a finite number >= 0, else an InputError naming ``where``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{where}: delay must be a number of seconds, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise InputError(f"{where}: delay must be a finite number >= 0, got {value!r}")
+    return v
+
+
+def parse_point_key(key: str, catalogue: PointCatalogue | None, where: str) -> tuple[str, int | None]:
+    """``"point"`` or ``"point#K"`` → ``(point, K or None)``, checked against the catalogue."""
+    point, sep, occ = key.partition("#")
+    k: int | None = None
+    if sep:
+        if not occ.isdigit():
+            raise InputError(f"{where}: occurrence in {key!r} must be a whole number >= 0")
+        k = int(occ)
+    if catalogue is not None and point not in catalogue:
+        known = ", ".join(catalogue.names())
+        raise InputError(f"{where}: unknown await point {point!r} (known: {known})")
+    return point, k
+
+
+class _Table:
+    """Delays per point: one for every occurrence and/or one per occurrence."""
+
+    __slots__ = ("every", "by_occurrence")
+
+    def __init__(self) -> None:
+        self.every: dict[str, float] = {}
+        self.by_occurrence: dict[str, dict[int, float]] = {}
+
+    def set(self, point: str, k: int | None, delay: float) -> None:
+        if k is None:
+            self.every[point] = delay
+        else:
+            self.by_occurrence.setdefault(point, {})[k] = delay
+
+    def lookup(self, point: str, k: int) -> float | None:
+        occ = self.by_occurrence.get(point)
+        if occ is not None:
+            v = occ.get(k)
+            if v is not None:
+                return v
+        return self.every.get(point)
+
+    def items(self) -> list[tuple[str, int | None, float]]:
+        out: list[tuple[str, int | None, float]] = [(p, None, d) for p, d in self.every.items()]
+        for p, occ in self.by_occurrence.items():
+            out.extend((p, k, d) for k, d in sorted(occ.items()))
+        return out
+
+
+class DelayPlan:
+    """Decides each occurrence's delay.
+
+    Precedence, strongest first: ``overrides`` (``--delay``, a witness, a replayed schedule),
+    then the ``decider`` (exploration), then ``environment`` (a scenario's ``[delays]``, which is
+    part of the default), then the point's natural latency.
+    """
+
+    __slots__ = ("_env", "_over", "_decider")
+
+    def __init__(self, *, environment: Iterable[tuple[str, int | None, float]] = (),
+                 overrides: Iterable[tuple[str, int | None, float]] = (),
+                 decider: Decider | None = None) -> None:
+        self._env = _Table()
+        for p, k, d in environment:
+            self._env.set(p, k, d)
+        self._over = _Table()
+        for p, k, d in overrides:
+            self._over.set(p, k, d)
+        self._decider = decider
+
+    @classmethod
+    def replay(cls, environment: Iterable[tuple[str, int | None, float]],
+               schedule: Iterable[Decision]) -> DelayPlan:
+        return cls(environment=environment,
+                   overrides=[(d.point, d.occurrence, d.delay) for d in schedule])
+
+    def resolve(self, point: str, k: int, natural: float) -> tuple[float, float]:
+        """``(delay, default)`` for occurrence ``k`` of ``point``."""
+        default = self._env.lookup(point, k)
+        if default is None:
+            default = natural
+        chosen = self._over.lookup(point, k)
+        if chosen is not None:
+            return chosen, default
+        if self._decider is not None:
+            return self._decider(point, k, default), default
+        return default, default
+
+    def overrides(self) -> list[tuple[str, int | None, float]]:
+        return self._over.items()
+
+    def environment(self) -> list[tuple[str, int | None, float]]:
+        return self._env.items()
+
+
+def plan_entries(table: Mapping[str, object], catalogue: PointCatalogue | None,
+                 where: str) -> list[tuple[str, int | None, float]]:
+    """Turn ``{"point" or "point#K": seconds}`` into plan entries, validating every one."""
+    out = []
+    for key, value in table.items():
+        point, k = parse_point_key(str(key), catalogue, f"{where} {key!r}")
+        out.append((point, k, check_delay(value, f"{where} {key!r}")))
+    return out
+

@@ -1,0 +1,39 @@
+"""Seeded random streams derived by name with a stable hash (never Python's ``hash()``)."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+__all__ = ["stable_seed", "RngStreams"]
+
+
+def stable_seed(*parts: object) -> int:
+    """A 64-bit seed from ``parts`` that is the same in every process and every PYTHONHASHSEED."""
+    text = "\x1f".join(repr(p) if not isinstance(p, str) else p for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+class RngStreams:
+    """One ``random.Random`` per name, all derived from one run seed.
+
+    Streams are independent: drawing more numbers from one never shifts another, so adding a
+    consumer (say, a new exploration strategy) does not change what the model draws.
+    """
+
+    __slots__ = ("_seed", "_streams")
+
+    def __init__(self, seed: int) -> None:
+        self._seed = seed
+        self._streams: dict[str, random.Random] = {}
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    def stream(self, name: str) -> random.Random:
+        rng = self._streams.get(name)
+        if rng is None:
+            rng = random.Random(stable_seed(self._seed, name))
+            self._streams[name] = rng
+        return rng

@@ -1,0 +1,78 @@
+"""The World: one simulation run's environment, random streams, delay plan and trace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import simpy
+
+from sim.points import Decision, DelayPlan
+from sim.rng import RngStreams
+from sim.trace import TraceEvent, TraceRecorder
+
+__all__ = ["World"]
+
+
+class World:
+    """One run: a ``simpy.Environment``, seeded RNG streams, the delay plan and the recorder.
+
+    Everything that varies between runs comes from the seed and the plan, so the same seed and
+    plan give the same trace (and trace hash) in any process.
+    """
+
+    __slots__ = ("env", "rng", "plan", "trace", "_occurrences", "_schedule", "_yielding")
+
+    def __init__(self, seed: int, plan: DelayPlan | None = None, *, retain_trace: bool = True,
+                 always_yield: frozenset[str] = frozenset()) -> None:
+        self.env = simpy.Environment()
+        self.rng = RngStreams(seed)
+        self.plan = plan if plan is not None else DelayPlan()
+        self.trace = TraceRecorder(lambda: self.env.now, retain=retain_trace)
+        self._occurrences: dict[str, int] = {}
+        self._schedule: list[Decision] = []
+        self._yielding = always_yield
+
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    @property
+    def seed(self) -> int:
+        return self.rng.seed
+
+    @property
+    def schedule(self) -> tuple[Decision, ...]:
+        """The decisions taken so far that differ from the default: the replay token."""
+        return tuple(self._schedule)
+
+    @property
+    def occurrences(self) -> dict[str, int]:
+        """How many times each await point was passed (race-window coverage)."""
+        return dict(self._occurrences)
+
+    def pause(self, point: str, natural: float, where: str) -> float:
+        """Pass an await point and return its delay (0 means: carry on without yielding).
+
+        A non-default delay is recorded in the schedule and in the trace, so reports can show
+        exactly where the race window was opened.
+        """
+        occ = self._occurrences
+        k = occ.get(point, 0)
+        occ[point] = k + 1
+        delay, default = self.plan.resolve(point, k, natural)
+        if delay != default:
+            self._schedule.append(Decision(point, k, delay))
+            self.trace.record(where, "delay", None, 0, point=point, occurrence=k, delay=delay,
+                              default=default)
+        return delay
+
+    def sleep(self, point: str, natural: float, where: str) -> simpy.Timeout | None:
+        """:meth:`pause`, as an event to yield (``None`` when the process keeps control)."""
+        d = self.pause(point, natural, where)
+        if d > 0.0 or point in self._yielding:
+            return self.env.timeout(d)
+        return None
+
+    def record(self, component: str, kind: str, request: str | None = None, inc: int = 0,
+               **detail: Any) -> TraceEvent:
+        return self.trace.record(component, kind, request, inc, **detail)
