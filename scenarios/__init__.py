@@ -1,0 +1,25 @@
+"""Scenarios: TOML files describing a workload, fixed delays and a known witness schedule.
+
+A scenario is found by bundled name (``scenarios/bundled/NAME.toml``) or by path, and is
+validated on load; every mistake is a one-line :class:`sim.errors.InputError`.
+"""
+
+from __future__ import annotations
+
+from scenarios.loader import (
+    Scenario,
+    bundled_names,
+    load_scenario,
+    parse_scenario,
+    scenario_from_dict,
+    scenario_to_toml,
+)
+
+__all__ = [
+    "Scenario",
+    "bundled_names",
+    "load_scenario",
+    "parse_scenario",
+    "scenario_from_dict",
+    "scenario_to_toml",
+]

@@ -1,0 +1,394 @@
+"""Load, validate and write scenario TOML files (DESIGN "Scenarios (scenarios/)").
+
+Every user mistake becomes one :class:`~sim.errors.InputError` line of the form
+``<source>:<line>: <key>: <problem> (got <value>)``; nothing else escapes parsing. tomllib
+gives line numbers only for syntax errors, so semantic errors are located by scanning the text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from engine_model.config import (
+    TOPOLOGIES,
+    EngineConfig,
+    FrontendConfig,
+    IpcConfig,
+    PDConfig,
+    RequestSpec,
+    Workload,
+)
+from engine_model.points import POINTS
+from scenarios._toml_writer import dumps, locate_key, toml_key
+from sim.errors import InputError
+from sim.points import plan_entries
+
+__all__ = [
+    "Scenario",
+    "bundled_names",
+    "load_scenario",
+    "parse_scenario",
+    "scenario_from_dict",
+    "scenario_to_toml",
+]
+
+PlanEntry = tuple[str, int | None, float]
+KeyPath = tuple[object, ...]
+
+_TABLES: dict[str, type] = {"engine": EngineConfig, "ipc": IpcConfig, "frontend": FrontendConfig,
+                            "pd": PDConfig}
+_TOP = ("name", "summary", "topology", "frontends", "horizon", *_TABLES, "request", "delays",
+        "witness")
+#: Smallest allowed value per key, and whether it is excluded; other numbers must be >= 0.
+_MINIMUM: dict[str, tuple[float, bool]] = {
+    "horizon": (0, True), "frontends": (1, False), "engine.step_time": (0, True),
+    **{f"engine.{k}": (1, False)
+       for k in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens")},
+    "frontend.output_chunk_size": (1, False),
+    **{f"request.{k}": (1, False) for k in ("prompt_tokens", "max_tokens", "n", "eos_at",
+                                            "stop_string_at", "disconnect_after_tokens")},
+}
+_CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": ("client", "uuid")}
+_REQUEST_ALWAYS = ("id", "at", "prompt_tokens", "max_tokens")  # written even when default
+_INT_LIMIT = 2**63 - 1  # TOML integers are 64-bit
+_MAX_FILE_BYTES = 16 * 2**20
+_BUNDLED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_NO_VALUE = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A validated scenario. ``source`` (where it came from) does not take part in ``==``."""
+
+    name: str
+    summary: str
+    workload: Workload
+    delays: tuple[PlanEntry, ...]
+    witness: tuple[PlanEntry, ...]
+    source: str = field(default="<dict>", compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The scenario as a TOML-shaped dict; ``scenario_from_dict`` reads it back equal."""
+        w = self.workload
+        out: dict[str, Any] = {"name": self.name, "summary": self.summary,
+                               "topology": w.topology, "frontends": w.frontends,
+                               "horizon": w.horizon, "engine": _fields_of(w.engine),
+                               "ipc": _fields_of(w.ipc)}
+        if w.frontend != FrontendConfig():
+            out["frontend"] = _fields_of(w.frontend)
+        if w.topology == "pd" or w.pd != PDConfig():
+            out["pd"] = _fields_of(w.pd)
+        out["request"] = [_request_dict(r) for r in w.requests]
+        for key, entries in (("delays", self.delays), ("witness", self.witness)):
+            if entries:
+                out[key] = {p if k is None else f"{p}#{k}": d for p, k, d in entries}
+        return out
+
+
+def _fields_of(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+def _request_dict(r: RequestSpec) -> dict[str, Any]:
+    return {f.name: getattr(r, f.name) for f in dataclasses.fields(r)
+            if f.name in _REQUEST_ALWAYS or getattr(r, f.name) != f.default}
+
+
+def scenario_to_toml(s: Scenario) -> str:
+    """TOML text that :func:`parse_scenario` reads back equal to ``s``."""
+    return dumps(s.to_dict())
+
+
+# --------------------------------------------------------------------------- errors
+
+class _Bad(Exception):
+    """A semantic error at a key path, turned into an InputError once the source is known."""
+
+    def __init__(self, path: KeyPath, problem: str, value: object = _NO_VALUE,
+                 *, raw: bool = False) -> None:
+        super().__init__(problem)
+        self.path, self.problem, self.value, self.raw = path, problem, value, raw
+
+
+def _show(value: object) -> str:
+    """A short, one-line repr that never raises (huge ints refuse ``repr``)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _path_text(path: KeyPath) -> str:
+    out = ""
+    for seg in path:
+        if isinstance(seg, int):
+            out += f"[{seg}]"
+        else:
+            key = toml_key(seg) if isinstance(seg, str) else _show(seg)
+            out += f".{key}" if out else key
+    return out
+
+
+def _error(source: str, text: str | None, bad: _Bad) -> InputError:
+    line = locate_key(text, bad.path)
+    where = source if line is None else f"{source}:{line}"
+    got = "" if bad.value is _NO_VALUE else f" (got {_show(bad.value)})"
+    if bad.raw or not bad.path:
+        return InputError(f"{where}: {bad.problem}{got}")
+    return InputError(f"{where}: {_path_text(bad.path)}: {bad.problem}{got}")
+
+
+# --------------------------------------------------------------------------- validation
+
+def _kind(f: dataclasses.Field[Any]) -> tuple[str, bool]:
+    """``(kind, optional)`` of a config field from its (string) annotation."""
+    ann = str(f.type).replace(" ", "")
+    optional = "None" in ann.split("|")
+    base = next((p for p in ann.split("|") if p != "None"), "")
+    if base not in ("int", "float", "bool", "str"):
+        base = type(f.default).__name__
+    return base, optional
+
+
+def _number(v: object, kind: str, path: KeyPath, rule: str) -> int | float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (
+            kind == "int" and not isinstance(v, int)):
+        raise _Bad(path, "must be an integer" if kind == "int" else "must be a number", v)
+    if isinstance(v, int) and abs(v) > _INT_LIMIT:
+        raise _Bad(path, "is out of range (TOML integers are 64-bit)", v)
+    num: int | float = int(v) if kind == "int" else float(v)
+    if not math.isfinite(num):
+        raise _Bad(path, "must be finite", v)
+    low, strict = _MINIMUM.get(rule, (0, False))
+    if num < low or (strict and num == low):
+        raise _Bad(path, f"must be {'>' if strict else '>='} {low}", v)
+    return num
+
+
+def _value(v: object, kind: str, path: KeyPath, rule: str) -> object:
+    if kind in ("int", "float"):
+        return _number(v, kind, path, rule)
+    if kind == "bool":
+        if not isinstance(v, bool):
+            raise _Bad(path, "must be true or false", v)
+        return v
+    if not isinstance(v, str):
+        raise _Bad(path, "must be a string", v)
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in v):
+        raise _Bad(path, "must not contain surrogate characters", v)
+    choices = _CHOICES.get(rule)
+    if choices is not None and v not in choices:
+        raise _Bad(path, f"must be one of {', '.join(map(repr, choices))}", v)
+    return str(v)
+
+
+def _table(data: object, path: KeyPath, cls: type, rule: str) -> dict[str, Any]:
+    """Check a table against the fields of ``cls``: unknown keys, required keys and values."""
+    if not isinstance(data, Mapping):
+        raise _Bad(path, "must be a table", data)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            raise _Bad((*path, _key(key)), f"unknown key (allowed: {', '.join(fields)})")
+    out: dict[str, Any] = {}
+    for name, f in fields.items():
+        kind, optional = _kind(f)
+        if name in data and not (optional and data[name] is None):
+            out[name] = _value(data[name], kind, (*path, name), f"{rule}.{name}")
+        elif name not in data and f.default is dataclasses.MISSING \
+                and f.default_factory is dataclasses.MISSING:
+            raise _Bad((*path, name), "required key is missing")
+    return out
+
+
+def _requests(data: object, frontends: int) -> tuple[RequestSpec, ...]:
+    if data is None:
+        raise _Bad(("request",), "at least one [[request]] is required")
+    if isinstance(data, (str, bytes)) or not isinstance(data, (list, tuple)):
+        raise _Bad(("request",), "must be an array of tables ([[request]])", data)
+    if not data:
+        raise _Bad(("request",), "at least one [[request]] is required", data)
+    out = []
+    for i, item in enumerate(data):
+        spec = RequestSpec(**_table(item, ("request", i), RequestSpec, "request"))
+        if not spec.id:
+            raise _Bad(("request", i, "id"), "must be a non-empty string", spec.id)
+        if spec.abort_at is not None and spec.abort_at < spec.at:
+            raise _Bad(("request", i, "abort_at"), f"must be >= at ({spec.at!r})", spec.abort_at)
+        if spec.frontend >= frontends:
+            raise _Bad(("request", i, "frontend"),
+                       f"must be < frontends ({frontends}); frontends are numbered from 0",
+                       spec.frontend)
+        out.append(spec)
+    return tuple(out)
+
+
+def _key(key: object) -> str:
+    """A table key for error paths (a dict given to scenario_from_dict may have any keys)."""
+    return key if isinstance(key, str) else _show(key)
+
+
+def _occurrence_ok(key: str) -> bool:
+    _, sep, occ = key.partition("#")
+    return not sep or (occ.isascii() and occ.isdigit() and len(occ) <= 30
+                       and int(occ) <= _INT_LIMIT)
+
+
+def _plan(data: object, name: str) -> tuple[PlanEntry, ...]:
+    """A [delays]/[witness] table as plan entries, checked against the await-point catalogue."""
+    if data is None:
+        return ()
+    if not isinstance(data, Mapping):
+        raise _Bad((name,), 'must be a table of "point" or "point#K" = seconds', data)
+    out: list[PlanEntry] = []
+    seen: set[tuple[str, int | None]] = set()
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise _Bad((name, _key(key)), "keys must be strings")
+        if not _occurrence_ok(key):
+            raise _Bad((name, key), "occurrence after '#' must be a whole number in 0..2**63-1")
+        try:
+            entry = plan_entries({key: value}, POINTS, name)[0]
+        except InputError as e:
+            raise _Bad((name, key), str(e), raw=True) from None
+        if entry[:2] in seen:
+            raise _Bad((name, key), "is given twice (same point and occurrence)")
+        seen.add(entry[:2])
+        out.append(entry)
+    return tuple(out)
+
+
+_TOP_KINDS = {"name": "str", "summary": "str", "topology": "str", "frontends": "int",
+              "horizon": "float"}
+
+
+def _build(data: object, source: str) -> Scenario:
+    if not isinstance(data, Mapping):
+        raise _Bad((), "a scenario must be a table of keys", data)
+    for key in data:
+        if key not in _TOP:
+            raise _Bad((_key(key),), f"unknown top-level key (allowed: {', '.join(_TOP)})")
+    if "name" not in data:
+        raise _Bad(("name",), "required key is missing")
+    top: dict[str, Any] = {k: _value(data[k], kind, (k,), k)
+                           for k, kind in _TOP_KINDS.items() if k in data}
+    frontends = int(top.get("frontends", 1))
+    tables = {k: cls(**_table(data.get(k, {}), (k,), cls, k)) for k, cls in _TABLES.items()}
+    workload = Workload(topology=str(top.get("topology", "single")), frontends=frontends,
+                        horizon=float(top.get("horizon", 30.0)),
+                        requests=_requests(data.get("request"), frontends), **tables)
+    return Scenario(name=str(top["name"]), summary=str(top.get("summary", "")),
+                    workload=workload, delays=_plan(data.get("delays"), "delays"),
+                    witness=_plan(data.get("witness"), "witness"), source=source)
+
+
+def _checked(data: object, source: str, text: str | None) -> Scenario:
+    try:
+        return _build(data, source)
+    except _Bad as bad:
+        raise _error(source, text, bad) from None
+    except InputError as e:
+        raise InputError(f"{source}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a safety net: no traceback for any input
+        raise InputError(f"{source}: invalid scenario: {type(e).__name__}: {_show(str(e))}") \
+            from None
+
+
+def scenario_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Scenario:
+    """Validate a TOML-shaped dict (as :meth:`Scenario.to_dict` makes) into a Scenario."""
+    return _checked(data, source, None)
+
+
+def parse_scenario(text: str, source: str) -> Scenario:
+    """Parse and validate scenario TOML text; ``source`` names it in error messages."""
+    if not isinstance(text, str):
+        raise InputError(f"{source}: scenario text must be a string (got {_show(text)})")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"at line (\d+)", str(e))
+        where = f"{source}:{m.group(1)}" if m else source
+        raise InputError(f"{where}: invalid TOML: {e}") from None
+    except Exception as e:  # noqa: BLE001 - e.g. ValueError for 4300+ digit integers
+        raise InputError(f"{source}: invalid TOML: {_show(str(e))}") from None
+    return _checked(data, source, text)
+
+
+# --------------------------------------------------------------------------- finding files
+
+def _bundled_dir() -> Any:
+    return resources.files(__package__ or "scenarios").joinpath("bundled")
+
+
+def bundled_names() -> tuple[str, ...]:
+    """Sorted names of the bundled scenarios (``scenarios/bundled/*.toml``)."""
+    try:
+        return tuple(sorted(e.name[:-5] for e in _bundled_dir().iterdir()
+                            if e.name.endswith(".toml") and e.is_file()))
+    except (OSError, ModuleNotFoundError):
+        return ()
+
+
+def _read(path: Path, source: str) -> str:
+    """A scenario file's text; any reason it cannot be read is an InputError."""
+    try:
+        problem = ("no such scenario file" if not path.exists()
+                   else "is a directory, not a scenario file" if path.is_dir()
+                   else "not a regular file" if not path.is_file()
+                   else "too large for a scenario file" if path.stat().st_size > _MAX_FILE_BYTES
+                   else None)
+        raw = b"" if problem else path.read_bytes()
+    except (OSError, ValueError) as e:
+        problem = f"cannot read: {getattr(e, 'strerror', None) or e}"
+    if problem:
+        raise InputError(f"{source}: {problem}")
+    return _decode(raw, source)
+
+
+def _decode(raw: bytes, source: str) -> str:
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{source}: not a UTF-8 text file (bad byte at offset {e.start})") \
+            from None
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    """A bundled scenario by name, or a scenario file by path.
+
+    A string containing ``/`` or ending in ``.toml`` is a path; any other is tried as a
+    bundled name first, then as a path.
+    """
+    if not isinstance(name_or_path, str) or not name_or_path:
+        raise InputError(f"scenario name or path must be a non-empty string "
+                         f"(got {_show(name_or_path)})")
+    is_path = "/" in name_or_path or name_or_path.endswith(".toml")
+    if not is_path and _BUNDLED_NAME.fullmatch(name_or_path):
+        source = f"<bundled {name_or_path}>"
+        try:
+            entry = _bundled_dir().joinpath(f"{name_or_path}.toml")
+            raw = entry.read_bytes() if entry.is_file() else None
+        except (OSError, ModuleNotFoundError) as e:
+            raise InputError(f"{source}: cannot read: {e}") from None
+        if raw is not None:
+            return parse_scenario(_decode(raw, source), source)
+    path = Path(name_or_path)
+    if not is_path:
+        try:
+            exists = path.exists()
+        except (OSError, ValueError):
+            exists = False
+        if not exists:
+            known = ", ".join(bundled_names()) or "none"
+            raise InputError(f"unknown scenario {name_or_path!r}: not a bundled name "
+                             f"(bundled: {known}) and no such file")
+    return parse_scenario(_read(path, name_or_path), name_or_path)
