@@ -252,7 +252,8 @@ class Checker:
         if live:
             o = live[0]
             where = ("held for KV transfer" if o.held else
-                     "in a step in flight" if o.status == "finished" else o.status)
+                     "finished but still in a step in flight" if o.status == "finished"
+                     else "waiting or running")
             self._violate("unique-live-id", ev.inc, ev, rid,
                           f"{engine}: ADD {rid!r} for {self._who(ev.inc)} while {self._who(o.inc)}"
                           f" is still live under that ID ({where}); Scheduler.requests[{rid!r}] "
@@ -346,7 +347,7 @@ class Checker:
             elif o != ev.inc:
                 oi = self._incs.get(o)
                 if oi is not None and (oi.status != "finished" or oi.held):
-                    state = "held for KV transfer" if oi.held else oi.status
+                    state = "held for KV transfer" if oi.held else "still running"
                     self._violate("kv-ownership", ("freed", o), ev, ev.request,
                                   f"{engine}: block {b} of {self._who(o)} ({state}) freed by the "
                                   f"free of {ev.request!r} for {self._who(ev.inc)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-__all__ = ["stable_seed", "RngStreams"]
+__all__ = ["stable_seed", "RngStreams", "SEED_SOURCE"]
 
 
 def stable_seed(*parts: object) -> int:
@@ -37,3 +37,10 @@ class RngStreams:
             rng = random.Random(stable_seed(self._seed, name))
             self._streams[name] = rng
         return rng
+
+
+#: Where a fresh run seed comes from when the user gives none (exploration's base seed,
+#: generated workloads). Registered with ``hypothesis.register_random`` through racesim's
+#: ``hypothesis`` entry point, so property tests that draw from it are reproducible. A run
+#: itself never touches it: everything inside a World comes from the World's own streams.
+SEED_SOURCE = random.Random(0)

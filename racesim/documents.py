@@ -1,0 +1,150 @@
+"""The JSON documents of ``--json`` and the counterexample file format."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine_model import RunResult
+from engine_model.checker import check_invariant_names
+from engine_model.points import POINTS
+from scenarios import Scenario, scenario_from_dict
+from sim import Decision, InputError, check_delay
+
+__all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
+           "COUNTEREXAMPLE_FORMAT"]
+
+COUNTEREXAMPLE_FORMAT = "racesim-counterexample/1"
+
+
+def run_document(scenario: Scenario, policy: str, options: Mapping[str, str],
+                 result: RunResult) -> dict[str, Any]:
+    """``racesim run --json`` / ``racesim replay --json``."""
+    return {
+        "scenario": scenario.name,
+        "policy": policy,
+        "policy_options": dict(options),
+        "seed": result.seed,
+        "trace_hash": result.trace_hash,
+        "events": result.events,
+        "sim_time": result.sim_time,
+        "schedule": [d.as_dict() for d in result.schedule],
+        "violations": [v.as_dict() for v in result.violations],
+        "requests": [r.as_dict() for r in result.requests],
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Counterexample:
+    """A failing (scenario, policy, seed, schedule), replayable with no other file."""
+
+    scenario: Scenario
+    policy: str
+    options: Mapping[str, str]
+    seed: int
+    schedule: tuple[Decision, ...]
+    skip: tuple[str, ...]
+    violations: tuple[dict[str, Any], ...]
+    trace_hash: str
+    shrunk_from: int | None = None
+    found_by: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": COUNTEREXAMPLE_FORMAT,
+            "scenario": self.scenario.to_dict(),
+            "policy": self.policy,
+            "policy_options": dict(self.options),
+            "seed": self.seed,
+            "schedule": [d.as_dict() for d in self.schedule],
+            "skip": list(self.skip),
+            "violations": list(self.violations),
+            "trace_hash": self.trace_hash,
+            "shrunk_from": self.shrunk_from,
+            "found_by": dict(self.found_by),
+        }
+
+
+def write_counterexample(path: Path, cx: Counterexample) -> Path:
+    """Write atomically (a temp file, then rename): a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(cx.as_dict(), indent=2, ensure_ascii=False) + "\n",
+                   encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def _need(data: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], src: str) -> Any:
+    if key not in data:
+        raise InputError(f"{src}: counterexample has no {key!r}")
+    value = data[key]
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise InputError(f"{src}: {key!r} has the wrong type (got {value!r})")
+    if not isinstance(value, kinds):
+        raise InputError(f"{src}: {key!r} has the wrong type (got {value!r})")
+    return value
+
+
+def _schedule(items: Iterable[Any], src: str) -> tuple[Decision, ...]:
+    out = []
+    for i, item in enumerate(items):
+        where = f"{src}: schedule[{i}]"
+        if not isinstance(item, dict) or set(item) != {"point", "occurrence", "delay"}:
+            raise InputError(f"{where} must be {{point, occurrence, delay}} (got {item!r})")
+        point, occ = item["point"], item["occurrence"]
+        if not isinstance(point, str) or point not in POINTS:
+            raise InputError(f"{where}: unknown await point {point!r}")
+        if isinstance(occ, bool) or not isinstance(occ, int) or occ < 0:
+            raise InputError(f"{where}: occurrence must be a whole number >= 0 (got {occ!r})")
+        out.append(Decision(point, occ, check_delay(item["delay"], where)))
+    return tuple(out)
+
+
+def read_counterexample(path: str) -> Counterexample:
+    """Load and validate a counterexample file; any defect is one InputError line."""
+    src = path
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{src}: no such counterexample file") from None
+    except IsADirectoryError:
+        raise InputError(f"{src}: is a directory, not a counterexample file") from None
+    except OSError as exc:
+        raise InputError(f"{src}: cannot read: {exc.strerror}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"),
+                          parse_constant=lambda c: math.nan)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{src}: not a JSON counterexample file ({type(exc).__name__})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{src}: not a counterexample (top level is not an object)")
+    if data.get("format") != COUNTEREXAMPLE_FORMAT:
+        raise InputError(f"{src}: unknown format {data.get('format')!r} "
+                         f"(expected {COUNTEREXAMPLE_FORMAT!r})")
+    scenario_data = _need(data, "scenario", dict, src)
+    scenario = scenario_from_dict(scenario_data, f"{src} (embedded scenario)")
+    policy = _need(data, "policy", str, src)
+    options = _need(data, "policy_options", dict, src)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in options.items()):
+        raise InputError(f"{src}: policy_options must map strings to strings")
+    seed = _need(data, "seed", int, src)
+    schedule = _schedule(_need(data, "schedule", list, src), src)
+    skip = _need(data, "skip", list, src)
+    if not all(isinstance(s, str) for s in skip):
+        raise InputError(f"{src}: skip must be a list of invariant names")
+    check_invariant_names(skip)
+    trace_hash = _need(data, "trace_hash", str, src)
+    violations = _need(data, "violations", list, src)
+    shrunk = data.get("shrunk_from")
+    found_by = data.get("found_by") or {}
+    if not isinstance(found_by, dict):
+        found_by = {}
+    return Counterexample(scenario, policy, options, seed, schedule, tuple(skip),
+                          tuple(v for v in violations if isinstance(v, dict)), trace_hash,
+                          shrunk if isinstance(shrunk, int) and not isinstance(shrunk, bool)
+                          else None, found_by)
