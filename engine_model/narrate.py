@@ -62,6 +62,8 @@ _TEXT: dict[str, Callable[[TraceEvent, dict[str, Any]], str]] = {
     "pd.release": lambda e, d: f"releases {e.request!r} ({d['cause']})",
     "pd.read": lambda e, d: f"reads blocks {d['remote_blocks']} of {d['remote_request']!r}",
     "pd.notice": lambda e, d: f"transfer-done notice for {e.request!r}",
+    "pd.notice_unknown": lambda e, d: f"ignores a transfer-done notice for unknown "
+                                      f"{e.request!r} (its blocks may be freed already)",
     "pd.recv_start": lambda e, d: f"waits for remote KV of {e.request!r}",
     "pd.prefill": lambda e, d: f"prefill {e.request!r} (max_tokens=1)",
     "pd.decode": lambda e, d: f"decode {e.request!r} with the transfer params",
