@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -15,10 +16,13 @@ from engine_model import INVARIANTS, POINTS, POLICIES
 from engine_model.checker import check_invariant_names
 from engine_model.policies import policy_spec
 from racesim.documents import read_counterexample, run_document
-from racesim.render import print_run
+from racesim.explore import explore
+from racesim.matrix import run_matrix
+from racesim.render import print_explore, print_matrix, print_run
 from racesim.runner import parse_delay_option, replay_command, run_command, run_scenario
 from scenarios import bundled_names, load_scenario
 from sim import InputError
+from sim.strategies import STRATEGIES
 
 __all__ = ["main", "cli"]
 
@@ -160,6 +164,151 @@ def replay_cmd(counterexample: str, as_json: bool, html_file: str | None,
                 replay_command(counterexample), cx.skip, as_json, html_file, trace_file)
 
 
+# -- explore / matrix ---------------------------------------------------------------------------
+
+class _Bar:
+    """A rich progress bar on stderr that appears only once work has taken over a second."""
+
+    def __init__(self, enabled: bool, label: str) -> None:
+        self.enabled = enabled
+        self.label = label
+        self.started = time.monotonic()
+        self.progress: Any = None
+        self.task: Any = None
+
+    def __call__(self, done: int, total: int, violating: int) -> None:
+        if not self.enabled:
+            return
+        if self.progress is None:
+            if time.monotonic() - self.started < 1.0:
+                return
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                     MofNCompleteColumn(), TextColumn("{task.fields[v]}"),
+                                     console=Console(stderr=True), transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task(self.label, total=total, v="")
+        self.progress.update(self.task, completed=done, total=total,
+                             v=f"{violating} violating")
+
+    def relabel(self, label: str) -> None:
+        self.label = label
+        if self.progress is not None:
+            self.progress.update(self.task, description=label, completed=0)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def _explore_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--out", "out_dir", type=click.Path(file_okay=False),
+                     default="racesim-out", show_default=True,
+                     help="Where counterexample files are written.")(f)
+    f = click.option("--dask", default=None, metavar="ADDRESS",
+                     help="Run on a Dask cluster (pip install 'racesim[dask]').")(f)
+    f = click.option("--workers", type=int, default=None,
+                     help="Worker processes [default: all cores].")(f)
+    f = click.option("--seed", type=int, default=0, show_default=True, help="Base seed.")(f)
+    f = click.option("--strategy", type=click.Choice(list(STRATEGIES)), default="random",
+                     show_default=True, help="How delays are chosen.")(f)
+    f = click.option("--skip", multiple=True, metavar="INVARIANT",
+                     help="Leave an invariant unchecked (repeatable).")(f)
+    return f
+
+
+@cli.command("explore")
+@click.argument("scenario")
+@click.option("-p", "--policy", required=True, help="Policy name or package.module:ClassName.")
+@click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
+              help="A policy option (repeatable).")
+@click.option("--budget", type=int, default=300, show_default=True,
+              help="Runs to try (run 0 is the unperturbed baseline).")
+@click.option("--time-limit", type=float, default=None, help="Stop after this many seconds.")
+@_explore_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False),
+              help="Write the HTML explore report.")
+def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: int,
+                time_limit: float | None, skip: Sequence[str], strategy: str, seed: int,
+                workers: int | None, dask: str | None, out_dir: str, as_json: bool,
+                html_file: str | None) -> None:
+    """Search SCENARIO's schedules for a race under POLICY (the [witness] is never read)."""
+    scen = load_scenario(scenario)
+    options = _options(policy_opts)
+    bar = _Bar(not as_json, f"{scen.name} / {policy}")
+    try:
+        res = explore(scen, policy, options=options, strategy=strategy, budget=budget,
+                      time_limit=time_limit, seed=seed, workers=workers, dask=dask, skip=skip,
+                      out_dir=Path(out_dir), progress=bar)
+    finally:
+        bar.close()
+    doc = res.document()
+    before = after = None
+    if res.counterexample is not None and (html_file or not as_json):
+        cx = res.counterexample
+        after = run_scenario(cx.scenario, policy, options=options, seed=seed,
+                             schedule=cx.schedule, skip=cx.skip)
+        if html_file and res.found_run is not None:
+            before = run_scenario(scen, policy, options=options, seed=seed,
+                                  schedule=res.found_run.schedule, skip=cx.skip)
+    if html_file:
+        from reports import write_explore_report
+        write_explore_report(Path(html_file), doc, scen, before, after)
+    if as_json:
+        _emit_json(doc)
+    else:
+        print_explore(_console(), doc, after,
+                      replay_command(res.counterexample_path) if res.counterexample_path else "")
+    if res.interrupted:
+        click.echo("racesim: interrupted; kept what was found", err=True)
+    sys.exit(1 if res.violating_runs else (130 if res.interrupted else 0))
+
+
+@cli.command("matrix")
+@click.option("-s", "--scenario", "scenario_names", multiple=True,
+              help="Scenario (repeatable) [default: every bundled scenario].")
+@click.option("-p", "--policy", "policies", multiple=True,
+              help="Policy (repeatable) [default: every built-in policy].")
+@click.option("--budget", type=int, default=100, show_default=True, help="Runs per cell.")
+@_explore_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False),
+              help="Write the HTML matrix report (and a run report per failing cell).")
+def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: int,
+               skip: Sequence[str], strategy: str, seed: int, workers: int | None,
+               dask: str | None, out_dir: str, as_json: bool, html_file: str | None) -> None:
+    """Explore every scenario under every policy on the same seeds: which policy closes what."""
+    scens = [load_scenario(n) for n in (scenario_names or bundled_names())]
+    pols = list(policies or POLICIES)
+    for p in pols:
+        policy_spec(p)
+    check_invariant_names(tuple(skip))
+    bar = _Bar(not as_json, "matrix")
+
+    def on_cell(done: int, total: int, res: Any) -> None:
+        if res is None:
+            bar.relabel(f"cell {done + 1}/{total}")
+
+    try:
+        result = run_matrix(scens, pols, budget=budget, seed=seed, strategy=strategy,
+                            workers=workers, dask=dask, skip=skip, out_dir=Path(out_dir),
+                            on_cell=on_cell, progress=bar)
+    finally:
+        bar.close()
+    doc = result.document()
+    if html_file:
+        from racesim.report_files import write_matrix_reports
+        write_matrix_reports(Path(html_file), doc, result)
+    if as_json:
+        _emit_json(doc)
+    else:
+        print_matrix(_console(), doc)
+        if html_file:
+            click.echo(f"report: {html_file}")
+    sys.exit(1 if any(c["violating_runs"] for c in doc["cells"]) else 0)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: bad input is one line on stderr and exit status 2."""
     try:
@@ -180,4 +329,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(0)
 
 
-_ = (check_invariant_names, policy_spec)

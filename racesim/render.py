@@ -101,3 +101,72 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
     if skip:
         console.print(f"not checked: {', '.join(skip)}")
     console.print(f"reproduce: {command}")
+
+
+def print_explore(console: Console, doc: dict[str, object], after: RunResult | None,
+                  replay: str) -> None:
+    """Summary of an exploration, then the shrunk counterexample's timeline."""
+    t = Table(title=f"explore {doc['scenario']} under {doc['policy']} ({doc['strategy']})",
+              title_justify="left", show_header=False)
+    t.add_column("what")
+    t.add_column("value", overflow="fold")
+    conf = doc["confidence"]
+    assert isinstance(conf, dict)
+    rows: list[tuple[str, str]] = [
+        ("runs", f"{doc['runs']} ({doc['distinct_traces']} distinct traces, "
+                 f"{doc['elapsed_s']} s)"),
+        ("violating runs", str(doc["violating_runs"])),
+        ("first violating run", str(doc["first_violation_run"])),
+        ("invariants violated", ", ".join(doc["invariants"]) or "none"),  # type: ignore[arg-type]
+        ("violated with no delay", ", ".join(doc["baseline_violations"]) or "none"),  # type: ignore[arg-type]
+        ("points perturbed (runs)", ", ".join(f"{p} ({n})" for p, n in
+                                             doc["coverage"].items()) or "none"),  # type: ignore[union-attr]
+    ]
+    pct = doc.get("pct")
+    if isinstance(pct, dict):
+        rows.append(("PCT", f"n={pct['n']} points, k={pct['k']}, d={pct['d']}: each run finds a "
+                            f"depth-{pct['d']} bug with p >= {pct['bound']:.3g}"))
+    if conf.get("rule_of_three") is not None:
+        rows.append(("confidence", f"no violation in {doc['runs']} runs: failure probability "
+                                   f"per run < {conf['rule_of_three']:.3g} at 95 % (rule of three)"
+                     + (f"; PCT: a depth-{pct['d']} bug would have been found with probability "
+                        f"{conf['pct_confidence']:.3f}" if isinstance(pct, dict)
+                        and conf.get("pct_confidence") is not None else "")))
+    cx = doc["counterexample"]
+    if isinstance(cx, dict):
+        sched = ", ".join(f"{d['point']}#{d['occurrence']}={d['delay']:g}s"
+                          for d in cx["schedule"]) or "(no delay needed)"
+        rows.append(("counterexample", f"{sched}  [shrunk from {cx['shrunk_from']} delays, "
+                                       f"{cx['requests']} request(s)]"))
+        rows.append(("written to", str(cx["path"])))
+    for what, value in rows:
+        t.add_row(what, Text(value))
+    console.print(t)
+    if after is not None:
+        print_run(console, f"counterexample of {doc['scenario']} under {doc['policy']}", after,
+                  replay)
+
+
+def print_matrix(console: Console, doc: dict[str, object]) -> None:
+    scenarios = doc["scenarios"]
+    policies = doc["policies"]
+    cells = {(c["scenario"], c["policy"]): c for c in doc["cells"]}  # type: ignore[union-attr]
+    t = Table(title="policy x scenario (violating runs / runs; invariants)", title_justify="left")
+    t.add_column("scenario")
+    for p in policies:  # type: ignore[union-attr]
+        t.add_column(p, overflow="fold")
+    for s in scenarios:  # type: ignore[union-attr]
+        row: list[Text] = [Text(s)]
+        for p in policies:  # type: ignore[union-attr]
+            c = cells.get((s, p))
+            if c is None:
+                row.append(Text("-"))
+                continue
+            inv = [i for i in c["invariants"]]
+            races = [i for i in inv if i != "metrics-exact"]
+            style = "red" if races else ("yellow" if inv else "green")
+            label = "race" if races else ("metrics only" if inv else "safe")
+            row.append(Text(f"{label} {c['violating_runs']}/{c['runs']}\n"
+                            + (", ".join(inv) if inv else ""), style=style))
+        t.add_row(*row)
+    console.print(t)

@@ -1,0 +1,258 @@
+"""Exploration: find a race with no hint, shrink it, and say how much a clean result proves.
+
+Run 0 is the unperturbed baseline. Invariants it already violates are the scenario's standing
+violations (metrics-exact under most policies, or a race that needs no delay at all). The
+counterexample, and ``first_violation_run``, are the first run that violates something *beyond*
+them; both fall back to the baseline itself when nothing else is found. ``violating_runs``
+counts every run with any violation.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine_model import RunResult
+from engine_model.checker import check_invariant_names
+from engine_model.policies import policy_spec
+from racesim.documents import Counterexample, write_counterexample
+from racesim.parallel import executor, ordered_map
+from racesim.runner import run_scenario
+from racesim.shrink import shrink
+from scenarios import Scenario
+from sim import Decision, InputError
+from sim.strategies import STRATEGIES, StrategyConfig, make_strategy
+
+__all__ = ["ExploreResult", "RunSummary", "explore", "counterexample_path"]
+
+Progress = Callable[[int, int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """Everything a worker needs to reproduce run i (pickled once per batch)."""
+
+    scenario: Scenario
+    policy: str
+    options: tuple[tuple[str, str], ...]
+    seed: int
+    strategy: str
+    skip: tuple[str, ...]
+    config: StrategyConfig
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    run: int
+    trace_hash: str
+    violated: tuple[str, ...]
+    schedule: tuple[Decision, ...]
+
+
+def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:
+    strategy = make_strategy(ctx.strategy, ctx.config)
+    out = []
+    options = dict(ctx.options)
+    for i in runs:
+        r = run_scenario(ctx.scenario, ctx.policy, options=options, seed=ctx.seed,
+                         decider=strategy.decider(i), skip=ctx.skip, retain_trace=False)
+        out.append(RunSummary(i, r.trace_hash, r.violated, r.schedule))
+    return out
+
+
+@dataclass
+class ExploreResult:
+    scenario: Scenario
+    policy: str
+    options: dict[str, str]
+    strategy: str
+    seed: int
+    skip: tuple[str, ...]
+    runs: int = 0
+    violating_runs: int = 0
+    first_violation_run: int | None = None
+    elapsed_s: float = 0.0
+    distinct_traces: int = 0
+    coverage: dict[str, int] = field(default_factory=dict)
+    baseline_violations: tuple[str, ...] = ()
+    invariants: tuple[str, ...] = ()
+    strategy_info: dict[str, Any] = field(default_factory=dict)
+    counterexample: Counterexample | None = None
+    counterexample_path: str | None = None
+    found_run: RunSummary | None = None
+    shrink_runs: int = 0
+    interrupted: bool = False
+
+    def confidence(self) -> dict[str, Any]:
+        """For a clean result: the failure probability per run it bounds (95 %)."""
+        n = self.runs
+        clean = self.violating_runs == 0 and n > 0
+        out: dict[str, Any] = {"runs": n, "rule_of_three": 3.0 / n if clean else None}
+        bound = self.strategy_info.get("bound")
+        if clean and isinstance(bound, float) and bound > 0:
+            out["pct_bound"] = bound
+            out["pct_confidence"] = 1.0 - math.exp(n * math.log1p(-min(bound, 1.0 - 1e-12)))
+        else:
+            out["pct_bound"] = None
+        return out
+
+    def document(self) -> dict[str, Any]:
+        cx = None
+        if self.counterexample is not None:
+            c = self.counterexample
+            cx = {"seed": c.seed, "schedule": [d.as_dict() for d in c.schedule],
+                  "violations": list(c.violations), "trace_hash": c.trace_hash,
+                  "shrunk_from": c.shrunk_from, "path": self.counterexample_path,
+                  "requests": len(c.scenario.workload.requests),
+                  "found_at_run": self.found_run.run if self.found_run else None}
+        return {
+            "scenario": self.scenario.name,
+            "policy": self.policy,
+            "policy_options": self.options,
+            "strategy": self.strategy,
+            "seed": self.seed,
+            "runs": self.runs,
+            "violating_runs": self.violating_runs,
+            "first_violation_run": self.first_violation_run,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "distinct_traces": self.distinct_traces,
+            "coverage": self.coverage,
+            "baseline_violations": list(self.baseline_violations),
+            "invariants": list(self.invariants),
+            "pct": self.strategy_info if self.strategy == "pct" else None,
+            "strategy_info": self.strategy_info,
+            "confidence": self.confidence(),
+            "counterexample": cx,
+            "interrupted": self.interrupted,
+        }
+
+
+def counterexample_path(out_dir: Path, scenario: str, policy: str, seed: int) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{scenario}__{policy}__seed{seed}")
+    return out_dir / f"{safe}.json"
+
+
+def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
+            strategy: str = "random", budget: int = 200, time_limit: float | None = None,
+            seed: int = 0, workers: int | None = 1, dask: str | None = None,
+            skip: Sequence[str] = (), out_dir: Path | None = None,
+            progress: Progress | None = None, shrink_runs: int = 400) -> ExploreResult:
+    """Explore ``budget`` schedules of ``scenario`` under ``policy`` (run 0 = baseline)."""
+    if strategy not in STRATEGIES:
+        raise InputError(f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+    if budget < 1:
+        raise InputError(f"--budget must be >= 1, got {budget}")
+    if time_limit is not None and not time_limit > 0:
+        raise InputError(f"--time-limit must be > 0 seconds, got {time_limit}")
+    opts = dict(options or {})
+    policy_spec(policy)  # fail fast on an unknown policy, before any worker starts
+    skip = tuple(sorted(check_invariant_names(tuple(skip))))
+    started = time.monotonic()
+    res = ExploreResult(scenario, policy, opts, strategy, seed, skip)
+    baseline = run_scenario(scenario, policy, options=opts, seed=seed, skip=skip,
+                            retain_trace=False)
+    res.baseline_violations = baseline.violated
+    config = StrategyConfig(occurrences=baseline.occurrences,
+                            scale=scenario.workload.engine.step_time, seed=seed)
+    found: RunSummary | None = None
+    standing = frozenset(baseline.violated)
+    hashes: set[str] = set()
+    invariants: dict[str, None] = {}
+
+    def record(s: RunSummary) -> None:
+        nonlocal found
+        res.runs += 1
+        hashes.add(s.trace_hash)
+        for point in dict.fromkeys(d.point for d in s.schedule):
+            res.coverage[point] = res.coverage.get(point, 0) + 1
+        if s.violated:
+            res.violating_runs += 1
+            for v in s.violated:
+                invariants.setdefault(v, None)
+            beyond = bool(set(s.violated) - standing)
+            if res.first_violation_run is None or (beyond and not _beyond(found, standing)):
+                res.first_violation_run = s.run
+            better = found is None or (not (set(found.violated) - standing)
+                                       and set(s.violated) - standing)
+            if better:
+                found = s
+                res.found_run = s
+                if out_dir is not None:  # on disk before anything else can fail
+                    _save(res, s, None, out_dir)
+
+    record(RunSummary(0, baseline.trace_hash, baseline.violated, ()))
+    try:
+        if strategy == "hypothesis":
+            from racesim.hypothesis_search import hypothesis_search
+            minimal = hypothesis_search(scenario, policy, opts, seed, skip, config, budget - 1,
+                                        standing, record, lambda: _over(started, time_limit),
+                                        progress)
+            if minimal is not None and found is not None:
+                r = run_scenario(scenario, policy, options=opts, seed=seed, delays=minimal,
+                                 skip=skip, retain_trace=False)
+                found = RunSummary(found.run, r.trace_hash, r.violated, r.schedule)
+        else:
+            strat = make_strategy(strategy, config)
+            res.strategy_info = strat.info()
+            size = strat.size()
+            total = budget if size is None else min(budget, size)
+            ctx = _Context(scenario, policy, tuple(sorted(opts.items())), seed, strategy, skip,
+                           config)
+            with executor(workers, dask) as ex:
+                for s in ordered_map(_run_batch, ctx, range(1, total), ex):
+                    record(s)
+                    if progress is not None:
+                        progress(res.runs, total, res.violating_runs)
+                    if _over(started, time_limit):
+                        break
+    except KeyboardInterrupt:
+        res.interrupted = True
+    res.distinct_traces = len(hashes)
+    res.invariants = tuple(invariants)
+    if found is not None and not res.interrupted:
+        target = frozenset(set(found.violated) - standing) or frozenset(found.violated)
+        shrunk = shrink(scenario, policy, opts, seed, found.schedule, skip, target,
+                        max_runs=shrink_runs)
+        res.shrink_runs = shrunk.runs
+        final = run_scenario(shrunk.scenario, policy, options=opts, seed=seed,
+                             schedule=shrunk.schedule, skip=skip, retain_trace=False)
+        res.counterexample = _counterexample(res, shrunk.scenario, final, len(found.schedule),
+                                             found.run)
+        if out_dir is not None:
+            res.counterexample_path = str(write_counterexample(
+                counterexample_path(out_dir, scenario.name, policy, seed), res.counterexample))
+    elif found is not None and out_dir is not None:
+        res.counterexample_path = str(counterexample_path(out_dir, scenario.name, policy, seed))
+    res.elapsed_s = time.monotonic() - started
+    return res
+
+
+def _beyond(s: RunSummary | None, standing: frozenset[str]) -> bool:
+    return s is not None and bool(set(s.violated) - standing)
+
+
+def _over(started: float, limit: float | None) -> bool:
+    return limit is not None and time.monotonic() - started >= limit
+
+
+def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | RunSummary,
+                    shrunk_from: int | None, found_at: int) -> Counterexample:
+    violations: tuple[dict[str, Any], ...]
+    if isinstance(run, RunSummary):
+        violations = tuple({"invariant": v} for v in run.violated)
+    else:
+        violations = tuple(v.as_dict() for v in run.violations)
+    return Counterexample(scenario, res.policy, dict(res.options), res.seed, run.schedule,
+                          res.skip, violations, run.trace_hash, shrunk_from,
+                          {"strategy": res.strategy, "run": found_at,
+                           "shrunk": shrunk_from is not None})
+
+
+def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:
+    cx = _counterexample(res, res.scenario, s, shrunk_from, s.run)
+    write_counterexample(counterexample_path(out_dir, res.scenario.name, res.policy, res.seed), cx)

@@ -1,0 +1,77 @@
+"""Run exploration batches in this process, a process pool, or a Dask cluster.
+
+Every run is a pure function of (context, run index), and results are consumed in run order,
+so the runs, the first violating run and the counterexample do not depend on the executor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from sim import InputError
+
+__all__ = ["ordered_map", "executor", "default_workers"]
+
+R = TypeVar("R")
+
+
+def default_workers() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+@contextmanager
+def executor(workers: int | None, dask: str | None) -> Iterator[Executor | None]:
+    """None means: run in this process."""
+    if dask:
+        try:
+            from distributed import Client
+        except ImportError:
+            raise InputError("--dask needs the optional extra: pip install 'racesim[dask]'") \
+                from None
+        try:
+            client = Client(dask, timeout=10)
+        except Exception as exc:  # unreachable scheduler, bad address: the user's input
+            raise InputError(f"--dask {dask!r}: cannot connect ({type(exc).__name__}: {exc})") \
+                from None
+        try:
+            yield client.get_executor()
+        finally:
+            client.close()
+        return
+    n = default_workers() if workers is None else workers
+    if n < 1:
+        raise InputError(f"--workers must be >= 1, got {n}")
+    if n == 1:
+        yield None
+        return
+    pool = ProcessPoolExecutor(max_workers=n)
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def ordered_map(fn: Callable[[Any, Sequence[int]], list[R]], context: Any, runs: Sequence[int],
+                ex: Executor | None, *, batch: int = 16, window: int = 8) -> Iterator[R]:
+    """Yield ``fn(context, batch)`` results run by run, in order, ``window`` batches ahead."""
+    batches = [list(runs[i:i + batch]) for i in range(0, len(runs), batch)]
+    if ex is None:
+        for b in batches:
+            yield from fn(context, b)
+        return
+    pending: list[Any] = []
+    it = iter(batches)
+    for b in itertools.islice(it, window):
+        pending.append(ex.submit(fn, context, b))
+    while pending:
+        fut = pending.pop(0)
+        nxt = next(it, None)
+        if nxt is not None:
+            pending.append(ex.submit(fn, context, nxt))
+        yield from fut.result()
+

@@ -1,0 +1,31 @@
+"""Write a matrix report with one run report per failing cell beside it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from racesim.matrix import MatrixResult
+from racesim.runner import replay_command, run_scenario
+
+__all__ = ["write_matrix_reports"]
+
+
+def write_matrix_reports(path: Path, doc: dict[str, object], result: MatrixResult) -> Path:
+    """``path`` gets the matrix; ``<stem>-cells/<scenario>__<policy>.html`` each failing cell."""
+    from reports import write_matrix_report, write_run_report
+
+    cell_dir = path.with_name(path.stem + "-cells")
+    links: dict[tuple[str, str], str] = {}
+    for cell in result.cells:
+        cx = cell.counterexample
+        if cx is None:
+            continue
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{cell.scenario.name}__{cell.policy}") + ".html"
+        run = run_scenario(cx.scenario, cell.policy, options=cx.options, seed=cx.seed,
+                           schedule=cx.schedule, skip=cx.skip)
+        command = replay_command(cell.counterexample_path or "")
+        write_run_report(cell_dir / name, cx.scenario, cell.policy, dict(cx.options), run,
+                         command)
+        links[(cell.scenario.name, cell.policy)] = f"{cell_dir.name}/{name}"
+    return write_matrix_report(path, doc, links)
