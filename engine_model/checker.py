@@ -187,6 +187,7 @@ class Checker:
         engine = self._fe_engine.get(ev.component, "")
         i = _Inc(ev.inc, d["uid"], d["index"], ev.component, engine, ev.request or "", ev.seq)
         self._incs[ev.inc] = i
+        self._by_id.setdefault((engine, i.rid), []).append(i)
 
     def _fe_pop(self, ev: TraceEvent) -> None:
         i = self._incs.get(ev.inc)
@@ -203,9 +204,10 @@ class Checker:
                           f"{n} times in finished-request stats")
 
     def _snapshot(self, engine: str, rid: str) -> list[int]:
-        """The incarnations an ABORT of ``rid`` may rightly end now: live, or ADD in flight."""
+        """The incarnations an ABORT of ``rid`` may rightly end now: live at the engine, or
+        registered by a frontend with the ADD not yet applied (still to be sent, or in flight)."""
         return [i.inc for i in self._by_id.get((engine, rid), ())
-                if i.live or i.status == "sent"]
+                if i.live or i.status in ("registered", "sent")]
 
     def _fe_abort_issue(self, ev: TraceEvent) -> None:
         engine = self._fe_engine.get(ev.component, "")
@@ -223,7 +225,6 @@ class Checker:
                 i = self._incs.get(inc)
                 if i is not None:
                     i.status = "sent"
-                    self._by_id.setdefault((i.engine, i.rid), []).append(i)
         elif kind == "AbortMessage":
             fe = self._channel_fe.get(ev.component, "")
             engine = self._fe_engine.get(fe, "")
@@ -247,7 +248,7 @@ class Checker:
             i = _Inc(ev.inc, 0, 0, "", engine, rid, ev.seq)
             self._incs[ev.inc] = i
         others = self._by_id.setdefault((engine, rid), [])
-        others[:] = [o for o in others if o is i or o.live or o.status == "sent"]
+        others[:] = [o for o in others if o is i or o.live or o.status in ("registered", "sent")]
         live = [o for o in others if o is not i and o.live]
         if live:
             o = live[0]
