@@ -15,7 +15,7 @@ from sim.points import (
     plan_entries,
 )
 from sim.rng import RngStreams, stable_seed
-from sim.trace import TraceEvent, TraceRecorder, canonical_line, trace_hash_of
+from sim.trace import TraceEvent, TraceRecorder, canonical_json, trace_hash_of
 from sim.world import World
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
     "TraceEvent",
     "TraceRecorder",
     "World",
-    "canonical_line",
+    "canonical_json",
     "check_delay",
     "parse_point_key",
     "plan_entries",

@@ -1,27 +1,33 @@
-"""Trace records, the canonical trace JSON and its SHA-256 (the trace hash)."""
+"""Trace records, the canonical trace JSON and its SHA-256 (the trace hash).
+
+The canonical JSON of a trace is one array of events, each ``[seq, time, component, kind,
+request, inc, {detail}]``, with sorted keys, no spaces and UTF-8. The recorder hashes it in
+chunks as events arrive, so a run that keeps no trace still has its exact hash.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["TraceEvent", "TraceRecorder", "canonical_line", "trace_hash_of"]
+__all__ = ["TraceEvent", "TraceRecorder", "canonical_json", "trace_hash_of"]
 
-_dumps = json.JSONEncoder(
+_encode = json.JSONEncoder(
     ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
 ).encode
 
+_CHUNK = 512
 
-@dataclass(frozen=True, slots=True)
-class TraceEvent:
+
+class TraceEvent(NamedTuple):
     """One thing that happened: when, where (component), what (kind), to which request.
 
     ``request`` is the request-ID string the modelled system used; ``inc`` is the hidden
     incarnation number of the engine request involved (0 when none), which the modelled system
-    never reads; ``detail`` holds kind-specific fields (JSON-able scalars, lists, dicts).
+    never reads; ``detail`` holds kind-specific fields (JSON-able scalars, lists, dicts). An
+    immutable record (a named tuple: the cheapest one Python has, and a run makes thousands).
     """
 
     seq: int
@@ -43,49 +49,62 @@ class TraceEvent:
                    None if request is None else str(request), int(inc), dict(detail))
 
 
-def canonical_line(event: TraceEvent) -> bytes:
-    """The event as one line of canonical JSON (sorted keys, no spaces, UTF-8, newline)."""
-    return (_dumps(event.as_list()) + "\n").encode("utf-8")
+def canonical_json(events: Iterable[TraceEvent]) -> str:
+    """The whole trace as canonical JSON."""
+    return _encode(list(events))
 
 
 def trace_hash_of(events: Iterable[TraceEvent]) -> str:
-    """SHA-256 of the canonical JSON-lines trace."""
-    h = hashlib.sha256()
-    for ev in events:
-        h.update(canonical_line(ev))
-    return h.hexdigest()
+    """SHA-256 of the canonical JSON trace."""
+    return hashlib.sha256(canonical_json(events).encode("utf-8")).hexdigest()
 
 
 class TraceRecorder:
-    """Numbers events, hashes them as they come and, if asked, keeps them.
+    """Numbers events, hashes them in chunks and, if asked, keeps them.
 
-    The hash is streamed, so a run with ``retain=False`` still has its exact trace hash while its
-    memory stays flat; listeners (the invariant checker) see every event as it is recorded.
+    Listeners (the invariant checker) see every event as it is recorded.
     """
 
-    __slots__ = ("_events", "_hash", "_count", "_listeners", "_retain", "_now")
+    __slots__ = ("_events", "_pending", "_hash", "_count", "_listeners", "_retain", "_now",
+                 "_started")
 
     def __init__(self, now: Callable[[], float], *, retain: bool = True) -> None:
         self._now = now
         self._retain = retain
         self._events: list[TraceEvent] = []
-        self._hash = hashlib.sha256()
+        self._pending: list[TraceEvent] = []
+        self._hash = hashlib.sha256(b"[")
+        self._started = False
         self._count = 0
         self._listeners: list[Callable[[TraceEvent], None]] = []
 
     def subscribe(self, listener: Callable[[TraceEvent], None]) -> None:
         self._listeners.append(listener)
 
-    def record(self, component: str, kind: str, request: str | None = None, inc: int = 0,
-               **detail: Any) -> TraceEvent:
+    def record(self, component: str, kind: str, request: str | None, inc: int,
+               detail: dict[str, Any]) -> TraceEvent:
         ev = TraceEvent(self._count, self._now(), component, kind, request, inc, detail)
         self._count += 1
-        self._hash.update(canonical_line(ev))
-        if self._retain:
-            self._events.append(ev)
+        pending = self._pending
+        pending.append(ev)
+        if len(pending) >= _CHUNK:
+            self._flush()
         for listener in self._listeners:
             listener(ev)
         return ev
+
+    def _flush(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        text = _encode(pending)
+        if self._started:
+            self._hash.update(b",")
+        self._hash.update(text[1:-1].encode("utf-8"))
+        self._started = True
+        if self._retain:
+            self._events.extend(pending)
+        self._pending = []
 
     @property
     def count(self) -> int:
@@ -97,10 +116,14 @@ class TraceRecorder:
 
     @property
     def events(self) -> tuple[TraceEvent, ...]:
+        self._flush()
         return tuple(self._events)
 
     def __iter__(self) -> Iterator[TraceEvent]:
-        return iter(self._events)
+        return iter(self.events)
 
     def hexdigest(self) -> str:
-        return self._hash.hexdigest()
+        self._flush()
+        h = self._hash.copy()
+        h.update(b"]")
+        return h.hexdigest()

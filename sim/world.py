@@ -62,8 +62,9 @@ class World:
         delay, default = self.plan.resolve(point, k, natural)
         if delay != default:
             self._schedule.append(Decision(point, k, delay))
-            self.trace.record(where, "delay", None, 0, point=point, occurrence=k, delay=delay,
-                              default=default)
+            self.trace.record(where, "delay", None, 0,
+                              {"point": point, "occurrence": k, "delay": delay,
+                               "default": default})
         return delay
 
     def sleep(self, point: str, natural: float, where: str) -> simpy.Timeout | None:
@@ -75,4 +76,4 @@ class World:
 
     def record(self, component: str, kind: str, request: str | None = None, inc: int = 0,
                **detail: Any) -> TraceEvent:
-        return self.trace.record(component, kind, request, inc, **detail)
+        return self.trace.record(component, kind, request, inc, detail)

@@ -147,10 +147,10 @@ def test_sleep_keeps_control_at_zero_delay_except_at_always_yield_points() -> No
 # -- trace ------------------------------------------------------------------------------------------
 
 def _record_story(recorder: TraceRecorder, clock: list[float]) -> None:
-    recorder.record("client0", "client.send", "X", 0, uid=1)
+    recorder.record("client0", "client.send", "X", 0, {"uid": 1})
     clock[0] = 0.5
-    recorder.record("engine.scheduler", "sched.add", "X", 3, prev=0)
-    recorder.record("engine.kv", "kv.alloc", "X", 3, blocks=[0, 1], table=[0, 1])
+    recorder.record("engine.scheduler", "sched.add", "X", 3, {"prev": 0})
+    recorder.record("engine.kv", "kv.alloc", "X", 3, {"blocks": [0, 1], "table": [0, 1]})
 
 
 def test_trace_hash_is_the_hash_of_the_events_and_needs_no_retained_events() -> None:
