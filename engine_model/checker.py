@@ -515,10 +515,11 @@ class Checker:
             if system.engines[fe.engine].dead is not None:
                 continue
             op = fe.output_processor
-            for rid, state in op.request_states.items():
-                if self._leaky(state.inc, now):
+            for rid, fe_state in op.request_states.items():
+                if self._leaky(fe_state.inc, now):
                     self._leak((fe.name, "request_states", rid),
-                               f"{fe.name} OutputProcessor.request_states", rid, state.inc, now)
+                               f"{fe.name} OutputProcessor.request_states", rid, fe_state.inc,
+                               now)
             for ext, ids in op.external_req_ids.items():
                 if not any(r in op.request_states or r in op.parent_requests for r in ids):
                     self._leak((fe.name, "external", ext),

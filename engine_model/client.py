@@ -12,8 +12,6 @@ from typing import Any, Protocol
 
 import simpy
 
-from sim.world import World
-
 from engine_model.config import PDConfig, RequestSpec
 from engine_model.frontend.async_llm import AsyncLLM
 from engine_model.frontend.outputs import (
@@ -22,6 +20,7 @@ from engine_model.frontend.outputs import (
     RequestOutputCollector,
 )
 from engine_model.messages import FinishReason, KVTransferParams
+from sim.world import World
 
 __all__ = ["Client", "Gateway", "Proxy"]
 

@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from sim.world import World
-
 from engine_model.config import EngineConfig
 from engine_model.fatal import EngineFatal
 from engine_model.ipc import Channel
@@ -33,6 +31,7 @@ from engine_model.messages import (
 from engine_model.request import Request, RequestStatus
 from engine_model.runner import ModelRunner
 from engine_model.scheduler import Scheduler, SchedulerOutput
+from sim.world import World
 
 if TYPE_CHECKING:
     from engine_model.policies import LifecyclePolicy
@@ -210,7 +209,7 @@ class EngineCore:
         future, out = queue.popleft()
         if not future.processed:
             yield future
-        sampled: dict[str, Token] = future.value
+        sampled: dict[str, Token] = future.value or {}
         if self.aborts_queue:
             # vLLM #29987: aborts are also applied just before update_from_output.
             while self.aborts_queue:

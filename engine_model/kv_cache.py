@@ -1,4 +1,4 @@
-"""KVCacheManager: a fixed block pool with a deterministic free queue, ``req_to_blocks`` keyed by ID.
+"""KVCacheManager: a fixed block pool, a deterministic free queue, ``req_to_blocks`` keyed by ID.
 
 Because the table is keyed by the request-ID string (a defaultdict, as in vLLM), a second
 incarnation under a live ID extends the first one's block list, and freeing "the request" frees
@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
-from sim.world import World
-
 from engine_model.request import Request
+from sim.world import World
 
 __all__ = ["KVCacheManager"]
 

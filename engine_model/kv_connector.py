@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sim.world import World
-
 from engine_model.kv_cache import KVCacheManager
 from engine_model.messages import KVTransferParams
 from engine_model.request import Request, RequestStatus
+from sim.world import World
 
 __all__ = ["ConnectorScheduler"]
 

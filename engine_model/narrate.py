@@ -18,6 +18,10 @@ KEY_KINDS = frozenset({
 })
 
 
+_MESSAGE = {"EngineCoreRequest": "ADD", "AbortMessage": "ABORT", "EngineCoreOutputs": "outputs",
+            "KVDoneNotice": "KV done", "EngineDead": "ENGINE DEAD"}
+
+
 def _ids(d: dict[str, Any]) -> str:
     return ", ".join(repr(i) for i in d.get("ids", []))
 
@@ -42,8 +46,8 @@ _TEXT: dict[str, Callable[[TraceEvent, dict[str, Any]], str]] = {
     "fe.drop": lambda e, d: f"drops output for unknown {e.request!r}",
     "fe.stats": lambda e, d: f"counts {e.request!r} in finished stats ({d['reason']})",
     "fe.error": lambda e, d: f"{e.request!r} fails with EngineDeadError",
-    "ipc.send": lambda e, d: (f"{d['type'].replace('EngineCoreRequest', 'ADD').replace('AbortMessage', 'ABORT').replace('EngineCoreOutputs', 'outputs').replace('KVDoneNotice', 'KV done').replace('EngineDead', 'ENGINE DEAD')}"
-                              f" {_ids(d)} (arrives t={d['arrive']:.4f})"),
+    "ipc.send": lambda e, d: (f"{_MESSAGE.get(d['type'], d['type'])} {_ids(d)} "
+                              f"(arrives t={d['arrive']:.4f})"),
     "sched.add": lambda e, d: f"Scheduler.add_request({e.request!r})"
                               + (f" OVERWRITES requests[{e.request!r}] (inc {d['prev']})"
                                  if d["prev"] else ""),

@@ -20,7 +20,8 @@ primitives:
 
 - ``llm.output_processor.abort_requests(ids)``: drop the states, give clients their final "abort";
 - ``llm.output_processor.mark_finished(ids)``: final "abort" to clients, keep the states;
-- ``llm.output_processor.pop_finished(ids)``: drop states kept by ``mark_finished`` or a stop string;
+- ``llm.output_processor.pop_finished(ids)``: drop states kept by ``mark_finished`` or a stop
+  string;
 - ``yield from llm.send_abort(ids, point)``: pass await point ``point``, then send the ABORT.
 
 Pass the required points: ``frontend.abort:after_pop`` in ``abort`` and
@@ -129,8 +130,9 @@ class InternalId(LifecyclePolicy):
     summary = ("internal ID = external + '-' + random hex suffix; abort by external ID aborts "
                "all its internal IDs")
     source = "PR #27987"
-    options = {"suffix_hex": "hex characters of random suffix (default 8; 0 disables it, as "
-                             "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1 does)"}
+    options: ClassVar[Mapping[str, str]] = {
+        "suffix_hex": "hex characters of random suffix (default 8; 0 disables it, as "
+                      "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1 does)"}
 
     def __init__(self, **opts: str) -> None:
         super().__init__(**opts)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from engine_model.messages import EngineCoreRequest, KVTransferParams, Token
 
 __all__ = ["Request", "RequestStatus"]
@@ -16,7 +18,7 @@ class RequestStatus:
     FINISHED_LENGTH_CAPPED = "FINISHED_LENGTH_CAPPED"
     FINISHED_ABORTED = "FINISHED_ABORTED"
 
-    FINISH_REASON = {
+    FINISH_REASON: ClassVar[dict[str, str]] = {
         FINISHED_STOPPED: "stop",
         FINISHED_LENGTH_CAPPED: "length",
         FINISHED_ABORTED: "abort",

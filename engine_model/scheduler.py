@@ -11,13 +11,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sim.world import World
-
 from engine_model.config import EngineConfig
 from engine_model.fatal import EngineFatal, checked_del, checked_get
 from engine_model.kv_cache import KVCacheManager
 from engine_model.messages import EngineCoreOutput, KVTransferParams, Token
 from engine_model.request import Request, RequestStatus
+from sim.world import World
 
 if TYPE_CHECKING:
     from engine_model.kv_connector import ConnectorScheduler
@@ -251,7 +250,8 @@ class Scheduler:
             req = checked_get(requests, rid, "Scheduler.requests")  # type: ignore[arg-type]
             assert isinstance(req, Request)
             req.num_computed_tokens += n
-            if self._async and req.num_computed_tokens >= req.num_tokens + req.num_output_placeholders:
+            if self._async and \
+                    req.num_computed_tokens >= req.num_tokens + req.num_output_placeholders:
                 req.num_output_placeholders += 1
 
     # -- update_from_output ---------------------------------------------------------------------

@@ -6,10 +6,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sim.points import Decision, DelayPlan
-from sim.trace import TraceEvent
-from sim.world import World
-
 from engine_model.checker import Checker, Violation
 from engine_model.client import Client, Gateway, Proxy
 from engine_model.config import Workload
@@ -18,6 +14,9 @@ from engine_model.frontend.async_llm import AsyncLLM
 from engine_model.ipc import Channel
 from engine_model.points import POINTS
 from engine_model.policies import LifecyclePolicy
+from sim.points import Decision, DelayPlan
+from sim.trace import TraceEvent
+from sim.world import World
 
 __all__ = ["System", "RunResult", "RequestOutcome", "run_workload"]
 
@@ -83,8 +82,9 @@ class System:
             self.engines = [prefill, decode]
             decode.notify_channels[0] = Channel(world, "nixl:decode->prefill", "pd.kv:notify",
                                                 latency, prefill.deliver_kv_notice)
-            p_fes = [self._frontend(i, f"P.frontend{i}", prefill) for i in range(workload.frontends)]
-            d_fes = [self._frontend(i, f"D.frontend{i}", decode) for i in range(workload.frontends)]
+            n = workload.frontends
+            p_fes = [self._frontend(i, f"P.frontend{i}", prefill) for i in range(n)]
+            d_fes = [self._frontend(i, f"D.frontend{i}", decode) for i in range(n)]
             self.frontends = p_fes + d_fes
             gateways: list[Gateway] = [
                 Proxy(world, i, p_fes[spec.frontend], d_fes[spec.frontend], pd)

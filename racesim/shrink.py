@@ -102,7 +102,7 @@ def _smallest_delays(scen: Scenario, sched: tuple[Decision, ...], fails: Pred,
             mid = round((lo + hi) / 2, 6)
             if mid <= lo or mid >= hi:
                 break
-            trial = sched[:i] + (Decision(d.point, d.occurrence, mid),) + sched[i + 1:]
+            trial = (*sched[:i], Decision(d.point, d.occurrence, mid), *sched[i + 1:])
             if fails(scen, trial):
                 hi = mid
                 sched = trial

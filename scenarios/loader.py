@@ -122,7 +122,7 @@ def _show(value: object) -> str:
     """A short, one-line repr that never raises (huge ints refuse ``repr``)."""
     try:
         text = repr(value)
-    except Exception:  # noqa: BLE001
+    except Exception:
         text = f"<{type(value).__name__}>"
     return text if len(text) <= 80 else text[:77] + "..."
 
@@ -298,7 +298,7 @@ def _checked(data: object, source: str, text: str | None) -> Scenario:
         raise _error(source, text, bad) from None
     except InputError as e:
         raise InputError(f"{source}: {e}") from None
-    except Exception as e:  # noqa: BLE001 - a safety net: no traceback for any input
+    except Exception as e:
         raise InputError(f"{source}: invalid scenario: {type(e).__name__}: {_show(str(e))}") \
             from None
 
@@ -318,7 +318,7 @@ def parse_scenario(text: str, source: str) -> Scenario:
         m = re.search(r"at line (\d+)", str(e))
         where = f"{source}:{m.group(1)}" if m else source
         raise InputError(f"{where}: invalid TOML: {e}") from None
-    except Exception as e:  # noqa: BLE001 - e.g. ValueError for 4300+ digit integers
+    except Exception as e:
         raise InputError(f"{source}: invalid TOML: {_show(str(e))}") from None
     return _checked(data, source, text)
 

@@ -88,7 +88,8 @@ def check_delay(value: object, where: str) -> float:
     return v
 
 
-def parse_point_key(key: str, catalogue: PointCatalogue | None, where: str) -> tuple[str, int | None]:
+def parse_point_key(key: str, catalogue: PointCatalogue | None,
+                    where: str) -> tuple[str, int | None]:
     """``"point"`` or ``"point#K"`` → ``(point, K or None)``, checked against the catalogue."""
     point, sep, occ = key.partition("#")
     k: int | None = None

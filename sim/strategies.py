@@ -68,7 +68,9 @@ class RandomStrategy(Strategy):
             return None
         rng = random.Random(stable_seed(self.config.seed, "random", run))
         points = self.config.points
-        focus = {p for p in points if rng.random() < 0.3} or {rng.choice(points)} if points else set()
+        focus: set[str] = set()
+        if points:
+            focus = {p for p in points if rng.random() < 0.3} or {rng.choice(points)}
         scale = self.config.scale
 
         def decide(point: str, k: int, default: float) -> float:

@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from sim.world import World
-
 from engine_model.config import FrontendConfig
 from engine_model.frontend.output_processor import AlreadyRunning, OutputProcessor, ParentRequest
 from engine_model.frontend.outputs import RequestOutputCollector
@@ -26,6 +24,7 @@ from engine_model.messages import (
     FinishReason,
     KVTransferParams,
 )
+from sim.world import World
 
 if TYPE_CHECKING:
     from engine_model.policies import LifecyclePolicy

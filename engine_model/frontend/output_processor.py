@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sim.world import World
-
 from engine_model.frontend.outputs import CompletionOutput, RequestOutput, RequestOutputCollector
-from engine_model.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+from engine_model.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, Token
+from sim.world import World
 
 if TYPE_CHECKING:
     from engine_model.policies import LifecyclePolicy
@@ -195,7 +194,7 @@ class OutputProcessor:
             if state is not None and state.finished:
                 self._pop(state, "abort-sent")
 
-    def _deliver(self, state: RequestState, tokens: list, finish: str | None,
+    def _deliver(self, state: RequestState, tokens: list[Token], finish: str | None,
                  out: EngineCoreOutput | None = None) -> None:
         parent = state.parent
         finished = finish is not None
