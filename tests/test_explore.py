@@ -1,0 +1,140 @@
+"""Exploration: it finds the races with no hint, shrinks them, replays them, and its results do
+not depend on how many workers ran them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from racesim.documents import read_counterexample
+from racesim.explore import explore
+from racesim.runner import run_scenario
+from scenarios import load_scenario
+
+
+@pytest.fixture(scope="module")
+def abort_reuse():  # type: ignore[no-untyped-def]
+    return load_scenario("abort-reuse")
+
+
+@pytest.mark.parametrize("strategy", ["random", "pct", "grid", "hypothesis"])
+def test_every_strategy_finds_abort_reuse_and_shrinks_it_to_one_delay(
+        abort_reuse, strategy: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    res = explore(abort_reuse, "buggy", strategy=strategy, budget=200, workers=1,
+                  out_dir=tmp_path)
+    assert res.baseline_violations == ("metrics-exact",)  # the standing gap, not the race
+    assert res.counterexample is not None
+    cx = res.counterexample
+    races = {v["invariant"] for v in cx.violations} - {"metrics-exact"}
+    assert races, cx.violations
+    assert len(cx.schedule) == 1, cx.schedule
+    assert cx.shrunk_from is not None and cx.shrunk_from >= 1
+    assert res.first_violation_run is not None and res.first_violation_run > 0
+    # The file on disk replays to the same trace hash.
+    saved = read_counterexample(res.counterexample_path or "")
+    assert saved.schedule == cx.schedule
+    again = run_scenario(saved.scenario, saved.policy, options=saved.options, seed=saved.seed,
+                         schedule=saved.schedule, skip=saved.skip)
+    assert again.trace_hash == cx.trace_hash
+
+
+def test_a_clean_result_states_its_confidence(abort_reuse) -> None:  # type: ignore[no-untyped-def]
+    res = explore(abort_reuse, "internal-id", budget=60, workers=1, skip=["metrics-exact"])
+    assert res.violating_runs == 0 and res.counterexample is None
+    conf = res.confidence()
+    assert conf["rule_of_three"] == pytest.approx(3 / 60)
+    assert res.distinct_traces > 1
+    assert "frontend.abort:after_pop" in res.coverage
+
+
+def test_pct_reports_its_bound(abort_reuse) -> None:  # type: ignore[no-untyped-def]
+    res = explore(abort_reuse, "internal-id", strategy="pct", budget=30, workers=1,
+                  skip=["metrics-exact"])
+    info = res.strategy_info
+    assert info["d"] == 2 and info["n"] >= 5 and info["k"] >= 40
+    assert info["bound"] == pytest.approx(1 / (info["n"] * info["k"]))
+    assert res.confidence()["pct_bound"] == info["bound"]
+
+
+def test_workers_do_not_change_the_result() -> None:
+    scen = load_scenario("async-sched-reuse")
+    one = explore(scen, "buggy", budget=80, seed=3, workers=1).document()
+    two = explore(scen, "buggy", budget=80, seed=3, workers=2).document()
+    for doc in (one, two):
+        doc.pop("elapsed_s")
+    assert one == two
+    assert one["counterexample"] is not None
+
+
+def test_dask_gives_the_same_result_as_one_worker() -> None:
+    distributed = pytest.importorskip("distributed")
+    scen = load_scenario("abort-reuse")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        remote = explore(scen, "buggy", budget=40, workers=None,
+                         dask=cluster.scheduler_address).document()
+    local = explore(scen, "buggy", budget=40, workers=1).document()
+    for doc in (remote, local):
+        doc.pop("elapsed_s")
+    assert remote == local
+
+
+def test_the_counterexample_is_on_disk_before_shrinking(abort_reuse, tmp_path: Path,
+                                                       monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import racesim.explore as ex
+
+    def broken_shrink(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("shrinker crashed")
+
+    monkeypatch.setattr(ex, "shrink", broken_shrink)
+    with pytest.raises(RuntimeError):
+        explore(abort_reuse, "buggy", budget=50, workers=1, out_dir=tmp_path)
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1
+    found = read_counterexample(str(files[0]))
+    assert found.shrunk_from is None and found.schedule
+
+
+def test_replay_reproduces_the_hash_from_another_folder(abort_reuse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    res = explore(abort_reuse, "buggy", strategy="pct", budget=100, workers=1,
+                  out_dir=tmp_path / "out")
+    assert res.counterexample_path is not None
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "racesim", "replay",
+                           str(Path(res.counterexample_path).resolve()), "--json"],
+                          cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads(proc.stdout)["trace_hash"] == res.counterexample.trace_hash  # type: ignore[union-attr]
+
+
+def test_explore_cli_json_and_exit_codes(tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "racesim", "explore", "abort-reuse", "--budget", "60",
+            "--workers", "1", "--out", str(tmp_path), "--json"]
+    bad = subprocess.run(base + ["-p", "buggy"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1
+    doc = json.loads(bad.stdout)
+    for key in ("scenario", "policy", "strategy", "runs", "violating_runs",
+                "first_violation_run", "elapsed_s", "counterexample", "confidence"):
+        assert key in doc
+    assert doc["counterexample"]["path"]
+    clean = subprocess.run(base + ["-p", "internal-id", "--skip", "metrics-exact"],
+                           capture_output=True, text=True, timeout=120)
+    assert clean.returncode == 0, clean.stdout
+    assert json.loads(clean.stdout)["confidence"]["rule_of_three"] == pytest.approx(3 / 60)
+
+
+def test_matrix_cells_come_from_running(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "racesim", "matrix", "-s", "multi-frontend",
+                           "-p", "buggy", "-p", "internal-id", "--budget", "10", "--workers",
+                           "1", "--out", str(tmp_path), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    cells = {(c["scenario"], c["policy"]): c for c in json.loads(proc.stdout)["cells"]}
+    assert "unique-live-id" in cells[("multi-frontend", "buggy")]["invariants"]
+    assert cells[("multi-frontend", "internal-id")]["invariants"] == []
+    assert cells[("multi-frontend", "internal-id")]["runs"] == 10
