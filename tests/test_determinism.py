@@ -25,7 +25,8 @@ def _run_in_subprocess(hashseed: str, *args: str) -> dict[str, Any]:
     proc = subprocess.run([*_COMMAND, "run", *args, "--json"], capture_output=True, text=True,
                           env=env, timeout=60, check=False)
     assert proc.returncode in (0, 1), proc.stderr
-    return json.loads(proc.stdout)
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
 
 
 @pytest.mark.parametrize("args", [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 from engine_model import EngineConfig, RequestSpec, RunResult, System, Workload
@@ -33,16 +34,16 @@ def test_async_abort_order_decides_how_many_tokens_each_request_got(
     applied = Counter(rid for e in result.trace if e.kind == "sched.update"
                       for rid, *_ in e.detail["applied"])
     engine_tokens = [applied[f"r{i}"] for i in abort_order]
-    assert [b - a for a, b in zip(engine_tokens, engine_tokens[1:])] == [1, 1, 1, 1]
+    assert [b - a for a, b in pairwise(engine_tokens)] == [1, 1, 1, 1]
     client_tokens = [result.requests[i].tokens for i in abort_order]
-    assert [b - a for a, b in zip(client_tokens, client_tokens[1:])] == [1, 1, 1, 1]
+    assert [b - a for a, b in pairwise(client_tokens)] == [1, 1, 1, 1]
     assert all(r.finish_reason == "abort" for r in result.requests)
     assert system.engines[0].scheduler.requests == {}
 
 
 def test_async_stop_by_max_tokens_schedules_no_extra_token(simulate: Simulate) -> None:
     reqs = tuple(RequestSpec(f"m{k}", prompt_tokens=16, max_tokens=k) for k in (1, 2, 5))
-    result, system = simulate(Workload(engine=ASYNC, requests=reqs), "buggy")
+    result, _ = simulate(Workload(engine=ASYNC, requests=reqs), "buggy")
     incs = _incs_by_id(result)
     scheduled = Counter(inc for e in result.trace if e.kind == "sched.step"
                         for _rid, inc, n in e.detail["batch"] if n > 0)

@@ -62,7 +62,7 @@ def test_streams_are_named_and_seeded() -> None:
     assert RngStreams(43).stream("a").random() != a[0]
 
 
-# -- delay plans -------------------------------------------------------------------------------------
+# -- delay plans -----------------------------------------------------------------------------------
 
 def test_delay_plan_precedence_from_override_down_to_natural() -> None:
     asked: list[tuple[str, int, float]] = []
@@ -112,7 +112,7 @@ def test_a_replayed_schedule_takes_the_same_decisions() -> None:
     assert again.schedule == first.schedule
 
 
-# -- World.sleep ------------------------------------------------------------------------------------
+# -- World.sleep -----------------------------------------------------------------------------------
 
 def test_sleep_keeps_control_at_zero_delay_except_at_always_yield_points() -> None:
     world = World(0, DelayPlan(overrides=[("slow", None, 0.25)]),
@@ -144,7 +144,7 @@ def test_sleep_keeps_control_at_zero_delay_except_at_always_yield_points() -> No
                    ("a: past yielding point", 0), ("a: past slow point", 0.25)]
 
 
-# -- trace ------------------------------------------------------------------------------------------
+# -- trace -----------------------------------------------------------------------------------------
 
 def _record_story(recorder: TraceRecorder, clock: list[float]) -> None:
     recorder.record("client0", "client.send", "X", 0, {"uid": 1})
@@ -182,7 +182,7 @@ def test_a_run_hashes_the_same_with_or_without_retaining_its_trace() -> None:
         (kept.trace_hash, kept.events, kept.violations)
 
 
-# -- channels ---------------------------------------------------------------------------------------
+# -- channels --------------------------------------------------------------------------------------
 
 def test_channel_is_fifo_a_later_faster_message_never_overtakes() -> None:
     point = "ipc.input:transit"

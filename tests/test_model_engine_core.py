@@ -23,7 +23,7 @@ def _log(result: RunResult, *kinds: str) -> list[tuple[str, float]]:
             for e in result.trace if e.kind in kinds]
 
 
-# -- the busy loop ----------------------------------------------------------------------------------
+# -- the busy loop ---------------------------------------------------------------------------------
 
 def test_an_add_arriving_mid_step_waits_for_the_step_to_end() -> None:
     result = _run(Workload(engine=EngineConfig(step_time=0.01), requests=(
@@ -89,7 +89,7 @@ def test_async_runner_carries_a_sampled_token_by_id_match() -> None:
     assert (token.inc, token.ctx) == (2, 1)
 
 
-# -- the model runner and engine death ---------------------------------------------------------------
+# -- the model runner and engine death -------------------------------------------------------------
 
 def test_runner_lookup_of_a_missing_cached_id_is_a_fatal_key_error() -> None:
     runner = ModelRunner(World(0), "engine.runner", async_scheduling=False)

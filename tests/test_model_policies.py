@@ -38,7 +38,7 @@ def _engine_ids(result: RunResult) -> list[str]:
     return [e.request or "" for e in result.trace if e.kind == "sched.add"]
 
 
-# -- internal-id ------------------------------------------------------------------------------------
+# -- internal-id -----------------------------------------------------------------------------------
 
 def test_internal_id_appends_eight_random_hex_chars_to_the_external_id() -> None:
     result = _run(TWO_X)
@@ -113,7 +113,7 @@ def test_abort_by_external_id_ends_every_internal_id_under_it() -> None:
     assert result.violated == ("metrics-exact",)
 
 
-# -- third-party policies ---------------------------------------------------------------------------
+# -- third-party policies --------------------------------------------------------------------------
 
 def test_a_third_party_policy_loads_by_module_and_class(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(FIXTURES))

@@ -82,7 +82,7 @@ def test_the_late_abort_kills_the_new_request(buggy: RunResult) -> None:
 
 def test_the_old_requests_tokens_reach_the_new_client_then_the_engine_dies(
         buggy: RunResult) -> None:
-    old, new = _incs(buggy)
+    old, _new = _incs(buggy)
     got = [t[1] for e in buggy.trace if e.kind == "client.output" and e.detail["uid"] == 2
            for t in e.detail["tokens"]]
     assert old in got, "client 1 is handed tokens generated for client 0's request"

@@ -32,7 +32,7 @@ def _log(world: World) -> list[tuple[str, str | None, int]]:
 
 
 def test_duplicate_add_overwrites_the_dict_while_the_old_object_keeps_running() -> None:
-    world, kv, sched = _engine()
+    world, _kv, sched = _engine()
     old = _request("X", inc=1)
     sched.add_request(old)
     sched.schedule()
@@ -74,7 +74,7 @@ def test_the_late_abort_ends_the_new_request_and_frees_the_old_ones_blocks() -> 
 
 
 def test_req_to_blocks_is_shared_by_a_duplicate_id() -> None:
-    world, kv, sched = _engine()
+    world, kv, _sched = _engine()
     old, new = _request("X", inc=1), _request("X", inc=2, prompt_tokens=48)
     assert kv.allocate_slots(old, 32)
     assert kv.req_to_blocks["X"] == [0, 1]
@@ -89,7 +89,7 @@ def test_req_to_blocks_is_shared_by_a_duplicate_id() -> None:
 
 
 def test_a_same_size_duplicate_allocates_nothing_and_rides_on_the_old_blocks() -> None:
-    world, kv, sched = _engine()
+    world, kv, _sched = _engine()
     old, new = _request("X", inc=1), _request("X", inc=2)
     kv.allocate_slots(old, 32)
     free_before = kv.num_free_blocks
@@ -99,7 +99,7 @@ def test_a_same_size_duplicate_allocates_nothing_and_rides_on_the_old_blocks() -
 
 
 def test_free_of_the_new_request_returns_the_old_requests_blocks() -> None:
-    world, kv, sched = _engine()
+    world, kv, _sched = _engine()
     old, new = _request("X", inc=1), _request("X", inc=2, prompt_tokens=48)
     kv.allocate_slots(old, 32)
     kv.allocate_slots(new, 48)
@@ -116,7 +116,7 @@ def test_free_of_the_new_request_returns_the_old_requests_blocks() -> None:
 
 
 def test_free_queue_is_deterministic_tail_first() -> None:
-    world, kv, sched = _engine(num_blocks=4)
+    _world, kv, _sched = _engine(num_blocks=4)
     a, b = _request("A", 1), _request("B", 2)
     kv.allocate_slots(a, 32)                     # [0, 1]
     kv.allocate_slots(b, 16)                     # [2]
