@@ -31,7 +31,8 @@ _COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else \
 def racesim(*args: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(pythonpath), os.environ.get("PYTHONPATH", "")) if p)
     return subprocess.run([*_COMMAND, *args], capture_output=True, text=True, env=env,
                           timeout=60, check=False)
 
