@@ -51,6 +51,8 @@ class RunResult:
     requests: tuple[RequestOutcome, ...]
     occurrences: dict[str, int]
     trace: tuple[TraceEvent, ...]
+    #: simpy events the run processed (``env.step`` calls): the kernel's work, for ``racesim bench``.
+    steps: int = 0
 
     @property
     def violated(self) -> tuple[str, ...]:
@@ -129,9 +131,11 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     checker.attach(system)
     env = world.env
     step, peek, horizon = env.step, env.peek, workload.horizon
+    steps = 0
     while peek() <= horizon:  # until quiescence (empty queue) or the horizon
         step()
+        steps += 1
     violations = checker.finish()
     return RunResult(seed, policy.name, world.trace.hexdigest(), world.trace.count,
                      float(world.env.now), world.schedule, violations, system.outcomes(),
-                     world.occurrences, world.trace.events)
+                     world.occurrences, world.trace.events, steps)
