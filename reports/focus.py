@@ -1,0 +1,91 @@
+"""Which events a diagram page shows: the race window, the violations and what led to them.
+
+Pure selection over trace indices; the layout lives in :mod:`reports.swimlane`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine_model.checker import Violation
+from engine_model.narrate import KEY_KINDS
+from reports.model import TraceModel
+from sim.trace import TraceEvent
+
+__all__ = ["MUST", "priorities", "select", "race_span"]
+
+#: Priorities, lower first: violations, delays and deaths; key events of the violated request
+#: IDs; other key events; repeated output messages; bookkeeping (never shown on its own).
+MUST, FOCUS, KEY, FILLER, BOOKKEEPING = 0, 1, 2, 3, 9
+
+
+def _ids_of(ev: TraceEvent) -> set[str]:
+    ids = {str(i) for i in ev.detail.get("ids", [])}
+    if ev.request is not None:
+        ids.add(ev.request)
+    return ids
+
+
+def priorities(events: Sequence[TraceEvent], viol: dict[int, list[str]],
+                focus_ids: set[str]) -> list[int]:
+    """How much each event matters to the picture (lower first).
+
+    Output messages that repeat the previous one on their socket (same requests, same
+    incarnations: the steady state of a decode) are fillers, shown only when there is room.
+    """
+    out = []
+    last_outputs: dict[str, tuple[object, object]] = {}
+    for ev in events:
+        if ev.seq in viol or ev.kind in ("delay", "engine.fatal"):
+            out.append(MUST)
+        elif ev.kind not in KEY_KINDS:
+            out.append(BOOKKEEPING)
+        elif ev.kind == "ipc.send" and ev.detail.get("type") == "EngineCoreOutputs":
+            sig = (tuple(ev.detail.get("ids", [])),
+                   tuple(tuple(o[:2]) for o in ev.detail.get("outputs", [])))
+            same = last_outputs.get(ev.component) == sig
+            last_outputs[ev.component] = sig
+            out.append(FILLER if same else FOCUS if _ids_of(ev) & focus_ids else KEY)
+        else:
+            out.append(FOCUS if _ids_of(ev) & focus_ids else KEY)
+    return out
+
+
+def select(prio: list[int], span: tuple[int, int], must: set[int], budget: int) -> list[int]:
+    """Indices of the events to show for a page about ``span`` (seq range) and ``must``."""
+    lo, hi = span
+
+    def key(i: int) -> tuple[int, float, int, int]:
+        if i in must:
+            return (0, 0.0, 0, i)
+        p = FOCUS if prio[i] == MUST else prio[i]  # a violation or delay of another page
+        outside = lo - i if i < lo else (i - hi) * 1.5 if i > hi else 0
+        return (1, outside * {FOCUS: 1.0, KEY: 2.0}.get(p, 4.0), p, abs(hi - i))
+
+    cands = [i for i, p in enumerate(prio) if p <= FILLER or i in must]
+    cands.sort(key=key)
+    return sorted(cands[:budget])
+
+
+def race_span(model: TraceModel, violations: Sequence[Violation]) -> tuple[int, int] | None:
+    """(opening event, first violating event) as indices into the trace, or None.
+
+    The window opens at the last injected delay before the first violation that held up the
+    violated request ID, else at the first injected delay, else at the event just before it.
+    """
+    index = {ev.seq: i for i, ev in enumerate(model.events)}
+    firsts = [v for v in violations if v.event in index]
+    if not firsts:
+        return None
+    first_v = min(firsts, key=lambda v: v.event)
+    first = index[first_v.event]
+    delays = [i for i in range(first + 1) if model.events[i].kind == "delay"]
+    owned = [i for i in delays
+             if model.delay_owner.get(model.events[i].seq, ("",))[0] == first_v.request]
+    if owned:
+        return owned[-1], first
+    if delays:
+        return delays[0], first
+    return max(first - 1, 0), first
+
+

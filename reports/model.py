@@ -1,0 +1,265 @@
+"""What a trace means for a picture: lanes, incarnations and messages, as plain data.
+
+Shared by the swimlane layout (HTML) and the Chrome trace export, so both draw the same lanes
+and colour an incarnation the same way. Nothing here renders anything.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sim.trace import TraceEvent
+
+__all__ = ["Lane", "Incarnation", "Message", "TraceModel", "PALETTE", "MSG_SHORT"]
+
+#: Incarnation colours (no red: red means a violation).
+PALETTE = ("#2f6fb0", "#e08a1e", "#2a9d8f", "#6a4c93", "#8c6d1f", "#3f8f3a", "#c2468a",
+           "#5b7083", "#0f7c9c", "#9a6b4f")
+
+#: Short names of the message types of ``ipc.send`` events.
+MSG_SHORT = {"EngineCoreRequest": "ADD", "AbortMessage": "ABORT", "EngineCoreOutputs": "outputs",
+             "EngineDead": "ENGINE DEAD", "KVDoneNotice": "KV done"}
+
+_ENGINE_PARTS = {"input": "input thread", "core": "busy loop", "scheduler": "scheduler",
+                 "kv": "KV cache", "runner": "runner", "connector": "KV connector"}
+_PART_ORDER = tuple(_ENGINE_PARTS)
+_CLIENT = re.compile(r"client(\d+)\Z")
+_PROXY = re.compile(r"proxy(\d+)\Z")
+_FRONTEND = re.compile(r"(?:([PD])\.)?frontend(\d+)\Z")
+_ENGINE = re.compile(r"(.+)\.(input|core|scheduler|kv|runner|connector)\Z")
+_CHANNEL = re.compile(r"(ipc|nixl):(.+)->(.+)\Z")
+_MAX_CLIENT_LANES = 4
+_MAX_PROXY_LANES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """One swimlane (a thread or a component group) of the diagram and of the Perfetto trace."""
+
+    key: str
+    title: str
+    group: str
+    group_title: str
+
+
+@dataclass(frozen=True, slots=True)
+class Incarnation:
+    """One engine request incarnation: the hidden ground truth behind a request ID."""
+
+    inc: int
+    request: str
+    client: str  # the client component, "" when unknown
+    uid: int
+    frontend: str
+    colour: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.request} #{self.inc}"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One ``ipc.send``: who sent it to whom, when it was sent and when it arrives."""
+
+    seq: int
+    channel: str
+    type: str
+    ids: tuple[str, ...]
+    incs: tuple[int, ...]
+    send: float
+    arrive: float
+    src: str  # lane keys
+    dst: str
+
+    @property
+    def short(self) -> str:
+        return MSG_SHORT.get(self.type, self.type)
+
+
+#: Compact mode: the input thread and the runner share the busy loop's lane, KV the scheduler's.
+_COMPACT = {"input": "core", "runner": "core", "kv": "scheduler"}
+_COMPACT_TITLES = {"core": "busy loop", "scheduler": "sched + KV", "connector": "KV connector"}
+
+
+class TraceModel:
+    """Lanes, incarnations and messages of one trace (computed once, read by the renderers)."""
+
+    def __init__(self, events: Sequence[TraceEvent]) -> None:
+        self.events = events
+        clients = sorted({int(m.group(1)) for e in events
+                          if (m := _CLIENT.match(e.component))})
+        proxies = sorted({int(m.group(1)) for e in events
+                          if (m := _PROXY.match(e.component))})
+        engines = {m.group(1) for e in events if (m := _ENGINE.match(e.component))}
+        #: Several engines (P/D): fewer lanes per engine so the diagram still fits a screen.
+        self.compact = len(engines) > 1
+        self._group_clients = len(clients) > _MAX_CLIENT_LANES
+        self._group_proxies = len(proxies) > (1 if self.compact else _MAX_PROXY_LANES)
+        self.incarnations: dict[int, Incarnation] = {}
+        self._uid_inc: dict[int, int] = {}
+        self.messages: dict[int, Message] = {}
+        self._build_incarnations()
+        self._build_messages()
+        self.delay_owner: dict[int, tuple[str, tuple[int, ...]]] = {}
+        self._build_delay_owners()
+        self.lanes = self._build_lanes()
+        self.lane_index = {lane.key: i for i, lane in enumerate(self.lanes)}
+
+    # -- lanes ----------------------------------------------------------------------------------
+
+    def _engine_lane(self, engine: str, part: str) -> str:
+        return f"{engine}.{_COMPACT.get(part, part) if self.compact else part}"
+
+    def step_lane(self, scheduler_component: str) -> str:
+        """The lane engine steps of ``scheduler_component``'s engine are drawn in."""
+        return self._engine_lane(scheduler_component.rsplit(".", 1)[0], "runner")
+
+    def lane_of(self, component: str) -> str:
+        """The lane key an event of ``component`` is drawn in."""
+        if m := _CLIENT.match(component):
+            return "clients" if self._group_clients else component
+        if _PROXY.match(component):
+            return "proxies" if self._group_proxies else component
+        if _FRONTEND.match(component):
+            return component
+        if _CHANNEL.match(component):
+            return "ipc"
+        if m := _ENGINE.match(component):
+            return self._engine_lane(m.group(1), m.group(2))
+        return component
+
+    def _describe_lane(self, key: str) -> Lane:
+        if key == "clients":
+            return Lane(key, "clients", "clients", "clients")
+        if key == "proxies":
+            return Lane(key, "proxies", "proxy", "proxy")
+        if _CLIENT.match(key):
+            return Lane(key, key, "clients", "clients")
+        if _PROXY.match(key):
+            return Lane(key, key, "proxy", "proxy")
+        if m := _FRONTEND.match(key):
+            return Lane(key, key, "frontends", "API server")
+        if key == "ipc":
+            return Lane(key, "sockets", "ipc", "IPC")
+        if m := _ENGINE.match(key):
+            engine = m.group(1)
+            title = "EngineCore" if engine == "engine" else f"{engine} engine"
+            part = (_COMPACT_TITLES if self.compact else _ENGINE_PARTS)[m.group(2)]
+            return Lane(key, part, engine, title)
+        return Lane(key, key, key, key)
+
+    def _lane_rank(self, key: str) -> tuple[int, int, str, int]:
+        if key == "clients" or _CLIENT.match(key):
+            m = _CLIENT.match(key)
+            return (0, int(m.group(1)) if m else -1, "", 0)
+        if key == "proxies" or _PROXY.match(key):
+            m = _PROXY.match(key)
+            return (1, int(m.group(1)) if m else -1, "", 0)
+        if m := _FRONTEND.match(key):
+            return (2, " PD".index(m.group(1) or " "), "", int(m.group(2)))
+        if key == "ipc":
+            return (3, 0, "", 0)
+        if m := _ENGINE.match(key):
+            engine = m.group(1)
+            order = {"engine": 0, "prefill": 1, "decode": 2}.get(engine, 3)
+            return (4, order, engine, _PART_ORDER.index(m.group(2)))
+        return (5, 0, key, 0)
+
+    def _build_lanes(self) -> list[Lane]:
+        keys = {self.lane_of(e.component) for e in self.events}
+        for msg in self.messages.values():
+            keys.update((msg.src, msg.dst))
+        return [self._describe_lane(k) for k in sorted(keys, key=self._lane_rank)]
+
+    # -- incarnations ---------------------------------------------------------------------------
+
+    def _build_incarnations(self) -> None:
+        client_of_uid: dict[int, str] = {}
+        for e in self.events:
+            if e.kind == "client.send":
+                client_of_uid.setdefault(int(e.detail.get("uid", 0)), e.component)
+        for e in self.events:
+            if e.inc and e.inc not in self.incarnations and e.request is not None:
+                uid = int(e.detail.get("uid", 0)) if e.kind == "fe.add" else 0
+                frontend = e.component if e.kind == "fe.add" else ""
+                colour = PALETTE[len(self.incarnations) % len(PALETTE)]
+                self.incarnations[e.inc] = Incarnation(e.inc, e.request,
+                                                       client_of_uid.get(uid, ""), uid,
+                                                       frontend, colour)
+                if uid:
+                    self._uid_inc.setdefault(uid, e.inc)
+
+    def _build_delay_owners(self) -> None:
+        """Which request each injected delay held up: the nearest event of the same component
+        at the same instant before it (an await after a pop), else the next one after it (a
+        message whose transit was delayed)."""
+        events = self.events
+        for k, e in enumerate(events):
+            if e.kind != "delay":
+                continue
+            near = [events[j] for j in range(k - 1, max(k - 9, -1), -1)]
+            near += [events[j] for j in range(k + 1, min(k + 9, len(events)))]
+            for o in near:
+                if o.component == e.component and o.kind != "delay" and (
+                        (o.request is not None and o.time == e.time) or o.seq > e.seq):
+                    if o.request is not None:
+                        self.delay_owner[e.seq] = (o.request, self.incs_of(o))
+                    break
+
+    def incs_of(self, event: TraceEvent) -> tuple[int, ...]:
+        """The incarnations an event is about (client events map through their client uid)."""
+        if event.inc:
+            return (event.inc,)
+        if event.kind == "delay":
+            owner = getattr(self, "delay_owner", {}).get(event.seq)
+            return owner[1] if owner else ()
+        if event.kind == "ipc.send":
+            msg = self.messages.get(event.seq)
+            return msg.incs if msg else ()
+        uid = event.detail.get("uid")
+        if isinstance(uid, int) and uid in self._uid_inc:
+            return (self._uid_inc[uid],)
+        return ()
+
+    def colour_of(self, incs: Sequence[int]) -> str:
+        """An incarnation's colour; grey for none or for several."""
+        if len(set(incs)) == 1 and incs[0] in self.incarnations:
+            return self.incarnations[incs[0]].colour
+        return "#7a7a7a"
+
+    # -- messages -------------------------------------------------------------------------------
+
+    def _endpoint(self, name: str, kind: str, sending: bool) -> str:
+        if _FRONTEND.match(name):
+            return name
+        if kind == "nixl":
+            return self._engine_lane(name, "connector" if sending else "core")
+        return self._engine_lane(name, "core" if sending else "input")
+
+    def _build_messages(self) -> None:
+        abort_inc: dict[tuple[str, str], int] = {}  # (frontend, id) -> inc of the latest abort
+        for e in self.events:
+            if e.kind == "fe.abort_issue" and e.inc:
+                for rid in e.detail.get("ids", []):
+                    abort_inc[(e.component, str(rid))] = e.inc
+            if e.kind != "ipc.send":
+                continue
+            m = _CHANNEL.match(e.component)
+            d = e.detail
+            ids = tuple(str(i) for i in d.get("ids", []))
+            incs: list[int] = [int(i) for i in d.get("incs", [])]
+            incs += [int(o[1]) for o in d.get("outputs", []) if len(o) > 1]
+            if "remote_inc" in d:
+                incs.append(int(d["remote_inc"]))
+            if not m:
+                continue
+            kind, src, dst = m.groups()
+            if d.get("type") == "AbortMessage":
+                incs += [abort_inc[(src, i)] for i in ids if (src, i) in abort_inc]
+            self.messages[e.seq] = Message(
+                e.seq, e.component, str(d.get("type", "?")), ids, tuple(dict.fromkeys(incs)),
+                e.time, float(d.get("arrive", e.time)), self._endpoint(src, kind, True),
+                self._endpoint(dst, kind, False))
