@@ -12,7 +12,7 @@ from engine_model.narrate import KEY_KINDS
 from reports.model import TraceModel
 from sim.trace import TraceEvent
 
-__all__ = ["MUST", "priorities", "select", "race_span"]
+__all__ = ["MUST", "FOCUS", "KEY", "FILLER", "BOOKKEEPING", "priorities", "select", "race_span"]
 
 #: Priorities, lower first: violations, delays and deaths; key events of the violated request
 #: IDs; other key events; repeated output messages; bookkeeping (never shown on its own).
@@ -52,7 +52,12 @@ def priorities(events: Sequence[TraceEvent], viol: dict[int, list[str]],
 
 
 def select(prio: list[int], span: tuple[int, int], must: set[int], budget: int) -> list[int]:
-    """Indices of the events to show for a page about ``span`` (seq range) and ``must``."""
+    """Indices of the events to show for a page about ``span`` (index range) and ``must``.
+
+    Must-show events first, then the window's own events, then context nearest first (key
+    events of the violated IDs weigh double); at most a quarter of the page is lead-in before
+    the window, so the race stays near the top of the page.
+    """
     lo, hi = span
 
     def key(i: int) -> tuple[int, float, int, int]:
@@ -64,7 +69,17 @@ def select(prio: list[int], span: tuple[int, int], must: set[int], budget: int) 
 
     cands = [i for i, p in enumerate(prio) if p <= FILLER or i in must]
     cands.sort(key=key)
-    return sorted(cands[:budget])
+    chosen: list[int] = []
+    lead_in = budget // 4
+    for i in cands:
+        if len(chosen) >= budget:
+            break
+        if i < lo and i not in must:
+            if lead_in <= 0:
+                continue
+            lead_in -= 1
+        chosen.append(i)
+    return sorted(chosen)
 
 
 def race_span(model: TraceModel, violations: Sequence[Violation]) -> tuple[int, int] | None:

@@ -16,6 +16,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from engine_model.checker import INVARIANTS
 from engine_model.narrate import describe
 from engine_model.points import POINTS
+from engine_model.policies import POLICIES
 from engine_model.system import RunResult
 from reports._io import write_text
 from reports.model import TraceModel
@@ -206,8 +207,8 @@ def render_explore_report(doc: Mapping[str, Any], scenario: Any, before: RunResu
         "summary": getattr(scenario, "summary", ""), "cx": cx, "replay": replay,
         "coverage": [(p, n, _point_meaning(p), (n / runs if runs else 0.0)) for p, n in coverage],
         "confidence": dict(doc.get("confidence") or {}), "pct": doc.get("pct"),
-        "panels": [p for p in (_run_panel("before shrinking", scenario, doc, before, replay),
-                               _run_panel("after shrinking", scenario, doc, after, replay))
+        "panels": [p for p in (_run_panel("after shrinking", scenario, doc, after, replay),
+                               _run_panel("before shrinking", scenario, doc, before, replay))
                    if p is not None],
     }
     return environment().get_template("explore.j2").render(ctx)
@@ -246,8 +247,9 @@ def render_matrix_report(doc: Mapping[str, Any],
                 "href": _safe_href(links.get((s, p))), "cx": c.get("counterexample")})
         table.append((s, row))
     failing = sum(1 for c in cells.values() if c.get("violating_runs"))
+    summaries = {p: POLICIES[p].summary if p in POLICIES else "" for p in policies}
     ctx = {"title": "racesim matrix", "policies": policies, "table": table,
-           "failing": failing, "total": len(cells), "doc": doc}
+           "failing": failing, "total": len(cells), "doc": doc, "summaries": summaries}
     return environment().get_template("matrix.j2").render(ctx)
 
 

@@ -81,7 +81,7 @@ class Message:
 
 #: Compact mode: the input thread and the runner share the busy loop's lane, KV the scheduler's.
 _COMPACT = {"input": "core", "runner": "core", "kv": "scheduler"}
-_COMPACT_TITLES = {"core": "busy loop", "scheduler": "sched + KV", "connector": "KV connector"}
+_COMPACT_TITLES = {"core": "busy loop", "scheduler": "sched + KV", "connector": "connector"}
 
 
 class TraceModel:
@@ -173,6 +173,33 @@ class TraceModel:
         for msg in self.messages.values():
             keys.update((msg.src, msg.dst))
         return [self._describe_lane(k) for k in sorted(keys, key=self._lane_rank)]
+
+    # -- engine steps ---------------------------------------------------------------------------
+
+    def step_spans(self, sim_time: float) -> list[tuple[TraceEvent, float, bool]]:
+        """Each engine step with a batch: (its ``sched.step``, when its output was applied,
+        whether it was). A step never applied lasts until its engine's next step, its engine's
+        death or the end of the run, whichever comes first."""
+        steps: list[TraceEvent] = []
+        updated: dict[tuple[str, int], float] = {}
+        deaths: dict[str, float] = {}
+        for ev in self.events:
+            if ev.kind == "sched.step" and ev.detail.get("batch"):
+                steps.append(ev)
+            elif ev.kind == "sched.update":
+                updated[(ev.component, int(ev.detail.get("step", 0)))] = ev.time
+            elif ev.kind == "engine.fatal":
+                deaths.setdefault(ev.component.rsplit(".", 1)[0], ev.time)
+        out = []
+        for k, st in enumerate(steps):
+            end = updated.get((st.component, int(st.detail.get("step", 0))))
+            if end is not None:
+                out.append((st, end, True))
+                continue
+            nxt = next((o.time for o in steps[k + 1:] if o.component == st.component), sim_time)
+            death = deaths.get(st.component.rsplit(".", 1)[0], sim_time)
+            out.append((st, max(min(nxt, death, sim_time), st.time), False))
+        return out
 
     # -- incarnations ---------------------------------------------------------------------------
 

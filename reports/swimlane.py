@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from engine_model.checker import Violation
 from engine_model.narrate import KEY_KINDS, describe
-from reports.focus import priorities, race_span, select
+from reports.focus import KEY, priorities, race_span, select
 from reports.model import PALETTE, Incarnation, TraceModel
 from sim.trace import TraceEvent
 
@@ -112,6 +112,7 @@ class Diagram:
     text_x: float
     t_range: tuple[float, float] = (0.0, 0.0)
     seqs: frozenset[int] = field(default_factory=frozenset)
+    more_incarnations: int = 0
 
     @property
     def has_delay(self) -> bool:
@@ -154,8 +155,12 @@ class _Page:
     """Lays out one page: rows first, then what hangs off them (arrows, bars, the shade)."""
 
     def __init__(self, model: TraceModel, viol: dict[int, list[str]],
-                 end_viol: list[str], sim_time: float) -> None:
+                 end_viol: list[str], sim_time: float, focus_ids: set[str],
+                 prio: list[int]) -> None:
         self.model = model
+        self.prio = prio
+        self.focus_ids = focus_ids
+        self.more_incs = 0
         self.viol = viol
         self.end_viol = end_viol
         self.sim_time = sim_time
@@ -212,6 +217,11 @@ class _Page:
                 k += 1
         return out
 
+    def _worth_a_row(self, lo: int, hi: int) -> bool:
+        """Whether folded events ``lo:hi`` get a summary row: many, or a key event among them
+        (bookkeeping and repeated output messages fold silently)."""
+        return hi - lo > 30 or any(p <= KEY for p in self.prio[lo:hi])
+
     def _gap(self, hidden: Sequence[TraceEvent], y: float, text: str = "") -> Row:
         return Row("gap", y, GAP_H, hidden[0].time, hidden[-1].time, seq=len(hidden),
                    text=text or _gap_text(hidden),
@@ -233,7 +243,7 @@ class _Page:
                 continue
             i = item
             hidden = events[prev + 1:i]
-            if hidden and (len(hidden) > 30 or any(e.kind in KEY_KINDS for e in hidden)):
+            if self._worth_a_row(prev + 1, i):
                 rows.append(self._gap(hidden, y))
                 y += GAP_H
             rows.append(self._event_row(events[i], y, n % 2 == 1))
@@ -241,7 +251,7 @@ class _Page:
             y += ROW_H
             prev = i
         hidden = events[prev + 1:]
-        if hidden and (len(hidden) > 30 or any(e.kind in KEY_KINDS for e in hidden)):
+        if self._worth_a_row(prev + 1, len(events)):
             rows.append(self._gap(hidden, y))
             y += GAP_H
         if with_end and self.end_viol:
@@ -258,13 +268,22 @@ class _Page:
             tops = [r for r in rows if r.kind == "event" and lo <= r.seq <= hi]
             if tops:
                 shade = (tops[0].y, tops[-1].y + tops[-1].h)
-        shown_incs = sorted({i for idx in chosen for i in self.model.incs_of(events[idx])})
-        incs = [self.model.incarnations[i] for i in shown_incs if i in self.model.incarnations]
+        incs = self._legend(chosen)
         ev_rows = [r for r in rows if r.kind == "event"]
         t_range = (ev_rows[0].t0, ev_rows[-1].t1) if ev_rows else (0.0, 0.0)
         return Diagram(title, self.text_x + TEXT_W, height, self.lanes, self.groups, rows,
                        arrows, bars, shade, incs, len(ev_rows), len(events) - len(ev_rows),
-                       self.text_x, t_range, frozenset(r.seq for r in ev_rows))
+                       self.text_x, t_range, frozenset(r.seq for r in ev_rows), self.more_incs)
+
+    def _legend(self, chosen: list[int], cap: int = 12) -> list[Incarnation]:
+        """The incarnations to name above a page: those of the violated IDs first."""
+        model = self.model
+        shown = sorted({i for idx in chosen for i in model.incs_of(model.events[idx])
+                        if i in model.incarnations})
+        ranked = sorted(shown, key=lambda i: (model.incarnations[i].request not in self.focus_ids,
+                                              i))
+        self.more_incs = max(len(ranked) - cap, 0)
+        return [model.incarnations[i] for i in ranked[:cap]]
 
     def _ymap(self, rows: list[Row], t: float, after: int, height: float) -> tuple[float, bool]:
         """Where time ``t`` falls among ``rows`` (searching from index ``after``)."""
@@ -309,20 +328,7 @@ class _Page:
         if not ev_rows:
             return []
         t_lo, t_hi = ev_rows[0].t0, ev_rows[-1].t1
-        steps: list[TraceEvent] = []
-        updated: dict[tuple[str, int], float] = {}
-        for ev in self.model.events:
-            if ev.kind == "sched.step" and ev.detail.get("batch"):
-                steps.append(ev)
-            elif ev.kind == "sched.update":
-                updated[(ev.component, int(ev.detail.get("step", 0)))] = ev.time
-        spans: list[tuple[TraceEvent, float]] = []
-        for k, st in enumerate(steps):
-            end = updated.get((st.component, int(st.detail.get("step", 0))))
-            if end is None:  # never applied: until the engine's next step, or the end
-                end = next((o.time for o in steps[k + 1:] if o.component == st.component),
-                           self.sim_time)
-            spans.append((st, end))
+        spans = [(st, end) for st, end, _applied in self.model.step_spans(self.sim_time)]
         times = [r.t0 for r in rows]
         out: list[Bar] = []
         for st, end in sorted(spans, key=lambda s: s[0].seq):
@@ -366,7 +372,7 @@ def build_diagrams(model: TraceModel, violations: Sequence[Violation], sim_time:
     focus_ids = {v.request for v in violations if v.request is not None}
     prio = priorities(events, viol, focus_ids)
     index = {ev.seq: i for i, ev in enumerate(events)}
-    page = _Page(model, viol, end_viol, sim_time)
+    page = _Page(model, viol, end_viol, sim_time, focus_ids, prio)
     viol_idx = sorted(index[s] for s in viol if s in index)
     delays = [i for i, ev in enumerate(events) if ev.kind == "delay"]
     fatal = [i for i, ev in enumerate(events) if ev.kind == "engine.fatal"]

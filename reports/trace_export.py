@@ -118,20 +118,9 @@ class _Builder:
         self.emit("X", name, t0, where, dur=max(_us(t1) - _us(t0), 1), cat=cat, args=args)
 
     def steps(self) -> None:
-        updated: dict[tuple[str, int], float] = {}
-        steps = []
-        for ev in self.model.events:
-            if ev.kind == "sched.step" and ev.detail.get("batch"):
-                steps.append(ev)
-            elif ev.kind == "sched.update":
-                updated[(ev.component, int(ev.detail.get("step", 0)))] = ev.time
         tracks: dict[str, list[float]] = {}  # step lane -> end time of each track
-        for k, st in enumerate(steps):
+        for st, end, applied in self.model.step_spans(self.result.sim_time):
             n = int(st.detail.get("step", 0))
-            end = updated.get((st.component, n))
-            if end is None:
-                end = next((o.time for o in steps[k + 1:] if o.component == st.component),
-                           self.result.sim_time)
             lane = self.model.step_lane(st.component)
             ends = tracks.setdefault(lane, [])
             slot = next((j for j, e in enumerate(ends) if e <= st.time), len(ends))
@@ -143,7 +132,7 @@ class _Builder:
             batch = [[str(b[0]), int(b[1]), int(b[2])] for b in st.detail.get("batch", [])]
             self._slice(f"step {n}", st.time, end, where,
                         {"step": n, "batch": batch, "what": describe(st),
-                         "applied": (st.component, n) in updated}, "step")
+                         "applied": applied}, "step")
 
     def messages(self) -> None:
         for msg in self.model.messages.values():
