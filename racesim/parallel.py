@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
@@ -22,6 +23,11 @@ R = TypeVar("R")
 
 def default_workers() -> int:
     return max(1, os.cpu_count() or 1)
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C to the parent, which stops cleanly and keeps what was found."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextmanager
@@ -49,7 +55,7 @@ def executor(workers: int | None, dask: str | None) -> Iterator[Executor | None]
     if n == 1:
         yield None
         return
-    pool = ProcessPoolExecutor(max_workers=n)
+    pool = ProcessPoolExecutor(max_workers=n, initializer=_ignore_sigint)
     try:
         yield pool
     finally:
