@@ -14,8 +14,11 @@ from typing import Any, NamedTuple
 
 __all__ = ["TraceEvent", "TraceRecorder", "canonical_json", "trace_hash_of"]
 
+# check_circular=False: a trace is a tree of fresh lists and dicts, so the per-container cycle
+# bookkeeping (a third of the encoding time) could only ever change the error on a cyclic detail.
 _encode = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"),
+    check_circular=False,
 ).encode
 
 _CHUNK = 512
@@ -47,6 +50,9 @@ class TraceEvent(NamedTuple):
         seq, time, component, kind, request, inc, detail = row
         return cls(int(seq), float(time), str(component), str(kind),
                    None if request is None else str(request), int(inc), dict(detail))
+
+
+_new_tuple = tuple.__new__
 
 
 def canonical_json(events: Iterable[TraceEvent]) -> str:
@@ -83,7 +89,9 @@ class TraceRecorder:
 
     def record(self, component: str, kind: str, request: str | None, inc: int,
                detail: dict[str, Any]) -> TraceEvent:
-        ev = TraceEvent(self._count, self._now(), component, kind, request, inc, detail)
+        # tuple.__new__ builds the same TraceEvent without the named tuple's Python-level __new__
+        ev = _new_tuple(TraceEvent, (self._count, self._now(), component, kind, request, inc,
+                                     detail))
         self._count += 1
         pending = self._pending
         pending.append(ev)
