@@ -86,7 +86,8 @@ def race_span(model: TraceModel, violations: Sequence[Violation]) -> tuple[int, 
     """(opening event, first violating event) as indices into the trace, or None.
 
     The window opens at the last injected delay before the first violation that held up the
-    violated request ID, else at the first injected delay, else at the event just before it.
+    violated request ID, else at the first injected delay; with no delay at all, at the first
+    event of the violating incarnation (else the event just before the violation).
     """
     index = {ev.seq: i for i, ev in enumerate(model.events)}
     firsts = [v for v in violations if v.event in index]
@@ -101,6 +102,10 @@ def race_span(model: TraceModel, violations: Sequence[Violation]) -> tuple[int, 
         return owned[-1], first
     if delays:
         return delays[0], first
-    return max(first - 1, 0), first
+    # No injected delay: the race is in the workload itself (two API servers, say); it opens
+    # with the first event of the incarnation the violating event is about.
+    incs = set(model.incs_of(model.events[first]))
+    start = next((i for i in range(first) if incs & set(model.incs_of(model.events[i]))), None)
+    return (start if start is not None else max(first - 1, 0)), first
 
 

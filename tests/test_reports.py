@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from markupsafe import escape
 
-from engine_model import RunResult
+from engine_model import INVARIANTS, RunResult
 from racesim.cli import cli
 from racesim.runner import run_command, run_scenario
 from reports import (
@@ -74,12 +74,12 @@ def _assert_self_contained(html: str) -> None:
 # -- the run report ---------------------------------------------------------------------------
 
 def test_run_report_verdict_lanes_violation_schedule_and_command(abort_reuse: Any) -> None:
-    scen, result, command, html = abort_reuse
+    _scen, result, command, html = abort_reuse
     _assert_self_contained(html)
     assert "VIOLATION" in html and "abort-reuse" in html and "buggy" in html
     assert result.trace_hash in html and f">{result.seed}<" in html
     for name in result.violated:
-        assert f'class="chip inv" title=' in html and name in html
+        assert f'<span class="chip inv" title="{escape(INVARIANTS[name])}">{name}</span>' in html
     # one lane per component group, under its group header
     for lane in ("client0", "client1", "frontend0", "sockets", "input thread", "busy loop",
                  "scheduler", "KV cache", "runner", "EngineCore", "API server"):
@@ -290,7 +290,28 @@ def test_matrix_report_links_failing_cells(tmp_path: Path) -> None:
     assert "✖ 3 / 50 runs" in html
     assert 'href="runs/x.html?a=1&amp;b=2"' in html
     assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
-    assert "✔ 0 / 50 runs" in html and "not run" in html  # pd-reuse × fixed is missing
+    assert "✔ 0 / 50 runs" in html and "not run" in html  # pd-reuse under fixed is missing
     assert "3 / 4 FAILING" in html
     path = write_matrix_report(tmp_path / "m.html", doc, links)
     assert path.read_text(encoding="utf-8") == html
+
+
+def test_pd_report_has_proxy_prefill_and_decode_lanes() -> None:
+    scen = load_scenario("pd-reuse")
+    result, command = _run(scen)
+    html = render_run_report(scen, "buggy", {}, result, command)
+    for lane in ("proxy", "P.frontend0", "D.frontend0", "prefill engine", "decode engine",
+                 "busy loop", "sched + KV", "connector"):
+        assert f">{lane}</text>" in html, lane
+    assert "KV done X" in html  # the NIXL notice is an arrow too
+    assert "✖ unique-live-id" in html and "✖ kv-ownership" in html
+
+
+def test_race_without_delays_opens_at_the_violating_incarnation() -> None:
+    scen = load_scenario("multi-frontend")
+    result = run_scenario(scen, "buggy")
+    assert not result.schedule and result.violations
+    html = render_run_report(scen, "buggy", {}, result, "racesim run multi-frontend -p buggy")
+    second = next(e for e in result.trace if e.kind == "client.send" and e.component == "client2")
+    assert f"Race window opens at <b>#{second.seq}</b>" in html
+    assert "race window" in html
