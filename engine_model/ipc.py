@@ -21,7 +21,7 @@ class Channel:
     channel even when the plan gives it a shorter transit.
     """
 
-    __slots__ = ("world", "name", "point", "latency", "_deliver", "_last", "_seq")
+    __slots__ = ("world", "name", "point", "latency", "_deliver", "_last", "_seq", "_arrived")
 
     def __init__(self, world: World, name: str, point: str, latency: float,
                  deliver: Callable[[Any], None]) -> None:
@@ -32,6 +32,10 @@ class Channel:
         self._deliver = deliver
         self._last = 0.0
         self._seq = 0
+        self._arrived = self._arrive  # one bound method for every message's timeout
+
+    def _arrive(self, ev: Any) -> None:
+        self._deliver(ev.value)
 
     def send(self, msg: Any, request_ids: list[str], **detail: Any) -> None:
         world = self.world
@@ -42,9 +46,12 @@ class Channel:
             at = self._last
         self._last = at
         self._seq += 1
-        msg_id = f"{self.name}#{self._seq}"
-        world.record(self.name, "ipc.send", request_ids[0] if len(request_ids) == 1 else None, 0,
-                     msg=msg_id, type=message_kind(msg), ids=request_ids, arrive=at, **detail)
-        ev = world.env.timeout(at - now)
-        deliver = self._deliver
-        ev.callbacks.append(lambda _ev: deliver(msg))
+        name = self.name
+        fields = {"msg": f"{name}#{self._seq}", "type": type(msg).__name__, "ids": request_ids,
+                  "arrive": at}
+        if detail:
+            fields.update(detail)
+        world.trace.record(name, "ipc.send", request_ids[0] if len(request_ids) == 1 else None, 0,
+                           fields)
+        # The message rides on the timeout as its value: no closure per message.
+        world.env.timeout(at - now, msg).callbacks.append(self._arrived)
