@@ -203,6 +203,29 @@ def test_chrome_trace_is_valid_trace_event_json(abort_reuse: Any, tmp_path: Path
     assert any(e["ph"] == "i" and e["name"] == "ENGINE DEAD" for e in events)
 
 
+@pytest.mark.parametrize("name", ["async-sched-reuse", "pd-reuse", "abort-storm"])
+def test_chrome_trace_slices_nest_and_flows_go_forward(name: str) -> None:
+    """Perfetto drops ``X`` slices that overlap without nesting on one thread; async steps
+    (two in flight) and many clients must get tracks of their own."""
+    result = run_scenario(load_scenario(name), "buggy", witness=True)
+    events = chrome_trace(result)["traceEvents"]
+    by_thread: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for e in events:
+        if e["ph"] == "X":
+            by_thread.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_thread.values():
+        stack: list[tuple[int, int]] = []
+        for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
+            while stack and stack[-1][1] <= start:
+                stack.pop()
+            assert not stack or end <= stack[-1][1], (stack[-1], (start, end))
+            stack.append((start, end))
+    starts = {e["id"]: e["ts"] for e in events if e["ph"] == "s"}
+    assert all(e["ts"] >= starts[e["id"]] for e in events if e["ph"] == "f")
+    named = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in events if e["ph"] != "M"} <= named
+
+
 def test_chrome_trace_is_byte_deterministic(tmp_path: Path) -> None:
     scen = load_scenario("pd-reuse")
     a = write_chrome_trace(tmp_path / "a.json", run_scenario(scen, "buggy", witness=True))
