@@ -141,7 +141,7 @@ class DelayPlan:
     part of the default), then the point's natural latency.
     """
 
-    __slots__ = ("_env", "_over", "_decider")
+    __slots__ = ("_env", "_over", "_decider", "_env_empty", "_over_empty")
 
     def __init__(self, *, environment: Iterable[tuple[str, int | None, float]] = (),
                  overrides: Iterable[tuple[str, int | None, float]] = (),
@@ -153,6 +153,10 @@ class DelayPlan:
         for p, k, d in overrides:
             self._over.set(p, k, d)
         self._decider = decider
+        # The tables never change after this: most plans have no entry at all, so resolve can
+        # skip their lookups.
+        self._env_empty = not (self._env.every or self._env.by_occurrence)
+        self._over_empty = not (self._over.every or self._over.by_occurrence)
 
     @classmethod
     def replay(cls, environment: Iterable[tuple[str, int | None, float]],
@@ -162,14 +166,18 @@ class DelayPlan:
 
     def resolve(self, point: str, k: int, natural: float) -> tuple[float, float]:
         """``(delay, default)`` for occurrence ``k`` of ``point``."""
-        default = self._env.lookup(point, k)
-        if default is None:
+        if self._env_empty:
             default = natural
-        chosen = self._over.lookup(point, k)
-        if chosen is not None:
-            return chosen, default
-        if self._decider is not None:
-            return self._decider(point, k, default), default
+        else:
+            found = self._env.lookup(point, k)
+            default = natural if found is None else found
+        if not self._over_empty:
+            chosen = self._over.lookup(point, k)
+            if chosen is not None:
+                return chosen, default
+        decider = self._decider
+        if decider is not None:
+            return decider(point, k, default), default
         return default, default
 
     def overrides(self) -> list[tuple[str, int | None, float]]:

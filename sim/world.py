@@ -20,13 +20,15 @@ class World:
     plan give the same trace (and trace hash) in any process.
     """
 
-    __slots__ = ("env", "rng", "plan", "trace", "_occurrences", "_schedule", "_yielding")
+    __slots__ = ("env", "rng", "plan", "trace", "_occurrences", "_schedule", "_yielding",
+                 "_resolve")
 
     def __init__(self, seed: int, plan: DelayPlan | None = None, *, retain_trace: bool = True,
                  always_yield: frozenset[str] = frozenset()) -> None:
         self.env = simpy.Environment()
         self.rng = RngStreams(seed)
         self.plan = plan if plan is not None else DelayPlan()
+        self._resolve = self.plan.resolve  # the plan is fixed for the run
         self.trace = TraceRecorder(lambda: self.env.now, retain=retain_trace)
         self._occurrences: dict[str, int] = {}
         self._schedule: list[Decision] = []
@@ -59,7 +61,7 @@ class World:
         occ = self._occurrences
         k = occ.get(point, 0)
         occ[point] = k + 1
-        delay, default = self.plan.resolve(point, k, natural)
+        delay, default = self._resolve(point, k, natural)
         if delay != default:
             self._schedule.append(Decision(point, k, delay))
             self.trace.record(where, "delay", None, 0,
