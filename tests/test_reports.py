@@ -77,7 +77,7 @@ def test_run_report_verdict_lanes_violation_schedule_and_command(abort_reuse: An
     _scen, result, command, html = abort_reuse
     _assert_self_contained(html)
     assert "VIOLATION" in html and "abort-reuse" in html and "buggy" in html
-    assert result.trace_hash in html and f">{result.seed}<" in html
+    assert result.trace_hash in html and f"seed <span class=\"mono\">{result.seed}<" in html
     for name in result.violated:
         assert f'<span class="chip inv" title="{escape(INVARIANTS[name])}">{name}</span>' in html
     # one lane per component group, under its group header
@@ -338,3 +338,15 @@ def test_race_without_delays_opens_at_the_violating_incarnation() -> None:
     second = next(e for e in result.trace if e.kind == "client.send" and e.component == "client2")
     assert f"Race window opens at <b>#{second.seq}</b>" in html
     assert "race window" in html
+
+
+def test_run_without_a_retained_trace_still_reports() -> None:
+    scen = load_scenario("abort-reuse")
+    result = run_scenario(scen, "buggy", witness=True, retain_trace=False)
+    html = render_run_report(scen, "buggy", {}, result, "racesim run abort-reuse",
+                             title="custom <title>")
+    _assert_self_contained(html)
+    assert "<title>custom &lt;title&gt;</title>" in html
+    assert "did not retain its trace" in html and "no-crosstalk" in html
+    assert chrome_trace(result)["traceEvents"] == [
+        e for e in chrome_trace(result)["traceEvents"] if e["ph"] in ("M", "i")]
