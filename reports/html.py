@@ -24,7 +24,6 @@ from reports.overview import build_overview
 from reports.swimlane import (
     ARROW_COLOURS,
     VIOLATION_RED,
-    Diagram,
     build_diagrams,
     clip,
     race_span,
@@ -257,5 +256,3 @@ def write_matrix_report(path: Path, doc: Mapping[str, Any],
                         links: Mapping[tuple[str, str], str]) -> Path:
     return write_text(path, render_matrix_report(doc, links))
 
-
-_ = Diagram  # re-exported type for templates' readers
