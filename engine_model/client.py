@@ -63,7 +63,10 @@ class Client:
         self.name = f"client{index}"
         self.tokens = 0
         self.finish_reason: str | None = None
-        self._collector: RequestOutputCollector | None = None
+        # Whether the request was accepted. The client keeps no reference to its collector: once
+        # the frontend lets go of it, nothing can put an output there, so the finished client's
+        # listening process becomes garbage instead of living until the end of the run.
+        self._accepted = False
         world.env.process(self._run())
         if spec.abort_at is not None:
             # Armed now, so that at equal times scenario order decides who acts first.
@@ -96,7 +99,7 @@ class Client:
         if isinstance(result, str):
             self._terminate(result)
             return
-        self._collector = result
+        self._accepted = True
         disconnected = False
         while True:
             out = yield from result.get()
@@ -123,7 +126,7 @@ class Client:
         env = self.world.env
         if at > env.now:
             yield env.timeout(at - env.now)
-        if self.done or self._collector is None:
+        if self.done or not self._accepted:
             return
         self.world.record(self.name, "client.abort", self.spec.id, 0, uid=self.uid)
         yield from self.gateway.abort(self.spec.id)
