@@ -16,6 +16,8 @@ from sim.world import World
 
 __all__ = ["ModelRunner", "CachedRequestState"]
 
+_new_tuple = tuple.__new__
+
 
 class CachedRequestState:
     __slots__ = ("req_id", "inc", "prompt_tokens", "eos_at", "num_computed_tokens", "num_output")
@@ -60,7 +62,8 @@ class ModelRunner:
                 if carried is not None and carried.inc != state.inc:
                     ctx = carried.inc  # the input token came from another incarnation
             state.num_output += 1
-            sampled[rid] = Token(state.inc, ctx, state.num_output == state.eos_at)
+            # tuple.__new__: the same Token without the named tuple's Python-level __new__
+            sampled[rid] = _new_tuple(Token, (state.inc, ctx, state.num_output == state.eos_at))
         if self.async_scheduling:
             self._prev_sampled = sampled
         if sampled:
