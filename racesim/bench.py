@@ -1,0 +1,440 @@
+"""``racesim bench``: how fast racesim explores, measured against bare simpy, in one process run.
+
+Every figure is wall-clock time (``time.perf_counter``) around simulated runs; nothing inside a
+run reads the wall clock. The document :func:`run_bench` returns:
+
+``simpy_events_per_s``
+    a bare simpy workload with no model: sender processes that yield timeouts and trigger events
+    their receivers wait on, driven by the same ``peek``/``step`` loop as a model run;
+    events = ``env.step`` calls.
+``model_events_per_s``, ``overhead_ratio``
+    ``env.step`` calls per second during model runs (every race scenario under ``buggy`` with
+    random-strategy schedules, checker on, no trace kept: the exploration path), and
+    ``simpy_events_per_s / model_events_per_s``.
+``schedules_per_s``
+    ``explore(abort-reuse, buggy, strategy=random, workers=1)``, checker on: runs per second of
+    the whole call (baseline run included, no shrinking).
+``first_bug``
+    ``{scenario: {strategy: {runs, seconds}}}``: ``first_violation_run`` of ``explore`` under
+    ``buggy`` (the first run violating something beyond the unperturbed baseline) and the wall
+    seconds from the explore call to the end of that run; both null when the budget found none.
+    ``runs`` is 0 when the baseline itself already breaks a safety invariant (a race that needs
+    no delay, as in multi-frontend); ``seconds`` is then one baseline run's.
+``scale``
+    an abort-storm-like load (IDs drawn from a pool, explicit aborts, disconnects, EOS, staggered
+    arrivals) of 1k, 10k and 100k requests under ``engine-final`` (under which this load breaks
+    nothing, so every request lives its whole lifecycle and the load stays steady), each in a
+    fresh Python process with ``retain_trace=False``: wall seconds of the run, and memory as
+    ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` of that process: ``peak_rss_mb`` (the whole
+    process) and ``run_rss_mb`` (its growth during the run); ``growth_exponent`` is the
+    least-squares slope of log(seconds) against log(requests).
+``parallel_speedup``
+    the ``schedules_per_s`` explore again with ``workers=2``: wall seconds of ``workers=1`` over
+    ``workers=2`` (pool start-up included); ``parallel.identical`` says both found the same.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["run_bench", "print_bench", "storm_workload", "bare_simpy", "RACE_SCENARIOS",
+           "STRATEGIES", "TARGETS"]
+
+RACE_SCENARIOS = ("abort-reuse", "stop-string-reuse", "async-sched-reuse", "pd-reuse",
+                  "multi-frontend", "parallel-sampling-abort", "abort-storm")
+STRATEGIES = ("random", "pct", "grid", "hypothesis")
+_POLICY = "buggy"
+_SCALE_POLICY = "engine-final"
+_SCHEDULES_SCENARIO = "abort-reuse"
+
+#: Issue 7's targets: (figure, comparison, bound). Measured and reported, never asserted.
+TARGETS: tuple[tuple[str, str, float], ...] = (
+    ("overhead_ratio", "<=", 4.0),
+    ("schedules_per_s", ">=", 1000.0),
+    ("first_bug_best_runs", "<=", 100.0),
+    ("growth_exponent", "<=", 1.15),
+    ("parallel_speedup", ">=", 1.6),
+)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Sizes:
+    simpy_pairs: int
+    simpy_rounds: int
+    model_runs: int           # random-schedule runs per race scenario
+    explore_budget: int       # schedules_per_s and parallel_speedup
+    first_bug_budget: int
+    first_bug_time_limit: float
+    scale: tuple[int, ...]
+
+
+_FULL = _Sizes(simpy_pairs=200, simpy_rounds=500, model_runs=40, explore_budget=2000,
+               first_bug_budget=200, first_bug_time_limit=20.0, scale=(1000, 10000, 100000))
+_QUICK = _Sizes(simpy_pairs=10, simpy_rounds=20, model_runs=2, explore_budget=24,
+                first_bug_budget=6, first_bug_time_limit=5.0, scale=(40, 80, 160))
+
+
+# -- bare simpy ---------------------------------------------------------------------------------
+
+def bare_simpy(pairs: int, rounds: int) -> tuple[int, float]:
+    """``(env steps, wall seconds)`` of a model-free workload: ``pairs`` senders that each yield
+    ``rounds`` timeouts and after each one trigger the event their receiver waits on."""
+    import simpy
+
+    env = simpy.Environment()
+    waiting: list[simpy.Event | None] = [None] * pairs
+
+    def sender(i: int, delay: float):  # type: ignore[no-untyped-def]
+        for _ in range(rounds):
+            yield env.timeout(delay)
+            ev = waiting[i]
+            if ev is not None and not ev.triggered:
+                ev.succeed(i)
+
+    def receiver(i: int):  # type: ignore[no-untyped-def]
+        while True:
+            ev = waiting[i] = env.event()
+            yield ev
+
+    for i in range(pairs):
+        env.process(sender(i, 0.001 * (1 + i % 7)))
+        env.process(receiver(i))
+    step, peek, horizon = env.step, env.peek, 1e12
+    steps = 0
+    started = time.perf_counter()
+    while peek() <= horizon:  # the loop of engine_model.system.run_workload
+        step()
+        steps += 1
+    return steps, time.perf_counter() - started
+
+
+# -- model --------------------------------------------------------------------------------------
+
+def _model_events(runs: int, progress: Progress) -> dict[str, Any]:
+    from racesim.runner import run_scenario
+    from scenarios import load_scenario
+    from sim.strategies import StrategyConfig, make_strategy
+
+    total_steps = 0
+    total_s = 0.0
+    per: dict[str, float] = {}
+    for name in RACE_SCENARIOS:
+        progress(f"model events: {name}")
+        scenario = load_scenario(name)
+        base = run_scenario(scenario, _POLICY, retain_trace=False)
+        strategy = make_strategy("random", StrategyConfig(
+            occurrences=base.occurrences, scale=scenario.workload.engine.step_time, seed=0))
+        deciders = [strategy.decider(i) for i in range(1, runs + 1)]
+        steps = 0
+        started = time.perf_counter()
+        for decider in deciders:
+            steps += run_scenario(scenario, _POLICY, decider=decider, retain_trace=False).steps
+        seconds = time.perf_counter() - started
+        per[name] = steps / seconds
+        total_steps += steps
+        total_s += seconds
+    return {"events_per_s": total_steps / total_s, "steps": total_steps,
+            "seconds": total_s, "by_scenario": {k: round(v) for k, v in per.items()}}
+
+
+def _explore_timed(name: str, strategy: str, budget: int, workers: int,
+                   time_limit: float | None = None) -> tuple[Any, float, list[float]]:
+    from racesim.explore import explore
+    from scenarios import load_scenario
+
+    scenario = load_scenario(name)
+    stamps: list[float] = []
+
+    def tick(_runs: int, _total: int, _violating: int) -> None:
+        stamps.append(time.perf_counter())  # one call per run after the baseline, in run order
+
+    started = time.perf_counter()
+    res = explore(scenario, _POLICY, strategy=strategy, budget=budget, workers=workers,
+                  time_limit=time_limit, shrink_runs=0, progress=tick)
+    seconds = time.perf_counter() - started
+    return res, seconds, [s - started for s in stamps]
+
+
+def _first_bug(name: str, strategy: str, sizes: _Sizes) -> dict[str, Any]:
+    from engine_model import SAFETY_INVARIANTS
+
+    res, seconds, stamps = _explore_timed(name, strategy, sizes.first_bug_budget, 1,
+                                          sizes.first_bug_time_limit)
+    found = res.found_run
+    k = res.first_violation_run
+    if found is not None and k is not None and set(found.violated) - set(res.baseline_violations):
+        at = stamps[k - 1] if 0 < k <= len(stamps) else seconds
+        return {"runs": k, "seconds": round(at, 3)}
+    if set(res.baseline_violations) & set(SAFETY_INVARIANTS):
+        # A race that needs no delay (multi-frontend): the unperturbed baseline, run 0, has it.
+        return {"runs": 0, "seconds": round(_baseline_seconds(name), 3)}
+    return {"runs": None, "seconds": None}
+
+
+def _baseline_seconds(name: str) -> float:
+    from racesim.runner import run_scenario
+    from scenarios import load_scenario
+
+    scenario = load_scenario(name)
+    started = time.perf_counter()
+    run_scenario(scenario, _POLICY, retain_trace=False)
+    return time.perf_counter() - started
+
+
+# -- scale --------------------------------------------------------------------------------------
+
+def storm_workload(n: int, seed: int = 0, *, id_pool: int = 64, gap: float = 0.005) -> Any:
+    """An abort-storm-like :class:`engine_model.Workload` of ``n`` requests: IDs drawn from a
+    pool of ``id_pool`` (so IDs are reused, sometimes while still live), arrivals every ``gap``
+    seconds on average; a quarter abort explicitly, a fifth disconnect after a few tokens, a
+    fifth stop at EOS. The engine is sized to keep up, so the load is steady at any ``n``."""
+    from engine_model import EngineConfig, RequestSpec, Workload
+
+    rng = random.Random(seed)
+    ids = [f"r{i}" for i in range(id_pool)]
+    requests = []
+    t = 0.0
+    for _ in range(n):
+        t += rng.uniform(0.0, 2 * gap)
+        at = round(t, 4)
+        kind = rng.random()
+        extra: dict[str, Any] = {}
+        if kind < 0.25:
+            extra["abort_at"] = round(at + rng.uniform(0.01, 0.15), 4)
+        elif kind < 0.45:
+            extra["disconnect_after_tokens"] = rng.choice((2, 4, 6))
+        elif kind < 0.65:
+            extra["eos_at"] = rng.choice((3, 5, 8))
+        requests.append(RequestSpec(rng.choice(ids), at, rng.choice((16, 32, 48)),
+                                    rng.choice((10, 20, 30)), **extra))
+    engine = EngineConfig(num_blocks=2048, block_size=16, max_num_seqs=128,
+                          max_num_batched_tokens=8192, step_time=0.01)
+    return Workload(horizon=t + 60.0, engine=engine, requests=tuple(requests))
+
+
+def _rss_mb(maxrss: int) -> float:
+    return maxrss / (1024 * 1024) if sys.platform == "darwin" else maxrss / 1024
+
+
+def _scale_child(n: int) -> dict[str, Any]:
+    """One size in a fresh process: wall seconds and ru_maxrss around the run."""
+    import resource
+
+    from engine_model import load_policy, run_workload
+
+    workload = storm_workload(n)
+    policy = load_policy(_SCALE_POLICY)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    r = run_workload(workload, policy, retain_trace=False)
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"requests": n, "seconds": round(seconds, 3), "peak_rss_mb": round(_rss_mb(peak), 1),
+            "run_rss_mb": round(_rss_mb(peak - before), 1),
+            "run_kb_per_request": round(_rss_mb(peak - before) * 1024 / n, 2),
+            "events": r.events, "steps": r.steps, "sim_time": round(r.sim_time, 3),
+            "violated": list(r.violated)}
+
+
+def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    lx = [math.log(x) for x in xs]
+    ly = [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    den = sum((x - mx) ** 2 for x in lx)
+    return sum((x - mx) * (y - my) for x, y in zip(lx, ly, strict=True)) / den if den else 0.0
+
+
+_CHILD = "import json, sys; from racesim.bench import _scale_child; " \
+         "print(json.dumps(_scale_child(int(sys.argv[1]))))"
+
+
+def _in_fresh_process(n: int) -> dict[str, Any]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])  # this racesim, whatever sys.path says
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(n)], env=env, check=True,
+                         capture_output=True, text=True)
+    row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return row
+
+
+def _scale(sizes: Sequence[int], progress: Progress) -> dict[str, Any]:
+    rows = []
+    for n in sizes:
+        progress(f"scale: {n} requests")
+        rows.append(_in_fresh_process(n))
+    secs = [max(r["seconds"], 1e-6) for r in rows]
+    return {"policy": _SCALE_POLICY, "sizes": rows,
+            "growth_exponent": round(_slope([r["requests"] for r in rows], secs), 3),
+            "memory": "resource.getrusage(RUSAGE_SELF).ru_maxrss of a fresh Python process: "
+                      "peak_rss_mb is the process's peak, run_rss_mb its growth during the run"}
+
+
+# -- the bench ----------------------------------------------------------------------------------
+
+def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[str, Any]:
+    """Measure everything side by side; ``quick`` shrinks every size (for tests)."""
+    import simpy
+
+    say: Progress = progress if progress is not None else (lambda _msg: None)
+    sizes = _QUICK if quick else _FULL
+    load_before = _loadavg()
+    started = time.perf_counter()
+
+    say("bare simpy")
+    steps, seconds = bare_simpy(sizes.simpy_pairs, sizes.simpy_rounds)
+    simpy_rate = steps / seconds
+    model = _model_events(sizes.model_runs, say)
+
+    say(f"explore {_SCHEDULES_SCENARIO}: 1 worker")
+    one, one_s, _ = _explore_timed(_SCHEDULES_SCENARIO, "random", sizes.explore_budget, 1)
+    say(f"explore {_SCHEDULES_SCENARIO}: 2 workers")
+    two, two_s, _ = _explore_timed(_SCHEDULES_SCENARIO, "random", sizes.explore_budget, 2)
+
+    first_bug: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in RACE_SCENARIOS:
+        first_bug[name] = {}
+        for strategy in STRATEGIES:
+            say(f"first bug: {name} / {strategy}")
+            first_bug[name][strategy] = _first_bug(name, strategy, sizes)
+
+    scale = _scale(sizes.scale, say)
+
+    best: dict[str, int | None] = {
+        name: min((c["runs"] for c in cells.values() if c["runs"] is not None), default=None)
+        for name, cells in first_bug.items()}
+    found = [v for v in best.values() if v is not None]
+    worst_best = max(found) if found and len(found) == len(best) else None
+    doc: dict[str, Any] = {
+        "quick": quick,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "implementation": platform.python_implementation(),
+                    "simpy": simpy.__version__, "platform": platform.platform(),
+                    # other processes compete for the same cores: wall-clock figures need a
+                    # quiet machine (1-minute load average before and after the bench)
+                    "loadavg_1m": [load_before, _loadavg()]},
+        "simpy_events_per_s": round(simpy_rate),
+        "model_events_per_s": round(model["events_per_s"]),
+        "overhead_ratio": round(simpy_rate / model["events_per_s"], 2),
+        "schedules_per_s": round(one.runs / one_s, 1),
+        "first_bug": first_bug,
+        "scale": scale,
+        "parallel_speedup": round(one_s / two_s, 2),
+        "simpy": {"steps": steps, "seconds": round(seconds, 3), "pairs": sizes.simpy_pairs,
+                  "rounds": sizes.simpy_rounds},
+        "model": {"policy": _POLICY, "strategy": "random", "runs_per_scenario": sizes.model_runs,
+                  "steps": model["steps"], "seconds": round(model["seconds"], 3),
+                  "events_per_s_by_scenario": model["by_scenario"]},
+        "schedules": {"scenario": _SCHEDULES_SCENARIO, "policy": _POLICY, "strategy": "random",
+                      "workers": 1, "runs": one.runs, "seconds": round(one_s, 3)},
+        "parallel": {"scenario": _SCHEDULES_SCENARIO, "runs": two.runs,
+                     "workers_1_s": round(one_s, 3), "workers_2_s": round(two_s, 3),
+                     "identical": _same(one, two)},
+        "first_bug_budget": {"policy": _POLICY, "runs": sizes.first_bug_budget,
+                             "time_limit_s": sizes.first_bug_time_limit,
+                             "best_runs": best},
+    }
+    figures = {"overhead_ratio": doc["overhead_ratio"], "schedules_per_s": doc["schedules_per_s"],
+               "first_bug_best_runs": worst_best, "growth_exponent": scale["growth_exponent"],
+               "parallel_speedup": doc["parallel_speedup"]}
+    doc["targets"] = {name: {"target": f"{op} {bound:g}", "value": figures[name],
+                             "met": _met(figures[name], op, bound)}
+                      for name, op, bound in TARGETS}
+    doc["elapsed_s"] = round(time.perf_counter() - started, 1)
+    return doc
+
+
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    return (a.runs, a.violating_runs, a.first_violation_run, a.distinct_traces) == \
+        (b.runs, b.violating_runs, b.first_violation_run, b.distinct_traces)
+
+
+def _met(value: float | None, op: str, bound: float) -> bool:
+    if value is None:
+        return False
+    return value <= bound if op == "<=" else value >= bound
+
+
+# -- rendering ----------------------------------------------------------------------------------
+
+def print_bench(console: Any, doc: dict[str, Any]) -> None:
+    """Render a :func:`run_bench` document as rich tables on ``console``."""
+    from rich.table import Table
+
+    def mark(ok: bool) -> str:
+        return "[green]yes[/]" if ok else "[red]no[/]"
+
+    summary = Table(title="racesim bench" + (" (quick)" if doc.get("quick") else ""))
+    summary.add_column("figure")
+    summary.add_column("measured", justify="right")
+    summary.add_column("target", justify="right")
+    summary.add_column("met")
+    targets = doc["targets"]
+    rows = [
+        ("simpy_events_per_s", f"{doc['simpy_events_per_s']:,}", None),
+        ("model_events_per_s", f"{doc['model_events_per_s']:,}", None),
+        ("overhead_ratio", f"{doc['overhead_ratio']:g}", "overhead_ratio"),
+        ("schedules_per_s", f"{doc['schedules_per_s']:,}", "schedules_per_s"),
+        ("first bug, worst scenario's best runs", _fmt(targets["first_bug_best_runs"]["value"]),
+         "first_bug_best_runs"),
+        ("growth_exponent", f"{doc['scale']['growth_exponent']:g}", "growth_exponent"),
+        ("parallel_speedup", f"{doc['parallel_speedup']:g}", "parallel_speedup"),
+    ]
+    for label, value, key in rows:
+        if key is None:
+            summary.add_row(label, value, "", "")
+        else:
+            summary.add_row(label, value, targets[key]["target"], mark(targets[key]["met"]))
+    console.print(summary)
+
+    fb = Table(title=f"runs / seconds to the first violation under {_POLICY} "
+                     f"(budget {doc['first_bug_budget']['runs']})")
+    fb.add_column("scenario")
+    strategies = list(next(iter(doc["first_bug"].values()), {}))
+    for s in strategies:
+        fb.add_column(s, justify="right")
+    for name, cells in doc["first_bug"].items():
+        fb.add_row(name, *(("-" if c["runs"] is None else f"{c['runs']} / {c['seconds']:.2f}s")
+                           for c in (cells[s] for s in strategies)))
+    console.print(fb)
+
+    sc = Table(title=f"scale: abort-storm-like load under {doc['scale']['policy']} "
+                     f"(growth exponent {doc['scale']['growth_exponent']:g})")
+    for col in ("requests", "seconds", "peak RSS MB", "run RSS MB", "KB/request", "events",
+                "simpy events"):
+        sc.add_column(col, justify="right")
+    for r in doc["scale"]["sizes"]:
+        sc.add_row(f"{r['requests']:,}", f"{r['seconds']:.2f}", f"{r['peak_rss_mb']:.1f}",
+                   f"{r['run_rss_mb']:.1f}", f"{r['run_kb_per_request']:.2f}", f"{r['events']:,}",
+                   f"{r['steps']:,}")
+    console.print(sc)
+    par = doc["parallel"]
+    console.print(f"parallel: {par['runs']} runs of {par['scenario']} in {par['workers_1_s']}s "
+                  f"(1 worker) vs {par['workers_2_s']}s (2 workers); same result: "
+                  f"{par['identical']}. machine: {doc['machine']['cpus']} CPUs, Python "
+                  f"{doc['machine']['python']}, simpy {doc['machine']['simpy']}, load average "
+                  f"{doc['machine']['loadavg_1m']}; bench took {doc['elapsed_s']}s")
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v}"

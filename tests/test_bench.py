@@ -1,0 +1,93 @@
+"""racesim bench: the document's shape with tiny sizes. No figure is asserted: timings vary."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from engine_model import SAFETY_INVARIANTS
+from racesim.bench import (
+    RACE_SCENARIOS,
+    STRATEGIES,
+    TARGETS,
+    bare_simpy,
+    print_bench,
+    run_bench,
+    storm_workload,
+)
+
+
+@pytest.fixture(scope="module")
+def doc() -> dict:
+    messages: list[str] = []
+    d = run_bench(quick=True, progress=messages.append)
+    assert messages, "progress is reported"
+    return d
+
+
+def test_document_has_every_figure(doc: dict) -> None:
+    json.dumps(doc)  # one JSON document
+    for key in ("simpy_events_per_s", "model_events_per_s", "overhead_ratio", "schedules_per_s",
+                "first_bug", "scale", "parallel_speedup", "targets", "machine", "elapsed_s"):
+        assert key in doc
+    assert doc["quick"] is True
+    assert doc["simpy_events_per_s"] > 0 and doc["model_events_per_s"] > 0
+    assert doc["overhead_ratio"] > 0 and doc["schedules_per_s"] > 0
+    assert doc["parallel"]["identical"], "the worker count never changes what explore finds"
+    assert set(doc["targets"]) == {name for name, _op, _bound in TARGETS}
+    for t in doc["targets"].values():
+        assert set(t) == {"target", "value", "met"} and isinstance(t["met"], bool)
+
+
+def test_first_bug_covers_every_race_and_strategy(doc: dict) -> None:
+    fb = doc["first_bug"]
+    assert list(fb) == list(RACE_SCENARIOS)
+    for cells in fb.values():
+        assert list(cells) == list(STRATEGIES)
+        for cell in cells.values():
+            assert set(cell) == {"runs", "seconds"}
+            assert (cell["runs"] is None) == (cell["seconds"] is None)
+            if cell["runs"] is not None:
+                assert 0 <= cell["runs"] <= doc["first_bug_budget"]["runs"]
+    # multi-frontend's race needs no delay: the baseline (run 0) already has it
+    assert fb["multi-frontend"]["random"]["runs"] == 0
+
+
+def test_scale_rows_and_growth_exponent(doc: dict) -> None:
+    sc = doc["scale"]
+    sizes = [row["requests"] for row in sc["sizes"]]
+    assert sizes == sorted(sizes) and len(sizes) == 3
+    for row in sc["sizes"]:
+        assert row["seconds"] >= 0 and row["peak_rss_mb"] > 0 and row["events"] > 0
+        assert not set(row["violated"]) & set(SAFETY_INVARIANTS)
+    assert isinstance(sc["growth_exponent"], float)
+    assert "ru_maxrss" in sc["memory"]
+
+
+def test_print_bench_renders_tables(doc: dict) -> None:
+    buf = io.StringIO()
+    print_bench(Console(file=buf, width=140), doc)
+    out = buf.getvalue()
+    for text in ("racesim bench", "overhead_ratio", "abort-storm", "hypothesis", "growth"):
+        assert text in out
+
+
+def test_storm_workload_is_an_abort_storm() -> None:
+    wl = storm_workload(300, id_pool=16)
+    reqs = wl.requests
+    assert len(reqs) == 300
+    assert len({r.id for r in reqs}) <= 16
+    assert [r.at for r in reqs] == sorted(r.at for r in reqs)
+    assert any(r.abort_at is not None for r in reqs)
+    assert any(r.disconnect_after_tokens is not None for r in reqs)
+    assert any(r.eos_at is not None for r in reqs)
+    assert storm_workload(300, id_pool=16) == wl  # seeded: the same load every time
+
+
+def test_bare_simpy_counts_steps() -> None:
+    steps, seconds = bare_simpy(3, 5)
+    # per pair: two process starts, 5 timeouts, 5 triggered events, the sender's end
+    assert steps == 3 * 13 and seconds >= 0
