@@ -119,7 +119,7 @@ def read_counterexample(path: str) -> Counterexample:
     try:
         data = json.loads(raw.decode("utf-8"),
                           parse_constant=lambda c: math.nan)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # nested past the limit
         raise InputError(f"{src}: not a JSON counterexample file ({type(exc).__name__})") from None
     if not isinstance(data, dict):
         raise InputError(f"{src}: not a counterexample (top level is not an object)")
