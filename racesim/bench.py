@@ -30,7 +30,10 @@ run reads the wall clock. The document :func:`run_bench` returns:
     least-squares slope of log(seconds) against log(requests).
 ``parallel_speedup``
     the ``schedules_per_s`` explore again with ``workers=2``: wall seconds of ``workers=1`` over
-    ``workers=2`` (pool start-up included); ``parallel.identical`` says both found the same.
+    ``workers=2`` (pool start-up included); ``parallel.identical`` says both found the same, and
+    ``parallel.capacity`` is the physical limit at that moment: how much faster two processes
+    run two pure-Python CPU burns than one (2.0 on two idle cores; less while other processes
+    hold a core, which wall-clock figures cannot tell apart from a slow racesim).
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_bench", "print_bench", "storm_workload", "bare_simpy", "RACE_SCENARIOS",
-           "STRATEGIES", "TARGETS"]
+__all__ = ["run_bench", "print_bench", "storm_workload", "bare_simpy", "parallel_capacity",
+           "RACE_SCENARIOS", "STRATEGIES", "TARGETS"]
 
 RACE_SCENARIOS = ("abort-reuse", "stop-string-reuse", "async-sched-reuse", "pd-reuse",
                   "multi-frontend", "parallel-sampling-abort", "abort-storm")
@@ -79,12 +82,15 @@ class _Sizes:
     first_bug_budget: int
     first_bug_time_limit: float
     scale: tuple[int, ...]
+    burn: int                 # loop iterations of the parallel-capacity probe
 
 
 _FULL = _Sizes(simpy_pairs=200, simpy_rounds=500, model_runs=40, explore_budget=2000,
-               first_bug_budget=200, first_bug_time_limit=20.0, scale=(1000, 10000, 100000))
+               first_bug_budget=200, first_bug_time_limit=20.0, scale=(1000, 10000, 100000),
+               burn=10_000_000)
 _QUICK = _Sizes(simpy_pairs=10, simpy_rounds=20, model_runs=2, explore_budget=24,
-                first_bug_budget=6, first_bug_time_limit=5.0, scale=(40, 80, 160))
+                first_bug_budget=6, first_bug_time_limit=5.0, scale=(40, 80, 160),
+                burn=100_000)
 
 
 # -- bare simpy ---------------------------------------------------------------------------------
@@ -119,6 +125,29 @@ def bare_simpy(pairs: int, rounds: int) -> tuple[int, float]:
         step()
         steps += 1
     return steps, time.perf_counter() - started
+
+
+def _burn(n: int) -> float:
+    started = time.perf_counter()
+    x = 0
+    for i in range(n):
+        x += i
+    return time.perf_counter() - started
+
+
+def parallel_capacity(n: int) -> float:
+    """How much faster two processes do two pure-Python burns than one process does one each:
+    the physical limit ``parallel_speedup`` can reach right now (2.0 on two idle cores, less
+    when other processes hold a core)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    alone = _burn(n)
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        list(pool.map(_burn, [n // 10, n // 10]))  # workers up before the clock starts
+        started = time.perf_counter()
+        list(pool.map(_burn, [n, n]))
+        both = time.perf_counter() - started
+    return 2 * alone / both
 
 
 # -- model --------------------------------------------------------------------------------------
@@ -301,6 +330,8 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
 
     say(f"explore {_SCHEDULES_SCENARIO}: 1 worker")
     one, one_s, _ = _explore_timed(_SCHEDULES_SCENARIO, "random", sizes.explore_budget, 1)
+    say("parallel capacity")
+    capacity = parallel_capacity(sizes.burn)
     say(f"explore {_SCHEDULES_SCENARIO}: 2 workers")
     two, two_s, _ = _explore_timed(_SCHEDULES_SCENARIO, "random", sizes.explore_budget, 2)
 
@@ -342,7 +373,9 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
                       "workers": 1, "runs": one.runs, "seconds": round(one_s, 3)},
         "parallel": {"scenario": _SCHEDULES_SCENARIO, "runs": two.runs,
                      "workers_1_s": round(one_s, 3), "workers_2_s": round(two_s, 3),
-                     "identical": _same(one, two)},
+                     "identical": _same(one, two),
+                     # the most two processes could gain at that moment (a pure CPU burn)
+                     "capacity": round(capacity, 2)},
         "first_bug_budget": {"policy": _POLICY, "runs": sizes.first_bug_budget,
                              "time_limit_s": sizes.first_bug_time_limit,
                              "best_runs": best},
@@ -399,6 +432,7 @@ def print_bench(console: Any, doc: dict[str, Any]) -> None:
          "first_bug_best_runs"),
         ("growth_exponent", f"{doc['scale']['growth_exponent']:g}", "growth_exponent"),
         ("parallel_speedup", f"{doc['parallel_speedup']:g}", "parallel_speedup"),
+        ("  two processes' limit now (CPU burn)", f"{doc['parallel']['capacity']:g}", None),
     ]
     for label, value, key in rows:
         if key is None:
@@ -431,7 +465,8 @@ def print_bench(console: Any, doc: dict[str, Any]) -> None:
     par = doc["parallel"]
     console.print(f"parallel: {par['runs']} runs of {par['scenario']} in {par['workers_1_s']}s "
                   f"(1 worker) vs {par['workers_2_s']}s (2 workers); same result: "
-                  f"{par['identical']}. machine: {doc['machine']['cpus']} CPUs, Python "
+                  f"{par['identical']}; two processes could gain at most {par['capacity']}x "
+                  f"(CPU burn). machine: {doc['machine']['cpus']} CPUs, Python "
                   f"{doc['machine']['python']}, simpy {doc['machine']['simpy']}, load average "
                   f"{doc['machine']['loadavg_1m']}; bench took {doc['elapsed_s']}s")
 
