@@ -309,6 +309,23 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     sys.exit(1 if any(c["violating_runs"] for c in doc["cells"]) else 0)
 
 
+@cli.command("bench")
+@click.option("--quick", is_flag=True, help="Tiny sizes (a smoke run, figures not meaningful).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+def bench_cmd(quick: bool, as_json: bool) -> None:
+    """Measure simulation speed against bare simpy, time to first bug, scaling and speedup."""
+    from racesim.bench import print_bench, run_bench
+
+    console = Console(stderr=True)
+    if as_json:
+        doc = run_bench(quick=quick)
+        _emit_json(doc)
+        return
+    with console.status("benchmarking") as status:
+        doc = run_bench(quick=quick, progress=lambda what: status.update(what))
+    print_bench(_console(), doc)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: bad input is one line on stderr and exit status 2."""
     try:
