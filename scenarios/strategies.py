@@ -158,35 +158,45 @@ def scenarios(*, topology: str | None = None, frontends: int | None = None,
     max_start_ticks = int(max_start / _TICK + 1e-9)
     topologies = TOPOLOGIES if topology is None else (topology,)
 
-    @st.composite
-    def build(draw: Callable[..., Any]) -> Scenario:
-        topo = draw(st.sampled_from(topologies))
-        n_fe = frontends if frontends is not None else draw(st.integers(1, 2))
-        async_sched = (async_scheduling if async_scheduling is not None
-                       else draw(st.booleans()))
-        request = _request(id_pool=pool, frontends=n_fe, max_start_ticks=max_start_ticks,
-                           allow_aborts=allow_aborts, allow_disconnects=allow_disconnects,
-                           allow_stop_strings=allow_stop_strings, allow_eos=allow_eos,
-                           allow_n=allow_n and topo != "pd")
-        requests = draw(st.lists(request, min_size=min_requests, max_size=max_requests))
-        data: dict[str, Any] = {
-            "name": "generated",
-            "summary": "drawn by scenarios.strategies.scenarios()",
-            "topology": topo,
-            "frontends": n_fe,
-            "horizon": 10.0,
-            # A request needs at most n=2 x 3 blocks (44 tokens): none waits for the pool.
-            "engine": {"num_blocks": max(64, 6 * max_requests), "block_size": 16,
-                       "max_num_seqs": 16, "step_time": _STEP, "async_scheduling": async_sched},
-            "ipc": {"latency": 0.0005},
-            "request": requests,
-        }
-        try:
-            return scenario_from_dict(data, "<generated>")
-        except InputError as exc:  # pragma: no cover - a bug in this strategy, not the user's
-            raise AssertionError(f"scenarios() drew an invalid scenario: {exc}") from exc
+    return _scenario(topologies=topologies, frontends=frontends,
+                     async_scheduling=async_scheduling, min_requests=min_requests,
+                     max_requests=max_requests, pool=pool, max_start_ticks=max_start_ticks,
+                     allow_aborts=allow_aborts, allow_disconnects=allow_disconnects,
+                     allow_stop_strings=allow_stop_strings, allow_eos=allow_eos, allow_n=allow_n)
 
-    return build()
+
+# Composites are module-level (not closures) so that hypothesis computes their labels once,
+# not for every strategy object a test builds per example.
+@st.composite
+def _scenario(draw: Callable[..., Any], *, topologies: tuple[str, ...], frontends: int | None,
+              async_scheduling: bool | None, min_requests: int, max_requests: int,
+              pool: tuple[str, ...], max_start_ticks: int, allow_aborts: bool,
+              allow_disconnects: bool, allow_stop_strings: bool, allow_eos: bool,
+              allow_n: bool) -> Scenario:
+    topo = draw(st.sampled_from(topologies))
+    n_fe = frontends if frontends is not None else draw(st.integers(1, 2))
+    async_sched = async_scheduling if async_scheduling is not None else draw(st.booleans())
+    request = _request(id_pool=pool, frontends=n_fe, max_start_ticks=max_start_ticks,
+                       allow_aborts=allow_aborts, allow_disconnects=allow_disconnects,
+                       allow_stop_strings=allow_stop_strings, allow_eos=allow_eos,
+                       allow_n=allow_n and topo != "pd")
+    requests = draw(st.lists(request, min_size=min_requests, max_size=max_requests))
+    data: dict[str, Any] = {
+        "name": "generated",
+        "summary": "drawn by scenarios.strategies.scenarios()",
+        "topology": topo,
+        "frontends": n_fe,
+        "horizon": 10.0,
+        # A request needs at most n=2 x 3 blocks (44 tokens): none waits for the pool.
+        "engine": {"num_blocks": max(64, 6 * max_requests), "block_size": 16,
+                   "max_num_seqs": 16, "step_time": _STEP, "async_scheduling": async_sched},
+        "ipc": {"latency": 0.0005},
+        "request": requests,
+    }
+    try:
+        return scenario_from_dict(data, "<generated>")
+    except InputError as exc:  # pragma: no cover - a bug in this strategy, not the user's
+        raise AssertionError(f"scenarios() drew an invalid scenario: {exc}") from exc
 
 
 @lru_cache(maxsize=256)
@@ -210,8 +220,8 @@ def schedules(scenario: Scenario, *, max_delays: int = 4, policy: str = "buggy",
     is either drawn from the alphabet {step/100, step/2, one step, two steps, five steps} (step
     = the scenario's ``engine.step_time``) or is any float in [0, five steps]. No two decisions
     share an occurrence; the tuple is sorted. ``points`` (await-point names) narrows the
-    delays to those points. Pass it to ``racesim.run_scenario(...,
-    schedule=...)`` or to the pytest fixture's ``delays=``.
+    delays to those points. Pass it to ``racesim.run_scenario(..., schedule=...)`` or to the
+    pytest fixture's ``delays=``.
 
     Shrinking: a simpler schedule has fewer delays, at earlier await points (catalogue order)
     and earlier occurrences, and smaller delays (the alphabet's first entries, then floats
@@ -240,15 +250,20 @@ def schedules(scenario: Scenario, *, max_delays: int = 4, policy: str = "buggy",
     alphabet = (step / 100, step / 2, step, 2 * step, 5 * step)
     delay = st.one_of(st.sampled_from(alphabet),
                       st.floats(0.0, 5 * step, allow_nan=False, allow_infinity=False))
-    counts = dict(occurrences)
-    points = tuple(counts)
+    return st.lists(_decision(occurrences, delay), max_size=max_delays,
+                    unique_by=_occurrence_of).map(_sorted_tuple)
 
-    @st.composite
-    def decision(draw: Callable[..., Any]) -> Decision:
-        point = draw(st.sampled_from(points))
-        k = draw(st.integers(0, counts[point] - 1))
-        return Decision(point, k, draw(delay))
 
-    return st.lists(decision(), max_size=max_delays,
-                    unique_by=lambda d: (d.point, d.occurrence)).map(
-        lambda ds: tuple(sorted(ds)))
+@st.composite
+def _decision(draw: Callable[..., Any], occurrences: tuple[tuple[str, int], ...],
+              delay: st.SearchStrategy[float]) -> Decision:
+    point, count = draw(st.sampled_from(occurrences))
+    return Decision(point, draw(st.integers(0, count - 1)), draw(delay))
+
+
+def _occurrence_of(d: Decision) -> tuple[str, int]:
+    return d.point, d.occurrence
+
+
+def _sorted_tuple(decisions: list[Decision]) -> tuple[Decision, ...]:
+    return tuple(sorted(decisions))
