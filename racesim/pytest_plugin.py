@@ -1,13 +1,340 @@
-"""racesim's pytest plugin (see issue 6; filled in below as it grows)."""
+"""racesim's pytest plugin: run simulated request lifecycles from your own tests.
+
+Installed with racesim (``pytest11`` entry point ``racesim``), so any test can ask for it::
+
+    def test_my_policy_closes_15326(racesim):
+        racesim.check("abort-reuse", "my_pkg.lifecycle:MyPolicy", witness=True,
+                      skip=["metrics-exact"])
+
+    @pytest.mark.racesim_policies("abort-scope", "internal-id")
+    def test_fixes(racesim, racesim_policy):
+        racesim.check("abort-reuse", racesim_policy, witness=True, skip=["metrics-exact"])
+
+It adds, in a ``racesim`` option group:
+
+- ``--racesim-seed N``: the seed of every run the fixture makes without ``seed=`` (default 0,
+  so runs are the same on every machine); shown in the pytest header.
+- ``--racesim-report DIR``: for every failing simulated run made through the fixture, write
+  ``DIR/<test>__<scenario>__<policy>-<hash>.json`` (a counterexample that ``racesim replay``
+  reproduces anywhere) and the HTML run report beside it (``.html``; when the reports package
+  cannot render one, the run's JSON document, ``.run.json``). A later failing run of the same
+  test, scenario and policy overwrites the files: under hypothesis that leaves the shrunk
+  example, which hypothesis runs last.
+
+and the ``racesim`` fixture (:class:`RaceSim`), the ``racesim_policies`` marker and its
+``racesim_policy`` argument. Using the fixture inside ``@given`` needs
+``suppress_health_check=[HealthCheck.function_scoped_fixture]``: the fixture keeps no state
+between examples that matters to them.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, final
+
 import pytest
 
-__all__ = ["pytest_addoption"]
+if TYPE_CHECKING:
+    from engine_model import RunResult
+    from scenarios import Scenario
 
+__all__ = ["RaceSim", "RaceSimReportWarning", "racesim", "racesim_policy", "pytest_addoption",
+           "pytest_configure", "pytest_generate_tests", "pytest_report_header"]
+
+MARKER: Final = "racesim_policies"
+POLICY_ARG: Final = "racesim_policy"
+_SEED = pytest.StashKey[int]()
+_REPORT_DIR = pytest.StashKey["Path | None"]()
+_MAX_LISTED = 10
+
+#: A delay given to :meth:`RaceSim.run`: a ``sim.Decision`` (say, from
+#: ``scenarios.strategies.schedules``), ``(point, occurrence or None, seconds)``, or the
+#: command line's ``"POINT=SECONDS"`` / ``"POINT#K=SECONDS"``.
+DelaySpec = Any
+
+
+class RaceSimReportWarning(UserWarning):
+    """The HTML report of a failing run could not be written (its JSON was written instead)."""
+
+
+# -- hooks ---------------------------------------------------------------------------------------
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("racesim", "racesim race-condition simulation")
-    group.addoption("--racesim-seed", type=int, default=None,
-                    help="Seed for racesim runs made by the racesim fixture.")
+    group = parser.getgroup("racesim", "racesim: simulated vLLM request-lifecycle races")
+    group.addoption("--racesim-seed", action="store", type=int, default=None, metavar="N",
+                    help="Seed of every run the racesim fixture makes without seed= "
+                         "(default: 0).")
+    group.addoption("--racesim-report", action="store", default=None, metavar="DIR",
+                    help="Write an HTML run report and a replayable counterexample file to DIR "
+                         "for every failing simulated run made through the racesim fixture.")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(*policies): run the test once per racesim lifecycle policy (a built-in name "
+        f"or package.module:ClassName), given as the '{POLICY_ARG}' argument; with no "
+        f"arguments, every built-in policy.")
+    seed = config.getoption("racesim_seed", None)
+    config.stash[_SEED] = 0 if seed is None else int(seed)
+    report = config.getoption("racesim_report", None)
+    config.stash[_REPORT_DIR] = Path(report) if report else None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = [f"racesim: seed {config.stash.get(_SEED, 0)} (--racesim-seed to change)"]
+    report = config.stash.get(_REPORT_DIR, None)
+    if report is not None:
+        lines.append(f"racesim: reports of failing runs go to {report}")
+    return lines
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker(MARKER)
+    if marker is None:
+        return
+    from engine_model import POLICIES
+    from engine_model.policies import policy_spec
+    from sim import InputError
+
+    where = f"@pytest.mark.{MARKER} on {metafunc.definition.nodeid}"
+    if marker.kwargs:
+        pytest.fail(f"{where}: takes policy names only, not {sorted(marker.kwargs)}",
+                    pytrace=False)
+    policies = tuple(marker.args) or tuple(POLICIES)
+    for p in policies:
+        if not isinstance(p, str):
+            pytest.fail(f"{where}: policies are strings, got {p!r}", pytrace=False)
+        try:
+            policy_spec(p)
+        except InputError as exc:
+            pytest.fail(f"{where}: {exc}", pytrace=False)
+    if POLICY_ARG not in metafunc.fixturenames:
+        pytest.fail(f"{where}: the test needs a '{POLICY_ARG}' argument", pytrace=False)
+    metafunc.parametrize(POLICY_ARG, policies, ids=list(policies))
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def racesim(request: pytest.FixtureRequest) -> RaceSim:
+    """Run racesim scenarios from a test: ``racesim.run(...)`` and ``racesim.check(...)``."""
+    config = request.config
+    return RaceSim(seed=config.stash.get(_SEED, 0), report_dir=config.stash.get(_REPORT_DIR, None),
+                   test=request.node.nodeid)
+
+
+@pytest.fixture
+def racesim_policy() -> str:
+    """Set by ``@pytest.mark.racesim_policies(...)``; asking for it without the marker fails."""
+    pytest.fail(f"'{POLICY_ARG}' is given by @pytest.mark.{MARKER}(...); this test has no such "
+                f"marker", pytrace=False)
+
+
+# -- the fixture object --------------------------------------------------------------------------
+
+@final
+class RaceSim:
+    """Runs scenarios under policies for one test, and explains the ones that fail.
+
+    Every run is deterministic: the same scenario, policy, options, seed and delays give the
+    same trace (hash) anywhere. ``seed`` defaults to the session's ``--racesim-seed``.
+    """
+
+    __slots__ = ("_seed", "_report_dir", "_test", "_runs", "_reports")
+
+    def __init__(self, *, seed: int, report_dir: Path | None, test: str) -> None:
+        self._seed = seed
+        self._report_dir = report_dir
+        self._test = test
+        self._runs: list[RunResult] = []
+        self._reports: list[Path] = []
+
+    @property
+    def seed(self) -> int:
+        """The seed of runs made without ``seed=``."""
+        return self._seed
+
+    @property
+    def runs(self) -> tuple[RunResult, ...]:
+        """Every run made through this fixture so far, oldest first."""
+        return tuple(self._runs)
+
+    @property
+    def reports(self) -> tuple[Path, ...]:
+        """The files written to ``--racesim-report`` so far."""
+        return tuple(self._reports)
+
+    def run(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id", *,
+            options: Mapping[str, str] | None = None, witness: bool = False,
+            delays: Iterable[DelaySpec] | Mapping[str, float] = (), skip: Iterable[str] = (),
+            seed: int | None = None) -> RunResult:
+        """Run ``scenario`` (a bundled name, a path or a :class:`scenarios.Scenario`) under
+        ``policy`` once and return its result; violations do not fail the test (see
+        :meth:`check`). ``witness`` applies the scenario's ``[witness]`` schedule, ``delays``
+        exact delays on top, ``skip`` leaves invariants unchecked. Bad input raises
+        ``sim.InputError``."""
+        return self._run(scenario, policy, options, witness, delays, skip, seed)[0]
+
+    def check(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id",
+              *, options: Mapping[str, str] | None = None, witness: bool = False,
+              delays: Iterable[DelaySpec] | Mapping[str, float] = (), skip: Iterable[str] = (),
+              seed: int | None = None) -> RunResult:
+        """:meth:`run`, then fail the test if any (unskipped) invariant was violated, with the
+        violations and the one command that replays the run."""
+        result, failed = self._run(scenario, policy, options, witness, delays, skip, seed)
+        if failed:
+            pytest.fail(failed, pytrace=False)
+        return result
+
+    def _run(self, scenario: object, policy: str, options: Mapping[str, str] | None,
+             witness: bool, delays: Iterable[DelaySpec] | Mapping[str, float],
+             skip: Iterable[str], seed: int | None) -> tuple[RunResult, str]:
+        """The run, and the explanation of its failure ("" when nothing was violated)."""
+        from racesim.runner import run_scenario
+
+        scen, replay_name = _load(scenario)
+        opts = _options(options)
+        plan = _plan(delays)
+        skipped = (skip,) if isinstance(skip, str) else tuple(skip)
+        result = run_scenario(scen, policy, options=opts, seed=self._seed if seed is None else seed,
+                              witness=witness, delays=plan, skip=skipped)
+        self._runs.append(result)
+        if not result.violations:
+            return result, ""
+        if self._report_dir is not None:
+            self._write_report(scen, replay_name, policy, opts, skipped, result)
+        return result, self._explain(scen, replay_name, policy, opts, skipped, result)
+
+    # -- failures -----------------------------------------------------------------------------
+
+    def _stem(self, scen: Scenario, policy: str) -> str:
+        key = f"{self._test}\x1f{scen.name}\x1f{policy}"
+        readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self._test}__{scen.name}__{policy}")
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        return f"{readable[-120:].lstrip('_.')}-{digest}"
+
+    def _command(self, scen: Scenario, replay_name: str | None, policy: str,
+                 opts: dict[str, str], skipped: tuple[str, ...], result: RunResult) -> str | None:
+        from racesim.runner import replay_command, run_command
+
+        if self._report_dir is not None:
+            return replay_command(str(self._report_dir / f"{self._stem(scen, policy)}.json"))
+        if replay_name is not None:
+            return run_command(replay_name, policy, opts, result.seed, result.schedule, skipped)
+        return None
+
+    def _explain(self, scen: Scenario, replay_name: str | None, policy: str,
+                 opts: dict[str, str], skipped: tuple[str, ...], result: RunResult) -> str:
+        n = len(result.violations)
+        lines = [f"racesim: {scen.name!r} under {policy} (seed {result.seed}) violated "
+                 f"{len(result.violated)} invariant(s): {', '.join(result.violated)}"]
+        for v in result.violations[:_MAX_LISTED]:
+            lines.append(f"  {v.invariant} at t={v.time:.4f}"
+                         + (f" [{v.request}]" if v.request is not None else "")
+                         + f": {v.detail}")
+        if n > _MAX_LISTED:
+            lines.append(f"  ... and {n - _MAX_LISTED} more")
+        command = self._command(scen, replay_name, policy, opts, skipped, result)
+        lines.append(f"replay: {command}" if command else
+                     "replay: pass --racesim-report DIR for a counterexample file that "
+                     "`racesim replay` reproduces (this scenario has no file of its own)")
+        if self._report_dir is not None:
+            lines.append(f"report: {self._report_dir / self._stem(scen, policy)}.html")
+        return "\n".join(lines)
+
+    def _write_report(self, scen: Scenario, replay_name: str | None, policy: str,
+                      opts: dict[str, str], skipped: tuple[str, ...], result: RunResult) -> None:
+        from racesim.documents import Counterexample, run_document, write_counterexample
+
+        assert self._report_dir is not None
+        stem = self._report_dir / self._stem(scen, policy)
+        cx = Counterexample(scen, policy, opts, result.seed, result.schedule, skipped,
+                            tuple(v.as_dict() for v in result.violations), result.trace_hash,
+                            None, {"pytest": self._test})
+        written = [write_counterexample(stem.with_name(stem.name + ".json"), cx)]
+        command = self._command(scen, replay_name, policy, opts, skipped, result) or ""
+        html = stem.with_name(stem.name + ".html")
+        try:
+            from reports import write_run_report
+
+            written.append(write_run_report(html, scen, policy, opts, result, command))
+        except Exception as exc:  # a report must never hide the test's verdict
+            import json
+
+            doc = stem.with_name(stem.name + ".run.json")
+            doc.write_text(json.dumps(run_document(scen, policy, opts, result), indent=2,
+                                      ensure_ascii=False) + "\n", encoding="utf-8")
+            written.append(doc)
+            warnings.warn(RaceSimReportWarning(
+                f"racesim: no HTML report for {self._test} ({type(exc).__name__}: {exc}); "
+                f"wrote {doc} instead"), stacklevel=3)
+        self._reports.extend(p for p in written if p not in self._reports)
+
+
+# -- argument handling ---------------------------------------------------------------------------
+
+def _load(scenario: object) -> tuple[Scenario, str | None]:
+    """The Scenario, and the name or path ``racesim run`` would find it by (None: no file)."""
+    from scenarios import Scenario, load_scenario
+
+    if isinstance(scenario, Scenario):
+        source = scenario.source
+        if source.startswith("<bundled ") and source.endswith(">"):
+            return scenario, source[len("<bundled "):-1]
+        return scenario, None if source.startswith("<") else source
+    if isinstance(scenario, os.PathLike):
+        path = os.fspath(scenario)
+        if not isinstance(path, str):
+            raise TypeError(f"scenario path must be text, got {path!r}")
+        if "/" not in path and not path.endswith(".toml"):
+            path = os.path.join(".", path)  # a path, never a bundled name
+        return load_scenario(path), path
+    if isinstance(scenario, str):
+        return load_scenario(scenario), scenario
+    raise TypeError(f"scenario must be a bundled name, a path or a scenarios.Scenario, "
+                    f"got {scenario!r}")
+
+
+def _options(options: Mapping[str, str] | None) -> dict[str, str]:
+    from sim import InputError
+
+    out = dict(options or {})
+    for k, v in out.items():
+        if not (isinstance(k, str) and isinstance(v, str)):
+            raise InputError(f"policy options map names to strings, got {k!r}: {v!r}")
+    return out
+
+
+def _plan(delays: Iterable[DelaySpec] | Mapping[str, float]) -> list[tuple[str, int | None,
+                                                                        float]]:
+    from engine_model.points import POINTS
+    from racesim.runner import parse_delay_option
+    from sim import Decision, InputError, check_delay, plan_entries
+
+    if isinstance(delays, Mapping):
+        return plan_entries(delays, POINTS, "delays")
+    if isinstance(delays, str):
+        delays = [delays]
+    out: list[tuple[str, int | None, float]] = []
+    for d in delays:
+        if isinstance(d, Decision):
+            d = (d.point, d.occurrence, d.delay)
+        if isinstance(d, str):
+            out.append(parse_delay_option(d))
+        elif isinstance(d, tuple) and len(d) == 3:
+            point, k, seconds = d
+            if not isinstance(point, str) or point not in POINTS:
+                POINTS.get(str(point))  # raises the InputError that lists the known points
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+                raise InputError(f"delay {d!r}: occurrence must be None or a whole number >= 0")
+            out.append((point, k, check_delay(seconds, f"delay {d!r}")))
+        else:
+            raise InputError(f"delay {d!r}: expected a sim.Decision, (point, occurrence, "
+                             f"seconds) or 'POINT[#K]=SECONDS'")
+    return out

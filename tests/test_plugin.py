@@ -1,0 +1,198 @@
+"""The pytest plugin, exercised the way a vLLM developer's suite would use it (pytester)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import hypothesis  # noqa: F401  (imported once here: pytester drops modules an inner run imports)
+import pytest
+
+import scenarios.strategies  # noqa: F401  (likewise)
+from racesim.documents import read_counterexample
+from racesim.runner import run_scenario
+
+with contextlib.suppress(ImportError):  # the plugin writes JSON when reports is missing
+    import reports  # noqa: F401  (likewise)
+
+pytest_plugins = ["pytester"]
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    # The plugin is not named here: the pytest11 entry point of the installed racesim loads it.
+    return pytester.runpytest_inprocess("-p", "no:randomly", "-p", "no:cacheprovider", *args)
+
+
+def test_help_lists_the_racesim_options(pytester: pytest.Pytester) -> None:
+    result = run(pytester, "--help")
+    result.stdout.fnmatch_lines(["racesim: simulated vLLM request-lifecycle races:",
+                                 "*--racesim-seed=N*", "*--racesim-report=DIR*"])
+
+
+def test_the_header_shows_the_seed(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    pytester.makepyfile("def test_nothing(): pass")
+    run(pytester).stdout.fnmatch_lines(["racesim: seed 0 (--racesim-seed to change)"])
+    result = run(pytester, "--racesim-seed", "42", "--racesim-report", str(tmp_path / "r"))
+    result.stdout.fnmatch_lines(["racesim: seed 42 *", f"racesim: reports * {tmp_path / 'r'}"])
+
+
+def test_the_marker_is_registered(pytester: pytest.Pytester) -> None:
+    run(pytester, "--markers").stdout.fnmatch_lines(["@pytest.mark.racesim_policies(*policies)*"])
+
+
+def test_the_fixture_passes_and_fails(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        from pathlib import Path
+        from scenarios import load_scenario, scenario_to_toml
+
+        SKIP = ["metrics-exact"]
+
+        def test_fixed_policy_closes_the_window(racesim):
+            result = racesim.check("abort-reuse", "abort-scope", witness=True, skip=SKIP)
+            assert result.violations == () and racesim.runs == (result,)
+
+        def test_buggy_is_caught(racesim):
+            racesim.check("abort-reuse", "buggy", witness=True, skip=SKIP)
+
+        def test_run_does_not_fail_and_takes_every_kind_of_input(racesim):
+            by_name = racesim.run("abort-reuse", "buggy", witness=True)
+            scen = load_scenario("abort-reuse")
+            Path("copy.toml").write_text(scenario_to_toml(scen), encoding="utf-8")
+            by_path = racesim.run(Path("copy.toml"), "buggy", witness=True)
+            by_object = racesim.run(scen, "buggy", delays=["frontend.abort:after_pop=0.05"])
+            by_mapping = racesim.run(scen, "buggy", delays={"frontend.abort:after_pop#0": 0.05})
+            by_tuple = racesim.run(scen, "buggy", delays=[("frontend.abort:after_pop", 0, 0.05)])
+            assert "unique-live-id" in by_name.violated
+            assert by_name.trace_hash == by_path.trace_hash == by_object.trace_hash \\
+                == by_mapping.trace_hash == by_tuple.trace_hash
+    """)
+    result = run(pytester, "-rf")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines([
+        "*racesim: 'abort-reuse' under buggy (seed 0) violated * invariant(s): *unique-live-id*",
+        "*unique-live-id at t=*",
+        "*replay: racesim run abort-reuse -p buggy --seed 0 --delay "
+        "'frontend.abort:after_pop#0=0.05'*"])
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_the_marker_parametrizes_over_policies(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.racesim_policies("buggy", "internal-id")
+        def test_two(racesim, racesim_policy):
+            racesim.check("abort-reuse", racesim_policy, witness=True, skip=["metrics-exact"])
+
+        @pytest.mark.racesim_policies()
+        def test_every_builtin(racesim_policy):
+            assert racesim_policy
+
+        def test_without_marker(racesim_policy):
+            pass
+    """)
+    result = run(pytester, "-v")
+    result.stdout.fnmatch_lines(["*test_two?buggy? FAILED*", "*test_two?internal-id? PASSED*"])
+    for name in ("buggy", "abort-scope", "engine-final", "internal-id"):
+        result.stdout.fnmatch_lines([f"*test_every_builtin?{name}? PASSED*"])
+    result.stdout.fnmatch_lines(["*'racesim_policy' is given by @pytest.mark.racesim_policies*"])
+    result.assert_outcomes(passed=5, failed=1, errors=1)
+
+
+def test_the_marker_rejects_an_unknown_policy(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.racesim_policies("nosuch")
+        def test_x(racesim_policy):
+            pass
+    """)
+    result = run(pytester)
+    result.stdout.fnmatch_lines(["*racesim_policies on *test_x: unknown policy 'nosuch'*"])
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error
+
+
+def test_the_report_dir_gets_files_on_failure_only(pytester: pytest.Pytester,
+                                                   tmp_path: Path) -> None:
+    pytester.makepyfile("""
+        def test_clean(racesim):
+            racesim.check("abort-reuse", "internal-id", witness=True, skip=["metrics-exact"])
+
+        def test_race(racesim):
+            racesim.check("abort-reuse", "buggy", witness=True, seed=3)
+    """)
+    reports = tmp_path / "reports"
+    result = run(pytester, "--racesim-report", str(reports))
+    result.assert_outcomes(passed=1, failed=1)
+    files = sorted(p.name for p in reports.iterdir())
+    stems = {name.removesuffix(".html").removesuffix(".json").removesuffix(".run")
+             for name in files}
+    assert len(stems) == 1 and "test_race" in files[0] and "abort-reuse__buggy" in files[0]
+    (stem,) = stems
+    assert f"{stem}.json" in files
+    assert f"{stem}.html" in files or f"{stem}.run.json" in files
+    result.stdout.fnmatch_lines([f"*replay: racesim replay {reports / stem}.json*"])
+    cx = read_counterexample(str(reports / f"{stem}.json"))
+    assert (cx.policy, cx.seed) == ("buggy", 3)
+    replay = run_scenario(cx.scenario, cx.policy, seed=cx.seed, schedule=cx.schedule)
+    assert replay.trace_hash == cx.trace_hash
+    if f"{stem}.run.json" in files:
+        doc = json.loads((reports / f"{stem}.run.json").read_text(encoding="utf-8"))
+        assert doc["trace_hash"] == cx.trace_hash
+    else:
+        html = (reports / f"{stem}.html").read_text(encoding="utf-8")
+        assert "<html" in html.lower() and "racesim replay" in html
+
+
+def test_a_generated_scenario_under_hypothesis(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """The strategies and the fixture together: the report left behind is the shrunk example."""
+    pytester.makepyfile("""
+        from hypothesis import HealthCheck, given, settings
+        from scenarios.strategies import scenarios
+
+        HELD = ("frontend.abort:after_pop", None, 0.05)  # the BUG point, every occurrence
+
+        # Any abort fails under buggy (at least metrics-exact), so every seed finds a failure.
+        @settings(max_examples=100, derandomize=True, database=None,
+                  suppress_health_check=[HealthCheck.function_scoped_fixture])
+        @given(scenarios(topology="single", frontends=1, async_scheduling=False, id_pool=["X"],
+                         min_requests=2, max_requests=3, max_start=0.1, allow_eos=False,
+                         allow_disconnects=False, allow_stop_strings=False, allow_n=False))
+        def test_buggy_on_generated_workloads(racesim, scen):
+            racesim.check(scen, "buggy", delays=[HELD])
+    """)
+    reports = tmp_path / "reports"
+    result = run(pytester, "--racesim-report", str(reports))
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*racesim: 'generated' under buggy*",
+                                 f"*replay: racesim replay {reports}*.json*"])
+    jsons = [p for p in reports.iterdir() if p.name.endswith(".json")
+             and not p.name.endswith(".run.json")]
+    assert len(jsons) == 1  # every failing example overwrote the same files
+    cx = read_counterexample(str(jsons[0]))
+    assert run_scenario(cx.scenario, "buggy", schedule=cx.schedule,
+                        skip=cx.skip).trace_hash == cx.trace_hash
+
+
+def test_bad_input_through_the_fixture(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import pytest
+        from sim import InputError
+
+        @pytest.mark.parametrize("kwargs", [
+            {"policy": "nosuch"}, {"skip": ["nosuch"]}, {"delays": ["nosuch.point=1"]},
+            {"delays": [("frontend.abort:after_pop", -1, 1.0)]},
+            {"delays": {"frontend.abort:after_pop": -1}}, {"options": {"suffix_hex": 3}},
+        ])
+        def test_bad(racesim, kwargs):
+            with pytest.raises(InputError):
+                racesim.run("abort-reuse", **kwargs)
+
+        def test_bad_scenario(racesim):
+            with pytest.raises(InputError):
+                racesim.run("nosuch-scenario")
+            with pytest.raises(TypeError):
+                racesim.run(42)
+    """)
+    run(pytester).assert_outcomes(passed=7)
