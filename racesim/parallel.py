@@ -65,7 +65,8 @@ def executor(workers: int | None, dask: str | None) -> Iterator[Executor | None]
 def ordered_map(fn: Callable[[Any, Sequence[int]], list[R]], context: Any, runs: Sequence[int],
                 ex: Executor | None, *, batch: int = 16, window: int = 8) -> Iterator[R]:
     """Yield ``fn(context, batch)`` results run by run, in order, ``window`` batches ahead."""
-    batches = [list(runs[i:i + batch]) for i in range(0, len(runs), batch)]
+    # Lazily: a huge budget bounded by --time-limit must not build every batch up front.
+    batches = (list(runs[i:i + batch]) for i in range(0, len(runs), batch))
     if ex is None:
         for b in batches:
             yield from fn(context, b)
