@@ -23,10 +23,10 @@ __all__ = ["PROFILE", "profile_name"]
 
 settings.register_profile(
     "ci", settings.get_profile("ci"), derandomize=True, database=None, deadline=None,
-    print_blob=True, max_examples=40,
+    print_blob=True, max_examples=100,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 settings.register_profile(
-    "dev", max_examples=25, deadline=None,
+    "dev", max_examples=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 settings.register_profile(
     "nightly", max_examples=1500, deadline=None, print_blob=True,
