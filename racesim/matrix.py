@@ -19,20 +19,21 @@ class MatrixResult:
     policies: list[str]
     cells: list[ExploreResult]
 
+    @staticmethod
+    def _cell(doc: dict[str, Any]) -> dict[str, Any]:
+        """A cell is its exploration's evidence, minus what every cell shares."""
+        return {k: doc[k] for k in _CELL_KEYS}
+
     def document(self) -> dict[str, Any]:
         return {
             "scenarios": self.scenarios,
             "policies": self.policies,
-            "cells": [{
-                "scenario": c.scenario.name,
-                "policy": c.policy,
-                "runs": c.runs,
-                "violating_runs": c.violating_runs,
-                "invariants": list(c.invariants),
-                "first_violation_run": c.first_violation_run,
-                "counterexample": c.document()["counterexample"],
-            } for c in self.cells],
+            "cells": [self._cell(c.document()) for c in self.cells],
         }
+
+
+_CELL_KEYS = ("scenario", "policy", "runs", "violating_runs", "invariants", "first_violation_run",
+              "baseline_violations", "distinct_traces", "coverage", "confidence", "counterexample")
 
 
 def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget: int,
