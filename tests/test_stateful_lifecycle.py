@@ -7,7 +7,9 @@ the sockets drain. The invariant checker is wired to the World before the System
 every trace event is checked as it happens; after every rule no safety invariant may be
 broken, and at the end the run is drained and the end-of-run invariants (no-hang, no-leak) are
 checked too. Under internal-id nothing may break; under buggy the same machine must find
-#15326's race.
+#15326's race. (engine-final is not the policy under test: this machine finds its
+pending-abort window, where an ABORT held at the BUG point outlives its request's natural end
+and then ends a resubmission of the same ID; see tests/test_prop_policies.py.)
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class _Caller:
         self.max_tokens = max_tokens
         self.collector: RequestOutputCollector | None = None
         self.finish_reason: str | None = None
+        self.tokens = 0
         self.cancelled = False
         world.env.process(self._run())
 
@@ -69,7 +72,7 @@ class _Caller:
     def terminate(self, reason: str) -> None:
         self.finish_reason = reason
         self.world.record(self.name, "client.done", self.rid, 0, uid=self.uid, reason=reason,
-                          tokens=0)
+                          tokens=self.tokens)
 
     def _run(self) -> Generator[simpy.Event, Any, None]:
         world = self.world
@@ -86,8 +89,9 @@ class _Caller:
             if self.cancelled:
                 return
             reason = finish_reason_of(out)
-            world.record(self.name, "client.output", self.rid, 0, uid=self.uid,
-                         tokens=[[c.index, t.inc, t.ctx] for c in out.outputs for t in c.tokens],
+            tokens = [[c.index, t.inc, t.ctx] for c in out.outputs for t in c.tokens]
+            self.tokens += len(tokens)
+            world.record(self.name, "client.output", self.rid, 0, uid=self.uid, tokens=tokens,
                          finish=reason, after_done=self.finish_reason is not None)
             if self.finish_reason is None and reason is not None:
                 self.terminate(reason)
