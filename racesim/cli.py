@@ -42,6 +42,29 @@ def _options(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def _output_file(option: str, path: str | None) -> None:
+    """Refuse an output file whose folder does not exist, before any work is done."""
+    if path is None:
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise InputError(f"{option} {path!r}: folder {str(parent)!r} does not exist")
+    if Path(path).is_dir():
+        raise InputError(f"{option} {path!r}: is a folder, not a file")
+
+
+def _output_dir(option: str, path: str) -> Path:
+    """Create the output folder now, so that a bad one fails before exploring, not after."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{option} {path!r}: cannot create it ({exc.strerror})") from None
+    return Path(path)
+
+
+_BUDGET = click.IntRange(1, 2**31)
+
+
 def _emit_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
 
@@ -126,6 +149,8 @@ def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
     scen = load_scenario(scenario)
     options = _options(policy_opts)
     plan = [parse_delay_option(d) for d in delays]
+    _output_file("--html", html_file)
+    _output_file("--trace", trace_file)
     result = run_scenario(scen, policy, options=options, seed=seed, witness=witness,
                           delays=plan, skip=skip)
     command = run_command(scenario, policy, options, seed, result.schedule, skip)
@@ -155,6 +180,8 @@ def replay_cmd(counterexample: str, as_json: bool, html_file: str | None,
                trace_file: str | None) -> None:
     """Replay a counterexample file: the same trace, byte for byte, anywhere."""
     cx = read_counterexample(counterexample)
+    _output_file("--html", html_file)
+    _output_file("--trace", trace_file)
     result = run_scenario(cx.scenario, cx.policy, options=cx.options, seed=cx.seed,
                           schedule=cx.schedule, skip=cx.skip)
     if not as_json and result.trace_hash != cx.trace_hash:
@@ -222,7 +249,7 @@ def _explore_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("-p", "--policy", required=True, help="Policy name or package.module:ClassName.")
 @click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
               help="A policy option (repeatable).")
-@click.option("--budget", type=int, default=300, show_default=True,
+@click.option("--budget", type=_BUDGET, default=300, show_default=True,
               help="Runs to try (run 0 is the unperturbed baseline).")
 @click.option("--time-limit", type=float, default=None, help="Stop after this many seconds.")
 @_explore_options
@@ -236,11 +263,13 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
     """Search SCENARIO's schedules for a race under POLICY (the [witness] is never read)."""
     scen = load_scenario(scenario)
     options = _options(policy_opts)
+    _output_file("--html", html_file)
+    out = _output_dir("--out", out_dir)
     bar = _Bar(not as_json, f"{scen.name} / {policy}")
     try:
         res = explore(scen, policy, options=options, strategy=strategy, budget=budget,
                       time_limit=time_limit, seed=seed, workers=workers, dask=dask, skip=skip,
-                      out_dir=Path(out_dir), progress=bar)
+                      out_dir=out, progress=bar)
     finally:
         bar.close()
     doc = res.document()
@@ -270,7 +299,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
               help="Scenario (repeatable) [default: every bundled scenario].")
 @click.option("-p", "--policy", "policies", multiple=True,
               help="Policy (repeatable) [default: every built-in policy].")
-@click.option("--budget", type=int, default=100, show_default=True, help="Runs per cell.")
+@click.option("--budget", type=_BUDGET, default=100, show_default=True, help="Runs per cell.")
 @_explore_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
@@ -284,6 +313,8 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     for p in pols:
         policy_spec(p)
     check_invariant_names(tuple(skip))
+    _output_file("--html", html_file)
+    out = _output_dir("--out", out_dir)
     bar = _Bar(not as_json, "matrix")
 
     def on_cell(done: int, total: int, res: Any) -> None:
@@ -292,7 +323,7 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
 
     try:
         result = run_matrix(scens, pols, budget=budget, seed=seed, strategy=strategy,
-                            workers=workers, dask=dask, skip=skip, out_dir=Path(out_dir),
+                            workers=workers, dask=dask, skip=skip, out_dir=out,
                             on_cell=on_cell, progress=bar)
     finally:
         bar.close()
@@ -343,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(130)
     except click.ClickException as exc:
         _fail(exc.format_message())
+    except OSError as exc:  # an output file that cannot be written after all (disk full, ...)
+        _fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
     sys.exit(0)
 
 
