@@ -53,7 +53,7 @@ class RunResult:
     requests: tuple[RequestOutcome, ...]
     occurrences: dict[str, int]
     trace: tuple[TraceEvent, ...]
-    #: simpy events the run processed (``env.step`` calls): the kernel's work, for ``racesim bench``.
+    #: simpy events the run processed (``env.step`` calls): the kernel's work, for the bench.
     steps: int = 0
 
     @property
@@ -125,9 +125,13 @@ class System:
 
 def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
                  plan: DelayPlan | None = None, skip: Iterable[str] = (),
-                 retain_trace: bool = True) -> RunResult:
-    """Simulate ``workload`` under ``policy`` until quiescence or the horizon, and check it."""
-    world = World(seed, plan, retain_trace=retain_trace, always_yield=_YIELDING)
+                 retain_trace: bool = True, hash_trace: bool = True) -> RunResult:
+    """Simulate ``workload`` under ``policy`` until quiescence or the horizon, and check it.
+
+    ``hash_trace=False`` leaves ``trace_hash`` empty (exploration's inner runs, see
+    :class:`sim.trace.TraceRecorder`)."""
+    world = World(seed, plan, retain_trace=retain_trace, hash_trace=hash_trace,
+                  always_yield=_YIELDING)
     checker = Checker(world, frozenset(skip))
     system = System(world, workload, policy)
     checker.attach(system)

@@ -9,7 +9,7 @@ run reads the wall clock. The document :func:`run_bench` returns:
     events = ``env.step`` calls.
 ``model_events_per_s``, ``overhead_ratio``
     ``env.step`` calls per second during model runs (every race scenario under ``buggy`` with
-    random-strategy schedules, checker on, no trace kept: the exploration path), and
+    random-strategy schedules, checker on, no trace kept or hashed: the exploration path), and
     ``simpy_events_per_s / model_events_per_s``.
 ``schedules_per_s``
     ``explore(abort-reuse, buggy, strategy=random, workers=1)``, checker on: runs per second of
@@ -55,7 +55,7 @@ __all__ = ["run_bench", "print_bench", "storm_workload", "bare_simpy", "parallel
            "RACE_SCENARIOS", "STRATEGIES", "TARGETS"]
 
 RACE_SCENARIOS = ("abort-reuse", "stop-string-reuse", "async-sched-reuse", "pd-reuse",
-                  "multi-frontend", "parallel-sampling-abort", "abort-storm")
+                  "multi-frontend", "parallel-sampling-abort", "abort-storm", "stale-abort-reuse")
 STRATEGIES = ("random", "pct", "grid", "hypothesis")
 _POLICY = "buggy"
 _SCALE_POLICY = "engine-final"
@@ -170,7 +170,8 @@ def _model_events(runs: int, progress: Progress) -> dict[str, Any]:
         steps = 0
         started = time.perf_counter()
         for decider in deciders:
-            steps += run_scenario(scenario, _POLICY, decider=decider, retain_trace=False).steps
+            steps += run_scenario(scenario, _POLICY, decider=decider, retain_trace=False,
+                                  hash_trace=False).steps
         seconds = time.perf_counter() - started
         per[name] = steps / seconds
         total_steps += steps

@@ -48,6 +48,9 @@ class _Context:
 
 @dataclass(frozen=True, slots=True)
 class RunSummary:
+    """One exploration run. ``trace_hash`` is "" for runs made without hashing: their delays
+    are trace events, so the schedule alone tells two traces apart."""
+
     run: int
     trace_hash: str
     violated: tuple[str, ...]
@@ -60,7 +63,8 @@ def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:
     options = dict(ctx.options)
     for i in runs:
         r = run_scenario(ctx.scenario, ctx.policy, options=options, seed=ctx.seed,
-                         decider=strategy.decider(i), skip=ctx.skip, retain_trace=False)
+                         decider=strategy.decider(i), skip=ctx.skip, retain_trace=False,
+                         hash_trace=False)
         out.append(RunSummary(i, r.trace_hash, r.violated, r.schedule))
     return out
 
@@ -161,13 +165,13 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
                             scale=scenario.workload.engine.step_time, seed=seed)
     found: RunSummary | None = None
     standing = frozenset(baseline.violated)
-    hashes: set[str] = set()
+    traces: set[tuple[Decision, ...]] = set()
     invariants: dict[str, None] = {}
 
     def record(s: RunSummary) -> None:
         nonlocal found
         res.runs += 1
-        hashes.add(s.trace_hash)
+        traces.add(s.schedule)
         for point in dict.fromkeys(d.point for d in s.schedule):
             res.coverage[point] = res.coverage.get(point, 0) + 1
         if s.violated:
@@ -212,7 +216,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
                         break
     except KeyboardInterrupt:
         res.interrupted = True
-    res.distinct_traces = len(hashes)
+    res.distinct_traces = len(traces)
     res.invariants = tuple(invariants)
     if found is not None and not res.interrupted:
         target = frozenset(set(found.violated) - standing) or frozenset(found.violated)
@@ -254,5 +258,9 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
 
 
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:
+    if not s.trace_hash:  # found by an unhashed run: one more run, with its hash, to record it
+        r = run_scenario(res.scenario, res.policy, options=res.options, seed=res.seed,
+                         schedule=s.schedule, skip=res.skip, retain_trace=False)
+        s = RunSummary(s.run, r.trace_hash, r.violated, r.schedule)
     cx = _counterexample(res, res.scenario, s, shrunk_from, s.run)
     write_counterexample(counterexample_path(out_dir, res.scenario.name, res.policy, res.seed), cx)

@@ -47,7 +47,7 @@ def hypothesis_search(scenario: Scenario, policy: str, options: dict[str, str], 
         if over():
             return False
         r = run_scenario(scenario, policy, options=options, seed=seed, delays=entries,
-                         skip=skip, retain_trace=False)
+                         skip=skip, retain_trace=False, hash_trace=False)
         state["runs"] += 1  # run 0 is the baseline, recorded by the caller
         record(RunSummary(state["runs"], r.trace_hash, r.violated, r.schedule))
         if r.violated:

@@ -32,7 +32,8 @@ def parse_delay_option(text: str) -> PlanEntry:
 def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
                  seed: int = 0, witness: bool = False, delays: Iterable[PlanEntry] = (),
                  schedule: Sequence[Decision] | None = None, decider: Decider | None = None,
-                 skip: Iterable[str] = (), retain_trace: bool = True) -> RunResult:
+                 skip: Iterable[str] = (), retain_trace: bool = True,
+                 hash_trace: bool = True) -> RunResult:
     """One deterministic run. ``schedule`` replays a recorded run exactly (it wins over all)."""
     skip_set = check_invariant_names(tuple(skip))
     overrides: list[PlanEntry] = []
@@ -43,7 +44,7 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
         overrides.extend((d.point, d.occurrence, d.delay) for d in schedule)
     plan = DelayPlan(environment=scenario.delays, overrides=overrides, decider=decider)
     return run_workload(scenario.workload, load_policy(policy, options), seed=seed, plan=plan,
-                        skip=skip_set, retain_trace=retain_trace)
+                        skip=skip_set, retain_trace=retain_trace, hash_trace=hash_trace)
 
 
 def replay_command(path: str) -> str:

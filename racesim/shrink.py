@@ -41,7 +41,7 @@ def shrink(scenario: Scenario, policy: str, options: Mapping[str, str], seed: in
             raise _Budget
         runs += 1
         result = run_scenario(scen, policy, options=options, seed=seed, schedule=tuple(sched),
-                              skip=skip, retain_trace=False)
+                              skip=skip, retain_trace=False, hash_trace=False)
         return any(v in target for v in result.violated)
 
     best_scen, best = scenario, tuple(sorted(schedule))

@@ -68,15 +68,21 @@ def trace_hash_of(events: Iterable[TraceEvent]) -> str:
 class TraceRecorder:
     """Numbers events, hashes them in chunks and, if asked, keeps them.
 
-    Listeners (the invariant checker) see every event as it is recorded.
+    Listeners (the invariant checker) see every event as it is recorded. With ``hashing=False``
+    and ``retain=False`` an event costs only its record and its listeners: exploration runs use
+    that, since their delays are themselves trace events, so two runs have the same trace
+    exactly when they have the same schedule (and the one run reported is re-run with its hash).
     """
 
     __slots__ = ("_events", "_pending", "_hash", "_count", "_listeners", "_retain", "_now",
-                 "_started")
+                 "_started", "_hashing", "_buffer")
 
-    def __init__(self, now: Callable[[], float], *, retain: bool = True) -> None:
+    def __init__(self, now: Callable[[], float], *, retain: bool = True,
+                 hashing: bool = True) -> None:
         self._now = now
         self._retain = retain
+        self._hashing = hashing
+        self._buffer = hashing or retain
         self._events: list[TraceEvent] = []
         self._pending: list[TraceEvent] = []
         self._hash = hashlib.sha256(b"[")
@@ -93,10 +99,11 @@ class TraceRecorder:
         ev = _new_tuple(TraceEvent, (self._count, self._now(), component, kind, request, inc,
                                      detail))
         self._count += 1
-        pending = self._pending
-        pending.append(ev)
-        if len(pending) >= _CHUNK:
-            self._flush()
+        if self._buffer:
+            pending = self._pending
+            pending.append(ev)
+            if len(pending) >= _CHUNK:
+                self._flush()
         for listener in self._listeners:
             listener(ev)
         return ev
@@ -105,11 +112,12 @@ class TraceRecorder:
         pending = self._pending
         if not pending:
             return
-        text = _encode(pending)
-        if self._started:
-            self._hash.update(b",")
-        self._hash.update(text[1:-1].encode("utf-8"))
-        self._started = True
+        if self._hashing:
+            text = _encode(pending)
+            if self._started:
+                self._hash.update(b",")
+            self._hash.update(text[1:-1].encode("utf-8"))
+            self._started = True
         if self._retain:
             self._events.extend(pending)
         self._pending = []
@@ -131,6 +139,9 @@ class TraceRecorder:
         return iter(self.events)
 
     def hexdigest(self) -> str:
+        """The trace hash; "" when the recorder was told not to hash."""
+        if not self._hashing:
+            return ""
         self._flush()
         h = self._hash.copy()
         h.update(b"]")

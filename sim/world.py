@@ -24,12 +24,13 @@ class World:
                  "_resolve")
 
     def __init__(self, seed: int, plan: DelayPlan | None = None, *, retain_trace: bool = True,
-                 always_yield: frozenset[str] = frozenset()) -> None:
+                 hash_trace: bool = True, always_yield: frozenset[str] = frozenset()) -> None:
         self.env = simpy.Environment()
         self.rng = RngStreams(seed)
         self.plan = plan if plan is not None else DelayPlan()
         self._resolve = self.plan.resolve  # the plan is fixed for the run
-        self.trace = TraceRecorder(lambda: self.env.now, retain=retain_trace)
+        self.trace = TraceRecorder(lambda: self.env.now, retain=retain_trace,
+                                   hashing=hash_trace)
         self._occurrences: dict[str, int] = {}
         self._schedule: list[Decision] = []
         self._yielding = always_yield
