@@ -8,10 +8,14 @@ Each violation names the first event that broke the invariant.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from sim.errors import InputError
+from engine_model.invariants import (
+    INVARIANTS,
+    SAFETY_INVARIANTS,
+    Violation,
+    check_invariant_names,
+)
 from sim.trace import TraceEvent
 from sim.world import World
 
@@ -20,53 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["INVARIANTS", "SAFETY_INVARIANTS", "Violation", "Checker", "check_invariant_names"]
 
-INVARIANTS: dict[str, str] = {
-    "unique-live-id": "an engine never holds two live incarnations under one ID (live: waiting, "
-                      "running, in a step in flight, or held for transfer)",
-    "frontend-covers-engine": "every running engine request is tracked by its frontend, has an "
-                              "ABORT issued and not yet applied, or is a finished prefill request "
-                              "held for transfer",
-    "kv-ownership": "no block owned by two incarnations; no block freed while its owner still "
-                    "runs or is held for transfer; no double free; P/D reads only the blocks "
-                    "of the prefill it names",
-    "no-leak": "at the end every block is free and every ID-keyed table is empty, except for "
-               "clients still waiting and holds whose timeout has not passed",
-    "one-terminal-output": "every client request gets exactly one terminal output, and nothing "
-                           "after it",
-    "no-crosstalk": "every token a client receives was generated for that incarnation (and, "
-                    "under async scheduling, from its own previous token)",
-    "abort-precision": "an abort ends only the incarnations that were live (or whose ADD was in "
-                       "flight) under its ID when it was issued",
-    "no-hang": "every client request terminates before the horizon",
-    "engine-alive": "no engine reached a fatal error",
-    "metrics-exact": "every request a frontend accepted and ended (not by an engine error) is "
-                     "counted once in finished-request stats",
-}
-
-#: The invariants whose violation is a race; metrics-exact is a known gap still open upstream.
-SAFETY_INVARIANTS = tuple(n for n in INVARIANTS if n != "metrics-exact")
-
 _MAX_PER_INVARIANT = 20
-
-
-def check_invariant_names(names: list[str] | tuple[str, ...]) -> frozenset[str]:
-    for n in names:
-        if n not in INVARIANTS:
-            raise InputError(f"unknown invariant {n!r} (known: {', '.join(INVARIANTS)})")
-    return frozenset(names)
-
-
-@dataclass(frozen=True, slots=True)
-class Violation:
-    invariant: str
-    time: float
-    request: str | None
-    detail: str
-    event: int  # seq of the first event that broke it (-1: end of run)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"invariant": self.invariant, "time": self.time, "request": self.request,
-                "detail": self.detail, "event": self.event}
 
 
 class _Inc:
