@@ -80,6 +80,8 @@ def cli() -> None:
 
     Replays, explores and shrinks request-ID races (vLLM #15326, #29355, #20139, #27711)
     against lifecycle policies, checks invariants, and writes HTML race reports.
+
+    Exit status: 0 no violation, 1 a violation was found, 2 bad input.
     """
 
 
