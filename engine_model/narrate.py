@@ -7,7 +7,7 @@ from typing import Any
 
 from sim.trace import TraceEvent
 
-__all__ = ["describe", "is_message", "KEY_KINDS"]
+__all__ = ["describe", "KEY_KINDS", "MESSAGE_NAMES"]
 
 #: Event kinds a reader needs to follow a race; the rest is bookkeeping.
 KEY_KINDS = frozenset({
@@ -18,8 +18,10 @@ KEY_KINDS = frozenset({
 })
 
 
-_MESSAGE = {"EngineCoreRequest": "ADD", "AbortMessage": "ABORT", "EngineCoreOutputs": "outputs",
-            "KVDoneNotice": "KV done", "EngineDead": "ENGINE DEAD"}
+#: Message types by their vLLM names (the ``type`` of an ipc.send event).
+MESSAGE_NAMES = {"EngineCoreRequest": "ADD", "AbortMessage": "ABORT",
+                 "EngineCoreOutputs": "outputs", "KVDoneNotice": "KV done",
+                 "EngineDead": "ENGINE DEAD"}
 
 
 def _ids(d: dict[str, Any]) -> str:
@@ -46,7 +48,7 @@ _TEXT: dict[str, Callable[[TraceEvent, dict[str, Any]], str]] = {
     "fe.drop": lambda e, d: f"drops output for unknown {e.request!r}",
     "fe.stats": lambda e, d: f"counts {e.request!r} in finished stats ({d['reason']})",
     "fe.error": lambda e, d: f"{e.request!r} fails with EngineDeadError",
-    "ipc.send": lambda e, d: (f"{_MESSAGE.get(d['type'], d['type'])} {_ids(d)} "
+    "ipc.send": lambda e, d: (f"{MESSAGE_NAMES.get(d['type'], d['type'])} {_ids(d)} "
                               f"(arrives t={d['arrive']:.4f})"),
     "sched.add": lambda e, d: f"Scheduler.add_request({e.request!r})"
                               + (f" OVERWRITES requests[{e.request!r}] (inc {d['prev']})"
@@ -82,6 +84,3 @@ def describe(event: TraceEvent) -> str:
         return f"{event.kind} {event.request or ''}".strip()
     return fn(event, dict(event.detail))
 
-
-def is_message(event: TraceEvent) -> bool:
-    return event.kind == "ipc.send"

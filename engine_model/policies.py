@@ -83,9 +83,6 @@ class LifecyclePolicy:
         # The state was popped in process_outputs; the ABORT follows after an await.
         yield from llm.send_abort(request_ids, STOP_POINT)
 
-    def describe_options(self) -> dict[str, str]:
-        return dict(self.opts)
-
 
 class Buggy(LifecyclePolicy):
     name = "buggy"
@@ -137,7 +134,7 @@ class InternalId(LifecyclePolicy):
     def __init__(self, **opts: str) -> None:
         super().__init__(**opts)
         raw = opts.get("suffix_hex", "8")
-        if not raw.isdigit() or not 0 <= int(raw) <= 32:
+        if not (raw.isascii() and raw.isdigit()) or not 0 <= int(raw) <= 32:
             raise InputError(f"policy 'internal-id': suffix_hex must be a whole number 0..32, "
                              f"got {raw!r}")
         self.suffix_hex = int(raw)

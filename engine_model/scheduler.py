@@ -115,9 +115,6 @@ class Scheduler:
                 del self.waiting[i]
                 return
 
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting) or bool(self.running)
-
     def has_requests(self) -> bool:
         return bool(self.waiting) or bool(self.running) or bool(self.finished_req_ids)
 

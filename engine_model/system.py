@@ -58,7 +58,7 @@ class RunResult:
 
     @property
     def violated(self) -> tuple[str, ...]:
-        """Names of the violated invariants, in catalogue order of first appearance."""
+        """Names of the violated invariants, in the order they were first detected."""
         seen: dict[str, None] = {}
         for v in self.violations:
             seen.setdefault(v.invariant, None)

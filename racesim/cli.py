@@ -240,7 +240,8 @@ def _explore_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Worker processes [default: all cores].")(f)
     f = click.option("--seed", type=int, default=0, show_default=True, help="Base seed.")(f)
     f = click.option("--strategy", type=click.Choice(list(STRATEGIES)), default="random",
-                     show_default=True, help="How delays are chosen.")(f)
+                     show_default=True,
+                     help="How delays are chosen (hypothesis runs in this process).")(f)
     f = click.option("--skip", multiple=True, metavar="INVARIANT",
                      help="Leave an invariant unchecked (repeatable).")(f)
     return f
@@ -253,7 +254,8 @@ def _explore_options(f: Callable[..., Any]) -> Callable[..., Any]:
               help="A policy option (repeatable).")
 @click.option("--budget", type=_BUDGET, default=300, show_default=True,
               help="Runs to try (run 0 is the unperturbed baseline).")
-@click.option("--time-limit", type=float, default=None, help="Stop after this many seconds.")
+@click.option("--time-limit", type=float, default=None,
+              help="Stop exploring after this many seconds (shrinking is bounded by runs).")
 @_explore_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
@@ -275,14 +277,11 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
     finally:
         bar.close()
     doc = res.document()
-    before = after = None
-    if res.counterexample is not None and (html_file or not as_json):
-        cx = res.counterexample
-        after = run_scenario(cx.scenario, policy, options=options, seed=seed,
-                             schedule=cx.schedule, skip=cx.skip)
-        if html_file and res.found_run is not None:
-            before = run_scenario(scen, policy, options=options, seed=seed,
-                                  schedule=res.found_run.schedule, skip=cx.skip)
+    after = res.final_run
+    before = None
+    if html_file and after is not None and res.found_run is not None:
+        before = run_scenario(scen, policy, options=options, seed=seed,
+                              schedule=res.found_run.schedule, skip=res.skip)
     if html_file:
         from reports import write_explore_report
         write_explore_report(Path(html_file), doc, scen, before, after)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +17,14 @@ from scenarios import Scenario, scenario_from_dict
 from sim import Decision, InputError, check_delay
 
 __all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
-           "COUNTEREXAMPLE_FORMAT"]
+           "COUNTEREXAMPLE_FORMAT", "safe_file_name"]
 
 COUNTEREXAMPLE_FORMAT = "racesim-counterexample/1"
+
+
+def safe_file_name(text: str) -> str:
+    """A file name from scenario/policy/test names (a policy may be ``pkg.mod:Class``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
 def run_document(scenario: Scenario, policy: str, options: Mapping[str, str],

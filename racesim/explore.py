@@ -10,7 +10,6 @@ counts every run with any violation.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 from engine_model import RunResult
 from engine_model.checker import check_invariant_names
 from engine_model.policies import policy_spec
-from racesim.documents import Counterexample, write_counterexample
+from racesim.documents import Counterexample, safe_file_name, write_counterexample
 from racesim.parallel import executor, ordered_map
 from racesim.runner import run_scenario
 from racesim.shrink import shrink
@@ -79,7 +78,6 @@ class ExploreResult:
     skip: tuple[str, ...]
     runs: int = 0
     violating_runs: int = 0
-    first_violation_run: int | None = None
     elapsed_s: float = 0.0
     distinct_traces: int = 0
     coverage: dict[str, int] = field(default_factory=dict)
@@ -88,9 +86,16 @@ class ExploreResult:
     strategy_info: dict[str, Any] = field(default_factory=dict)
     counterexample: Counterexample | None = None
     counterexample_path: str | None = None
+    #: the first run violating something beyond the baseline (else the first violating run)
     found_run: RunSummary | None = None
+    #: the shrunk counterexample's run, trace kept (for reports)
+    final_run: RunResult | None = None
     shrink_runs: int = 0
     interrupted: bool = False
+
+    @property
+    def first_violation_run(self) -> int | None:
+        return self.found_run.run if self.found_run is not None else None
 
     def confidence(self) -> dict[str, Any]:
         """For a clean result: the failure probability per run it bounds (95 %)."""
@@ -129,7 +134,6 @@ class ExploreResult:
             "baseline_violations": list(self.baseline_violations),
             "invariants": list(self.invariants),
             "pct": self.strategy_info if self.strategy == "pct" else None,
-            "strategy_info": self.strategy_info,
             "confidence": self.confidence(),
             "counterexample": cx,
             "interrupted": self.interrupted,
@@ -137,8 +141,7 @@ class ExploreResult:
 
 
 def counterexample_path(out_dir: Path, scenario: str, policy: str, seed: int) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{scenario}__{policy}__seed{seed}")
-    return out_dir / f"{safe}.json"
+    return out_dir / f"{safe_file_name(f'{scenario}__{policy}__seed{seed}')}.json"
 
 
 def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
@@ -163,13 +166,11 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     res.baseline_violations = baseline.violated
     config = StrategyConfig(occurrences=baseline.occurrences,
                             scale=scenario.workload.engine.step_time, seed=seed)
-    found: RunSummary | None = None
     standing = frozenset(baseline.violated)
     traces: set[tuple[Decision, ...]] = set()
     invariants: dict[str, None] = {}
 
     def record(s: RunSummary) -> None:
-        nonlocal found
         res.runs += 1
         traces.add(s.schedule)
         for point in dict.fromkeys(d.point for d in s.schedule):
@@ -178,13 +179,8 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             res.violating_runs += 1
             for v in s.violated:
                 invariants.setdefault(v, None)
-            beyond = bool(set(s.violated) - standing)
-            if res.first_violation_run is None or (beyond and not _beyond(found, standing)):
-                res.first_violation_run = s.run
-            better = found is None or (not (set(found.violated) - standing)
-                                       and set(s.violated) - standing)
-            if better:
-                found = s
+            found = res.found_run
+            if found is None or (_beyond(s, standing) and not _beyond(found, standing)):
                 res.found_run = s
                 if out_dir is not None:  # on disk before anything else can fail
                     _save(res, s, None, out_dir)
@@ -196,10 +192,11 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             minimal = hypothesis_search(scenario, policy, opts, seed, skip, config, budget - 1,
                                         standing, record, lambda: _over(started, time_limit),
                                         progress)
-            if minimal is not None and found is not None:
+            if minimal is not None and res.found_run is not None:
+                # hypothesis's own shrunk example replaces the first one it tripped over
                 r = run_scenario(scenario, policy, options=opts, seed=seed, delays=minimal,
-                                 skip=skip, retain_trace=False)
-                found = RunSummary(found.run, r.trace_hash, r.violated, r.schedule)
+                                 skip=skip, retain_trace=False, hash_trace=False)
+                res.found_run = RunSummary(res.found_run.run, "", r.violated, r.schedule)
         else:
             strat = make_strategy(strategy, config)
             res.strategy_info = strat.info()
@@ -218,15 +215,16 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
         res.interrupted = True
     res.distinct_traces = len(traces)
     res.invariants = tuple(invariants)
+    found = res.found_run
     if found is not None and not res.interrupted:
         target = frozenset(set(found.violated) - standing) or frozenset(found.violated)
         shrunk = shrink(scenario, policy, opts, seed, found.schedule, skip, target,
                         max_runs=shrink_runs)
         res.shrink_runs = shrunk.runs
-        final = run_scenario(shrunk.scenario, policy, options=opts, seed=seed,
-                             schedule=shrunk.schedule, skip=skip, retain_trace=False)
-        res.counterexample = _counterexample(res, shrunk.scenario, final, len(found.schedule),
-                                             found.run)
+        res.final_run = run_scenario(shrunk.scenario, policy, options=opts, seed=seed,
+                                     schedule=shrunk.schedule, skip=skip)
+        res.counterexample = _counterexample(res, shrunk.scenario, res.final_run,
+                                             len(found.schedule), found.run)
         if out_dir is not None:
             res.counterexample_path = str(write_counterexample(
                 counterexample_path(out_dir, scenario.name, policy, seed), res.counterexample))

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -214,8 +213,10 @@ class RaceSim:
     # -- failures -----------------------------------------------------------------------------
 
     def _stem(self, scen: Scenario, policy: str) -> str:
+        from racesim.documents import safe_file_name
+
         key = f"{self._test}\x1f{scen.name}\x1f{policy}"
-        readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self._test}__{scen.name}__{policy}")
+        readable = safe_file_name(f"{self._test}__{scen.name}__{policy}")
         digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         return f"{readable[-120:].lstrip('_.')}-{digest}"
 

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from engine_model import RunResult
+from engine_model import SAFETY_INVARIANTS, RunResult
 from engine_model.narrate import KEY_KINDS, describe
 from sim.trace import TraceEvent
 
@@ -163,7 +163,7 @@ def print_matrix(console: Console, doc: dict[str, object]) -> None:
                 row.append(Text("-"))
                 continue
             inv = [i for i in c["invariants"]]
-            races = [i for i in inv if i != "metrics-exact"]
+            races = [i for i in inv if i in SAFETY_INVARIANTS]
             style = "red" if races else ("yellow" if inv else "green")
             label = "race" if races else ("metrics only" if inv else "safe")
             row.append(Text(f"{label} {c['violating_runs']}/{c['runs']}\n"

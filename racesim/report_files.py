@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from racesim.documents import safe_file_name
 from racesim.matrix import MatrixResult
-from racesim.runner import replay_command, run_scenario
+from racesim.runner import replay_command
 
 __all__ = ["write_matrix_reports"]
 
@@ -18,12 +18,10 @@ def write_matrix_reports(path: Path, doc: dict[str, object], result: MatrixResul
     cell_dir = path.with_name(path.stem + "-cells")
     links: dict[tuple[str, str], str] = {}
     for cell in result.cells:
-        cx = cell.counterexample
-        if cx is None:
+        cx, run = cell.counterexample, cell.final_run
+        if cx is None or run is None:
             continue
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{cell.scenario.name}__{cell.policy}") + ".html"
-        run = run_scenario(cx.scenario, cell.policy, options=cx.options, seed=cx.seed,
-                           schedule=cx.schedule, skip=cx.skip)
+        name = safe_file_name(f"{cell.scenario.name}__{cell.policy}") + ".html"
         command = replay_command(cell.counterexample_path or "")
         write_run_report(cell_dir / name, cx.scenario, cell.policy, dict(cx.options), run,
                          command)

@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine_model.narrate import MESSAGE_NAMES
 from sim.trace import TraceEvent
 
 __all__ = ["Lane", "Incarnation", "Message", "TraceModel", "PALETTE", "MSG_SHORT"]
@@ -18,9 +19,8 @@ __all__ = ["Lane", "Incarnation", "Message", "TraceModel", "PALETTE", "MSG_SHORT
 PALETTE = ("#2f6fb0", "#e08a1e", "#2a9d8f", "#6a4c93", "#8c6d1f", "#3f8f3a", "#c2468a",
            "#5b7083", "#0f7c9c", "#9a6b4f")
 
-#: Short names of the message types of ``ipc.send`` events.
-MSG_SHORT = {"EngineCoreRequest": "ADD", "AbortMessage": "ABORT", "EngineCoreOutputs": "outputs",
-             "EngineDead": "ENGINE DEAD", "KVDoneNotice": "KV done"}
+#: Short names of the message types of ``ipc.send`` events (the model's own table).
+MSG_SHORT = MESSAGE_NAMES
 
 _ENGINE_PARTS = {"input": "input thread", "core": "busy loop", "scheduler": "scheduler",
                  "kv": "KV cache", "runner": "runner", "connector": "KV connector"}

@@ -237,12 +237,6 @@ def _key(key: object) -> str:
     return key if isinstance(key, str) else _show(key)
 
 
-def _occurrence_ok(key: str) -> bool:
-    _, sep, occ = key.partition("#")
-    return not sep or (occ.isascii() and occ.isdigit() and len(occ) <= 30
-                       and int(occ) <= _INT_LIMIT)
-
-
 def _plan(data: object, name: str) -> tuple[PlanEntry, ...]:
     """A [delays]/[witness] table as plan entries, checked against the await-point catalogue."""
     if data is None:
@@ -254,8 +248,6 @@ def _plan(data: object, name: str) -> tuple[PlanEntry, ...]:
     for key, value in data.items():
         if not isinstance(key, str):
             raise _Bad((name, _key(key)), "keys must be strings")
-        if not _occurrence_ok(key):
-            raise _Bad((name, key), "occurrence after '#' must be a whole number in 0..2**63-1")
         try:
             entry = plan_entries({key: value}, POINTS, name)[0]
         except InputError as e:

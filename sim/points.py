@@ -16,6 +16,9 @@ from sim.errors import InputError
 __all__ = ["AwaitPoint", "PointCatalogue", "Decision", "DelayPlan", "Decider", "parse_point_key",
            "check_delay", "plan_entries"]
 
+#: The largest occurrence number a schedule may name (TOML's integer range).
+MAX_OCCURRENCE = 2**63 - 1
+
 #: An exploration hook: ``(point, occurrence, default_delay) -> delay``.
 Decider = Callable[[str, int, float], float]
 
@@ -94,8 +97,11 @@ def parse_point_key(key: str, catalogue: PointCatalogue | None,
     point, sep, occ = key.partition("#")
     k: int | None = None
     if sep:
-        if not occ.isdigit():
-            raise InputError(f"{where}: occurrence in {key!r} must be a whole number >= 0")
+        # isdigit() alone admits digits such as '²' that int() refuses
+        if not (occ.isascii() and occ.isdigit() and len(occ) <= 19
+                and int(occ) <= MAX_OCCURRENCE):
+            raise InputError(f"{where}: occurrence in {key!r} must be a whole number in "
+                             f"0..2**63-1")
         k = int(occ)
     if catalogue is not None and point not in catalogue:
         known = ", ".join(catalogue.names())

@@ -75,18 +75,23 @@ class AsyncLLM:
         else:
             ids = [f"{i}_{internal}" for i in range(n)]
         collector = RequestOutputCollector(world.env, internal)
-        try:
-            op.check_not_running(ids)
-        except AlreadyRunning as exc:
-            world.record(self.name, "fe.reject", str(exc), 0, uid=client_uid,
-                         reason="already running", external=request_id)
-            return FinishReason.REJECTED
         if n > 1:
             parent = ParentRequest(internal, request_id, collector)
         for index, rid in enumerate(ids):
             req = EngineCoreRequest(rid, request_id, prompt_tokens, max_tokens, self.index,
                                     eos_at, kv_transfer_params, self._next_inc())
-            op.add_request(req, parent, index, collector, client_uid, self.engine, stop_string_at)
+            try:
+                op.add_request(req, parent, index, collector, client_uid, self.engine,
+                               stop_string_at)
+            except AlreadyRunning:
+                # ValueError("... already running") out of generate(); its error path aborts
+                # the children already registered (n > 1: another client took this child's ID
+                # while an earlier child's ADD was awaiting its send).
+                world.record(self.name, "fe.reject", rid, 0, uid=client_uid,
+                             reason="already running", external=request_id)
+                if index > 0:
+                    yield from self.abort(internal, internal=True)
+                return FinishReason.REJECTED
             ev = world.sleep("frontend.add_request:before_send", 0.0, self.name)
             if ev is not None:
                 yield ev

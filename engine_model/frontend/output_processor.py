@@ -61,11 +61,6 @@ class OutputProcessor:
 
     # -- add ------------------------------------------------------------------------------------
 
-    def check_not_running(self, request_ids: list[str]) -> None:
-        for rid in request_ids:
-            if rid in self.request_states:
-                raise AlreadyRunning(rid)
-
     def add_request(self, request: EngineCoreRequest, parent: ParentRequest | None, index: int,
                     collector: RequestOutputCollector, client_uid: int, engine: int,
                     stop_string_at: int | None) -> RequestState:
