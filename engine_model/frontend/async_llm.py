@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from engine_model.config import FrontendConfig
-from engine_model.frontend.output_processor import AlreadyRunning, OutputProcessor, ParentRequest
+from engine_model.frontend.output_processor import OutputProcessor, ParentRequest
 from engine_model.frontend.outputs import RequestOutputCollector
 from engine_model.ipc import Channel
 from engine_model.messages import (
@@ -78,20 +78,20 @@ class AsyncLLM:
         if n > 1:
             parent = ParentRequest(internal, request_id, collector)
         for index, rid in enumerate(ids):
-            req = EngineCoreRequest(rid, request_id, prompt_tokens, max_tokens, self.index,
-                                    eos_at, kv_transfer_params, self._next_inc())
-            try:
-                op.add_request(req, parent, index, collector, client_uid, self.engine,
-                               stop_string_at)
-            except AlreadyRunning:
-                # ValueError("... already running") out of generate(); its error path aborts
-                # the children already registered (n > 1: another client took this child's ID
-                # while an earlier child's ADD was awaiting its send).
+            if rid in op.request_states:
+                # OutputProcessor.add_request's ValueError("... already running") leaves
+                # generate(), whose error path aborts the children already registered (n > 1:
+                # another client took this child's ID while an earlier child's ADD awaited
+                # its send).
                 world.record(self.name, "fe.reject", rid, 0, uid=client_uid,
                              reason="already running", external=request_id)
                 if index > 0:
                     yield from self.abort(internal, internal=True)
                 return FinishReason.REJECTED
+            req = EngineCoreRequest(rid, request_id, prompt_tokens, max_tokens, self.index,
+                                    eos_at, kv_transfer_params, self._next_inc())
+            op.add_request(req, parent, index, collector, client_uid, self.engine,
+                           stop_string_at)
             ev = world.sleep("frontend.add_request:before_send", 0.0, self.name)
             if ev is not None:
                 yield ev
