@@ -232,6 +232,18 @@ def _requests(data: object, frontends: int) -> tuple[RequestSpec, ...]:
     return tuple(out)
 
 
+def _fits(workload: Workload) -> None:
+    """A request that can never fit the KV pool would only deadlock the engine."""
+    engine = workload.engine
+    for i, spec in enumerate(workload.requests):
+        need = -(-(spec.prompt_tokens + spec.max_tokens) // engine.block_size)
+        if need > engine.num_blocks:
+            raise _Bad(("request", i, "max_tokens"),
+                       f"prompt_tokens + max_tokens needs {need} KV blocks of "
+                       f"{engine.block_size} tokens, more than engine.num_blocks "
+                       f"({engine.num_blocks}): it could never finish", spec.max_tokens)
+
+
 def _key(key: object) -> str:
     """A table key for error paths (a dict given to scenario_from_dict may have any keys)."""
     return key if isinstance(key, str) else _show(key)
@@ -278,6 +290,7 @@ def _build(data: object, source: str) -> Scenario:
     workload = Workload(topology=str(top.get("topology", "single")), frontends=frontends,
                         horizon=float(top.get("horizon", 30.0)),
                         requests=_requests(data.get("request"), frontends), **tables)
+    _fits(workload)
     return Scenario(name=str(top["name"]), summary=str(top.get("summary", "")),
                     workload=workload, delays=_plan(data.get("delays"), "delays"),
                     witness=_plan(data.get("witness"), "witness"), source=source)

@@ -510,3 +510,15 @@ def test_fuzz_text_only_input_errors(text: str) -> None:
 def test_pd_config_default_is_omitted_for_single() -> None:
     s = _scenario(["X"])
     assert "pd" not in s.to_dict() and s.workload.pd == PDConfig()
+
+
+def test_a_request_that_can_never_fit_the_kv_pool_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "big.toml"
+    path.write_text('name = "big"\n[engine]\nnum_blocks = 4\nblock_size = 16\n'
+                    '[[request]]\nid = "X"\nprompt_tokens = 60\nmax_tokens = 4\n'
+                    '[[request]]\nid = "Y"\nprompt_tokens = 60\nmax_tokens = 5\n')
+    with pytest.raises(InputError) as err:
+        load_scenario(str(path))
+    message = str(err.value)
+    assert "request[1].max_tokens" in message and "engine.num_blocks (4)" in message
+    assert ":12:" in message  # the line of Y's max_tokens
