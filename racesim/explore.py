@@ -140,8 +140,10 @@ class ExploreResult:
         }
 
 
-def counterexample_path(out_dir: Path, scenario: str, policy: str, seed: int) -> Path:
-    return out_dir / f"{safe_file_name(f'{scenario}__{policy}__seed{seed}')}.json"
+def counterexample_path(out_dir: Path, scenario: str, policy: str, strategy: str,
+                        seed: int) -> Path:
+    """One file per (scenario, policy, strategy, seed): explorations never overwrite another's."""
+    return out_dir / f"{safe_file_name(f'{scenario}__{policy}__{strategy}__seed{seed}')}.json"
 
 
 def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
@@ -225,11 +227,11 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
                                      schedule=shrunk.schedule, skip=skip)
         res.counterexample = _counterexample(res, shrunk.scenario, res.final_run,
                                              len(found.schedule), found.run)
-        if out_dir is not None:
-            res.counterexample_path = str(write_counterexample(
-                counterexample_path(out_dir, scenario.name, policy, seed), res.counterexample))
-    elif found is not None and out_dir is not None:
-        res.counterexample_path = str(counterexample_path(out_dir, scenario.name, policy, seed))
+    if found is not None and out_dir is not None:
+        path = counterexample_path(out_dir, scenario.name, policy, strategy, seed)
+        if res.counterexample is not None:
+            write_counterexample(path, res.counterexample)
+        res.counterexample_path = str(path)
     res.elapsed_s = time.monotonic() - started
     return res
 
@@ -261,4 +263,5 @@ def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: P
                          schedule=s.schedule, skip=res.skip, retain_trace=False)
         s = RunSummary(s.run, r.trace_hash, r.violated, r.schedule)
     cx = _counterexample(res, res.scenario, s, shrunk_from, s.run)
-    write_counterexample(counterexample_path(out_dir, res.scenario.name, res.policy, res.seed), cx)
+    write_counterexample(counterexample_path(out_dir, res.scenario.name, res.policy, res.strategy,
+                                            res.seed), cx)
