@@ -289,7 +289,7 @@ def test_explore_report_without_counterexample() -> None:
 
 def test_matrix_report_links_failing_cells(tmp_path: Path) -> None:
     doc = {
-        "scenarios": ["abort-reuse", "pd-reuse", "<b>x</b>"],
+        "scenarios": ["abort-reuse", "pd-reuse", "<b>x</b>", "gap"],
         "policies": ["buggy", "fixed"],
         "cells": [
             {"scenario": "abort-reuse", "policy": "buggy", "runs": 50, "violating_runs": 12,
@@ -301,6 +301,8 @@ def test_matrix_report_links_failing_cells(tmp_path: Path) -> None:
              "invariants": ["kv-ownership"], "counterexample": {"path": "cx/pd.json"}},
             {"scenario": "<b>x</b>", "policy": "buggy", "runs": 5, "violating_runs": 1,
              "invariants": ["no-hang"], "counterexample": {"path": "cx/x.json"}},
+            {"scenario": "gap", "policy": "fixed", "runs": 50, "violating_runs": 50,
+             "invariants": ["metrics-exact"], "counterexample": {"path": "cx/gap.json"}},
         ],
     }
     links = {("abort-reuse", "buggy"): "runs/abort-reuse buggy.html",
@@ -314,7 +316,8 @@ def test_matrix_report_links_failing_cells(tmp_path: Path) -> None:
     assert 'href="runs/x.html?a=1&amp;b=2"' in html
     assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
     assert "✔ 0 / 50 runs" in html and "not run" in html  # pd-reuse under fixed is missing
-    assert "3 / 4 FAILING" in html
+    assert "3 / 5 RACE" in html  # the metrics-exact-only cell is the standing gap, no race
+    assert html.count('<td class="gap">') == 1 and html.count('<td class="fail">') == 3
     path = write_matrix_report(tmp_path / "m.html", doc, links)
     assert path.read_text(encoding="utf-8") == html
 
