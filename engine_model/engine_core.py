@@ -92,15 +92,11 @@ class EngineCore:
         if self.dead is not None or self.connector is None:
             return
         rid = notice.request_id
-        req = self.scheduler.requests.get(rid)
-        if rid not in self.connector.reqs_need_send and (req is None or not req.do_remote_decode):
-            # NIXL's worker finds the ID in neither _reqs_to_send nor _reqs_to_process (say its
-            # hold timed out): it logs "Potentially invalid KV blocks for unrecognized request"
-            # and drops the notice; the prefill engine lives on (VLLM_LIFECYCLE §4).
+        if not self.connector.recognizes(rid, self.scheduler.requests.get(rid)):
             self.world.record(self._c_core, "pd.notice_unknown", rid, notice.remote_inc)
             return
-        self.world.record(self._c_core, "pd.notice", notice.request_id, notice.remote_inc)
-        self.connector.notice(notice.request_id)
+        self.world.record(self._c_core, "pd.notice", rid, notice.remote_inc)
+        self.connector.notice(rid)
         self._wake_loop()
 
     def _wake_loop(self) -> None:

@@ -52,6 +52,16 @@ class ConnectorScheduler:
                                       remote_request_id=request.request_id,
                                       remote_block_ids=tuple(blocks), remote_inc=request.inc)
 
+    def recognizes(self, request_id: str, request: Request | None) -> bool:
+        """Whether a transfer-done notice names a request this side knows.
+
+        NIXL's worker looks the ID up in ``_reqs_to_send`` and ``_reqs_to_process``; a notice
+        for neither (say, its hold timed out) is logged as "Potentially invalid KV blocks for
+        unrecognized request" and dropped, and the prefill engine lives on (VLLM_LIFECYCLE §4).
+        """
+        return request_id in self.reqs_need_send or (
+            request is not None and request.do_remote_decode)
+
     def notice(self, request_id: str) -> None:
         """The decode side's "<id>:<n>" arrived (keyed by ID only)."""
         self.reqs_need_send.pop(request_id, None)
