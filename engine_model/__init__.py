@@ -1,5 +1,6 @@
 """The vLLM V1 request-lifecycle model: frontend, sockets, engine core, P/D, policies, checker."""
 
+import sim  # noqa: F401  # isort: skip  # first: decides compiled or source (sim._native)
 from engine_model.checker import INVARIANTS, SAFETY_INVARIANTS, Checker, Violation
 from engine_model.config import (
     EngineConfig,

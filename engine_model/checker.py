@@ -98,7 +98,7 @@ class Checker:
             "client.send": self._client_send, "client.output": self._client_output,
             "client.done": self._client_done, "engine.fatal": self._engine_fatal,
         }
-        world.trace.subscribe(self._on_event)
+        world.trace.subscribe_kinds(self._handlers)
 
     def attach(self, system: System) -> None:
         self._system = system
@@ -122,11 +122,6 @@ class Checker:
         t = ev.time if ev is not None else (time if time is not None else self.world.now)
         self.violations.append(Violation(invariant, t, request, detail,
                                          ev.seq if ev is not None else -1))
-
-    def _on_event(self, ev: TraceEvent) -> None:
-        handler = self._handlers.get(ev.kind)
-        if handler is not None:
-            handler(ev)
 
     @staticmethod
     def _engine_of(component: str) -> str:

@@ -8,7 +8,7 @@ where the modelled system only sees request-ID strings.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 __all__ = ["FinishReason", "Token", "KVTransferParams", "EngineCoreRequest", "AbortMessage",
            "EngineCoreOutput", "EngineCoreOutputs", "EngineDead", "KVDoneNotice"]
@@ -17,11 +17,11 @@ __all__ = ["FinishReason", "Token", "KVTransferParams", "EngineCoreRequest", "Ab
 class FinishReason:
     """vLLM's finish reasons as strings, plus the two outcomes that never reach the engine."""
 
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
-    ERROR = "error"
-    REJECTED = "rejected"
+    STOP: Final = "stop"
+    LENGTH: Final = "length"
+    ABORT: Final = "abort"
+    ERROR: Final = "error"
+    REJECTED: Final = "rejected"
 
 
 class Token(NamedTuple):

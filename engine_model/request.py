@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from engine_model.messages import EngineCoreRequest, KVTransferParams, Token
 
@@ -10,13 +10,13 @@ __all__ = ["Request", "RequestStatus"]
 
 
 class RequestStatus:
-    WAITING = "WAITING"
-    WAITING_FOR_REMOTE_KVS = "WAITING_FOR_REMOTE_KVS"
-    RUNNING = "RUNNING"
-    PREEMPTED = "PREEMPTED"
-    FINISHED_STOPPED = "FINISHED_STOPPED"
-    FINISHED_LENGTH_CAPPED = "FINISHED_LENGTH_CAPPED"
-    FINISHED_ABORTED = "FINISHED_ABORTED"
+    WAITING: Final = "WAITING"
+    WAITING_FOR_REMOTE_KVS: Final = "WAITING_FOR_REMOTE_KVS"
+    RUNNING: Final = "RUNNING"
+    PREEMPTED: Final = "PREEMPTED"
+    FINISHED_STOPPED: Final = "FINISHED_STOPPED"
+    FINISHED_LENGTH_CAPPED: Final = "FINISHED_LENGTH_CAPPED"
+    FINISHED_ABORTED: Final = "FINISHED_ABORTED"
 
     FINISH_REASON: ClassVar[dict[str, str]] = {
         FINISHED_STOPPED: "stop",

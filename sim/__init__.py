@@ -3,6 +3,8 @@
 It knows nothing about vLLM; ``engine_model`` builds the serving-engine model on top of it.
 """
 
+# First, before any other module of sim or engine_model loads: compiled or source (sim._native).
+from sim._native import NATIVE, build_info  # isort: skip
 from sim.errors import InputError
 from sim.points import (
     AwaitPoint,
@@ -24,11 +26,13 @@ __all__ = [
     "Decision",
     "DelayPlan",
     "InputError",
+    "NATIVE",
     "PointCatalogue",
     "RngStreams",
     "TraceEvent",
     "TraceRecorder",
     "World",
+    "build_info",
     "canonical_json",
     "check_delay",
     "parse_point_key",

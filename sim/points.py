@@ -36,6 +36,10 @@ class AwaitPoint:
     natural: str = "0"
     always_yields: bool = False
 
+    def __reduce__(self) -> tuple[type[AwaitPoint], tuple[str, str, str, bool]]:
+        # by constructor: a compiled frozen class cannot be unpickled by setting its fields
+        return AwaitPoint, (self.name, self.meaning, self.natural, self.always_yields)
+
 
 class PointCatalogue:
     """An ordered registry of await points, used to validate names the user types."""
@@ -79,6 +83,10 @@ class Decision:
 
     def as_dict(self) -> dict[str, object]:
         return {"point": self.point, "occurrence": self.occurrence, "delay": self.delay}
+
+    def __reduce__(self) -> tuple[type[Decision], tuple[str, int, float]]:
+        # by constructor: a compiled frozen class cannot be unpickled by setting its fields
+        return Decision, (self.point, self.occurrence, self.delay)
 
 
 def check_delay(value: object, where: str) -> float:

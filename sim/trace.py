@@ -74,8 +74,8 @@ class TraceRecorder:
     exactly when they have the same schedule (and the one run reported is re-run with its hash).
     """
 
-    __slots__ = ("_events", "_pending", "_hash", "_count", "_listeners", "_retain", "_now",
-                 "_started", "_hashing", "_buffer")
+    __slots__ = ("_events", "_pending", "_hash", "_count", "_listeners", "_by_kind", "_retain",
+                 "_now", "_started", "_hashing", "_buffer")
 
     def __init__(self, now: Callable[[], float], *, retain: bool = True,
                  hashing: bool = True) -> None:
@@ -89,9 +89,19 @@ class TraceRecorder:
         self._started = False
         self._count = 0
         self._listeners: list[Callable[[TraceEvent], None]] = []
+        self._by_kind: dict[str, Callable[[TraceEvent], None]] = {}
 
     def subscribe(self, listener: Callable[[TraceEvent], None]) -> None:
+        """Call ``listener`` with every event, after the handlers by kind."""
         self._listeners.append(listener)
+
+    def subscribe_kinds(self, handlers: Mapping[str, Callable[[TraceEvent], None]]) -> None:
+        """Call ``handlers[kind]`` with each event of that kind (one handler per kind): the
+        checker's dispatch, done here so an event costs one lookup and no extra call."""
+        for kind, handler in handlers.items():
+            if kind in self._by_kind:
+                raise ValueError(f"a handler for trace kind {kind!r} is already subscribed")
+            self._by_kind[kind] = handler
 
     def record(self, component: str, kind: str, request: str | None, inc: int,
                detail: dict[str, Any]) -> TraceEvent:
@@ -104,8 +114,12 @@ class TraceRecorder:
             pending.append(ev)
             if len(pending) >= _CHUNK:
                 self._flush()
-        for listener in self._listeners:
-            listener(ev)
+        handler = self._by_kind.get(kind)
+        if handler is not None:
+            handler(ev)
+        if self._listeners:
+            for listener in self._listeners:
+                listener(ev)
         return ev
 
     def _flush(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+from operator import attrgetter
 from typing import Any
 
 import simpy
@@ -11,6 +13,8 @@ from sim.rng import RngStreams
 from sim.trace import TraceEvent, TraceRecorder
 
 __all__ = ["World"]
+
+_NOW = attrgetter("_now")
 
 
 class World:
@@ -25,11 +29,14 @@ class World:
 
     def __init__(self, seed: int, plan: DelayPlan | None = None, *, retain_trace: bool = True,
                  hash_trace: bool = True, always_yield: frozenset[str] = frozenset()) -> None:
-        self.env = simpy.Environment()
+        # A float from the start: simpy's default 0 would put an int time in the first events,
+        # and a compiled World (its times typed float) would write 0.0 where source writes 0.
+        self.env = simpy.Environment(initial_time=0.0)
         self.rng = RngStreams(seed)
         self.plan = plan if plan is not None else DelayPlan()
         self._resolve = self.plan.resolve  # the plan is fixed for the run
-        self.trace = TraceRecorder(lambda: self.env.now, retain=retain_trace,
+        # env._now is what env.now returns; partial(attrgetter) reads it without a Python frame
+        self.trace = TraceRecorder(partial(_NOW, self.env), retain=retain_trace,
                                    hashing=hash_trace)
         self._occurrences: dict[str, int] = {}
         self._schedule: list[Decision] = []

@@ -115,14 +115,14 @@ def test_replay_reproduces_the_hash_from_another_folder(abort_reuse, tmp_path: P
 def test_explore_cli_json_and_exit_codes(tmp_path: Path) -> None:
     base = [sys.executable, "-m", "racesim", "explore", "abort-reuse", "--budget", "60",
             "--workers", "1", "--out", str(tmp_path), "--json"]
-    bad = subprocess.run(base + ["-p", "buggy"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run([*base, "-p", "buggy"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1
     doc = json.loads(bad.stdout)
     for key in ("scenario", "policy", "strategy", "runs", "violating_runs",
                 "first_violation_run", "elapsed_s", "counterexample", "confidence"):
         assert key in doc
     assert doc["counterexample"]["path"]
-    clean = subprocess.run(base + ["-p", "internal-id", "--skip", "metrics-exact"],
+    clean = subprocess.run([*base, "-p", "internal-id", "--skip", "metrics-exact"],
                            capture_output=True, text=True, timeout=120)
     assert clean.returncode == 0, clean.stdout
     assert json.loads(clean.stdout)["confidence"]["rule_of_three"] == pytest.approx(3 / 60)

@@ -1,0 +1,100 @@
+"""racesim's build: the simulation's hot modules are compiled with mypyc when that works.
+
+Without a C compiler (or with ``RACESIM_PURE=1`` in the environment) racesim installs as pure
+Python and runs the same model, slower. The manifest ``sim/_native.json`` is written only after
+every module compiled; ``sim/_native.py`` reads it at import time to decide which to load.
+Everything else about the package is in ``pyproject.toml``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+MANIFEST = Path("sim", "_native.json")
+
+#: The modules a run spends its time in (see ``racesim bench``). Not compiled: the policies
+#: (third-party ones subclass LifecyclePolicy), System (tests subclass it), configuration,
+#: loading, strategies, and everything outside a run.
+COMPILED = (
+    "sim/points.py",
+    "sim/trace.py",
+    "sim/world.py",
+    "engine_model/messages.py",
+    "engine_model/request.py",
+    "engine_model/kv_cache.py",
+    "engine_model/kv_connector.py",
+    "engine_model/scheduler.py",
+    "engine_model/runner.py",
+    "engine_model/ipc.py",
+    "engine_model/engine_core.py",
+    "engine_model/checker.py",
+    "engine_model/client.py",
+    "engine_model/frontend/outputs.py",
+    "engine_model/frontend/output_processor.py",
+    "engine_model/frontend/async_llm.py",
+)
+
+
+def _say(message: str) -> None:
+    print(f"racesim build: {message}", file=sys.stderr)
+
+
+def _manifest() -> dict[str, Any]:
+    modules = {}
+    for source in COMPILED:
+        name = source.removesuffix(".py").replace("/", ".")
+        digest = hashlib.sha256((ROOT / source).read_bytes()).hexdigest()
+        modules[name] = {"source": source, "sha256": digest}
+    return {"compiler": "mypyc", "modules": modules}
+
+
+def _remove_manifest(*dirs: Path) -> None:
+    for d in dirs:
+        (d / MANIFEST).unlink(missing_ok=True)
+
+
+class OptionalBuildExt(build_ext):
+    """Compile if possible; a failure leaves a pure-Python install, never a failed one."""
+
+    def run(self) -> None:
+        targets = [Path(self.build_lib)]
+        if self.inplace or getattr(self, "editable_mode", False):
+            targets.append(ROOT)
+        _remove_manifest(*targets)  # stale compiled files stay unused until this build succeeds
+        try:
+            super().run()
+        except Exception as exc:  # a missing compiler, a failed compile, ...
+            _say(f"could not compile ({exc}); installing pure Python")
+            return
+        text = json.dumps(_manifest(), indent=1, sort_keys=True)
+        for d in targets:
+            if (d / "sim").is_dir():
+                (d / MANIFEST).write_text(text + "\n", encoding="utf-8")
+        _say(f"compiled {len(COMPILED)} modules with mypyc")
+
+
+def _ext_modules() -> list[Any]:
+    if os.environ.get("RACESIM_PURE"):
+        _say("RACESIM_PURE is set; installing pure Python")
+        _remove_manifest(ROOT)
+        return []
+    try:
+        from mypyc.build import mypycify
+
+        return list(mypycify(list(COMPILED), opt_level="3", group_name="racesim_native"))
+    except BaseException as exc:  # mypyc missing, or its type check failed (SystemExit)
+        _say(f"mypyc is unavailable or failed ({exc!r}); installing pure Python")
+        _remove_manifest(ROOT)
+        return []
+
+
+setup(ext_modules=_ext_modules(), cmdclass={"build_ext": OptionalBuildExt})
