@@ -3,6 +3,10 @@
 Fields named ``inc`` (and ``Token``) are simulator ground truth riding along with a message; the
 modelled code never reads them to make a decision. They let the checker tell incarnations apart
 where the modelled system only sees request-ID strings.
+
+The messages made every step or every request are plain slotted classes rather than frozen
+dataclasses: a dataclass ``__init__`` is generated Python even in a compiled build, and these
+are made thousands of times a run. Nothing mutates a message after it is sent.
 """
 
 from __future__ import annotations
@@ -45,18 +49,23 @@ class KVTransferParams:
     remote_inc: int = 0  # ground truth: the prefill incarnation that owns the blocks
 
 
-@dataclass(frozen=True, slots=True)
 class EngineCoreRequest:
     """An ADD: the request the frontend sends to an engine."""
 
-    request_id: str
-    external_req_id: str
-    prompt_tokens: int
-    max_tokens: int
-    client_index: int
-    eos_at: int | None
-    kv_transfer_params: KVTransferParams | None
-    inc: int  # ground truth
+    __slots__ = ("request_id", "external_req_id", "prompt_tokens", "max_tokens", "client_index",
+                 "eos_at", "kv_transfer_params", "inc")
+
+    def __init__(self, request_id: str, external_req_id: str, prompt_tokens: int,
+                 max_tokens: int, client_index: int, eos_at: int | None,
+                 kv_transfer_params: KVTransferParams | None, inc: int) -> None:
+        self.request_id = request_id
+        self.external_req_id = external_req_id
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.client_index = client_index
+        self.eos_at = eos_at
+        self.kv_transfer_params = kv_transfer_params
+        self.inc = inc  # ground truth
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,23 +76,29 @@ class AbortMessage:
     tag: int = 0  # ground truth: which abort this is, so the checker can judge its precision
 
 
-@dataclass(frozen=True, slots=True)
 class EngineCoreOutput:
     """One request's new tokens from one step, and its finish reason when it finished."""
 
-    request_id: str
-    new_tokens: tuple[Token, ...]
-    finish_reason: str | None = None
-    kv_transfer_params: KVTransferParams | None = None
-    inc: int = 0  # ground truth: the engine request object this output was built from
+    __slots__ = ("request_id", "new_tokens", "finish_reason", "kv_transfer_params", "inc")
+
+    def __init__(self, request_id: str, new_tokens: tuple[Token, ...],
+                 finish_reason: str | None = None,
+                 kv_transfer_params: KVTransferParams | None = None, inc: int = 0) -> None:
+        self.request_id = request_id
+        self.new_tokens = new_tokens
+        self.finish_reason = finish_reason
+        self.kv_transfer_params = kv_transfer_params
+        self.inc = inc  # ground truth: the engine request object this output was built from
 
 
-@dataclass(frozen=True, slots=True)
 class EngineCoreOutputs:
     """One step's outputs for one frontend (client_index)."""
 
-    engine: int
-    outputs: tuple[EngineCoreOutput, ...]
+    __slots__ = ("engine", "outputs")
+
+    def __init__(self, engine: int, outputs: tuple[EngineCoreOutput, ...]) -> None:
+        self.engine = engine
+        self.outputs = outputs
 
 
 @dataclass(frozen=True, slots=True)

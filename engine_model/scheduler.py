@@ -8,7 +8,6 @@ overwritten object keeps running while the dict points at the new one.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine_model.config import EngineConfig
@@ -24,27 +23,38 @@ if TYPE_CHECKING:
 __all__ = ["Scheduler", "SchedulerOutput", "NewRequestData"]
 
 
-@dataclass(frozen=True, slots=True)
 class NewRequestData:
-    req_id: str
-    inc: int
-    prompt_tokens: int
-    eos_at: int | None
-    num_computed_tokens: int
+    __slots__ = ("req_id", "inc", "prompt_tokens", "eos_at", "num_computed_tokens")
+
+    def __init__(self, req_id: str, inc: int, prompt_tokens: int, eos_at: int | None,
+                 num_computed_tokens: int) -> None:
+        self.req_id = req_id
+        self.inc = inc
+        self.prompt_tokens = prompt_tokens
+        self.eos_at = eos_at
+        self.num_computed_tokens = num_computed_tokens
 
 
-@dataclass(slots=True)
 class SchedulerOutput:
     """One step's batch. Its dicts are keyed by request ID, as vLLM's are."""
 
-    step: int
-    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
-    scheduled_cached_reqs: list[str] = field(default_factory=list)
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    num_computed_tokens: dict[str, int] = field(default_factory=dict)
-    finished_req_ids: list[str] = field(default_factory=list)
-    #: ground truth for the checker: the Request objects scheduled (identity, not ID).
-    scheduled_objects: list[Request] = field(default_factory=list)
+    __slots__ = ("step", "scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",
+                 "num_computed_tokens", "finished_req_ids", "scheduled_objects")
+
+    def __init__(self, step: int, *, scheduled_new_reqs: list[NewRequestData] | None = None,
+                 scheduled_cached_reqs: list[str] | None = None,
+                 num_scheduled_tokens: dict[str, int] | None = None,
+                 num_computed_tokens: dict[str, int] | None = None,
+                 finished_req_ids: list[str] | None = None,
+                 scheduled_objects: list[Request] | None = None) -> None:
+        self.step = step
+        self.scheduled_new_reqs: list[NewRequestData] = scheduled_new_reqs or []
+        self.scheduled_cached_reqs: list[str] = scheduled_cached_reqs or []
+        self.num_scheduled_tokens: dict[str, int] = num_scheduled_tokens or {}
+        self.num_computed_tokens: dict[str, int] = num_computed_tokens or {}
+        self.finished_req_ids: list[str] = finished_req_ids or []
+        #: ground truth for the checker: the Request objects scheduled (identity, not ID).
+        self.scheduled_objects: list[Request] = scheduled_objects or []
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from typing import Any
 
 import simpy
@@ -13,22 +12,29 @@ from engine_model.messages import KVTransferParams, Token
 __all__ = ["CompletionOutput", "RequestOutput", "RequestOutputCollector"]
 
 
-@dataclass(slots=True)
 class CompletionOutput:
-    index: int
-    tokens: list[Token] = field(default_factory=list)
-    finish_reason: str | None = None
+    __slots__ = ("index", "tokens", "finish_reason")
+
+    def __init__(self, index: int, tokens: list[Token] | None = None,
+                 finish_reason: str | None = None) -> None:
+        self.index = index
+        self.tokens: list[Token] = tokens if tokens is not None else []
+        self.finish_reason = finish_reason
 
 
-@dataclass(slots=True)
 class RequestOutput:
     """One delta for one client request (``request_id`` is what the client knows it by)."""
 
-    request_id: str
-    outputs: list[CompletionOutput]
-    finished: bool = False
-    kv_transfer_params: KVTransferParams | None = None
-    error: str | None = None
+    __slots__ = ("request_id", "outputs", "finished", "kv_transfer_params", "error")
+
+    def __init__(self, request_id: str, outputs: list[CompletionOutput], finished: bool = False,
+                 kv_transfer_params: KVTransferParams | None = None,
+                 error: str | None = None) -> None:
+        self.request_id = request_id
+        self.outputs = outputs
+        self.finished = finished
+        self.kv_transfer_params = kv_transfer_params
+        self.error = error
 
     def merge(self, other: RequestOutput) -> None:
         """DELTA merge, as RequestOutputCollector.put does: append tokens per sample index."""
