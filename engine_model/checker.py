@@ -86,6 +86,7 @@ class Checker:
         self._fe_engine: dict[str, str] = {}
         self._channel_fe: dict[str, str] = {}
         self._engine_names: list[str] = []
+        self._engines_by_component: dict[str, str] = {}
         self._system: System | None = None
         self._handlers = {
             "fe.add": self._fe_add, "fe.pop": self._fe_pop, "fe.stats": self._fe_stats,
@@ -123,9 +124,11 @@ class Checker:
         self.violations.append(Violation(invariant, t, request, detail,
                                          ev.seq if ev is not None else -1))
 
-    @staticmethod
-    def _engine_of(component: str) -> str:
-        return component.split(".", 1)[0]
+    def _engine_of(self, component: str) -> str:
+        engine = self._engines_by_component.get(component)
+        if engine is None:
+            engine = self._engines_by_component[component] = component.split(".", 1)[0]
+        return engine
 
     def _who(self, inc: int) -> str:
         i = self._incs.get(inc)

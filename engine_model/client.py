@@ -102,7 +102,10 @@ class Client:
         self._accepted = True
         disconnected = False
         while True:
-            out = yield from result.get()
+            out = result.take()
+            while out is None:
+                yield result.wait()
+                out = result.take()
             tokens = [[c.index, t.inc, t.ctx] for c in out.outputs for t in c.tokens]
             reason = finish_reason_of(out)
             self.tokens += len(tokens)

@@ -194,8 +194,8 @@ class EngineCore:
         if sched.has_requests():
             out = sched.schedule()
             if out.num_scheduled_tokens or out.finished_req_ids:
-                queue.append((self._submit(out), out))
                 executed = out.total_num_scheduled_tokens > 0
+                queue.append((self._submit(out, executed), out))
                 if executed and len(queue) < self._max_batches:
                     return True  # async: do not block on the step in flight
             elif not queue:
@@ -222,12 +222,13 @@ class EngineCore:
             self._send_outputs(by_client)
         return True
 
-    def _submit(self, out: SchedulerOutput) -> simpy.Event:
-        """execute_model(non_block=True): _update_states now, the forward pass on the GPU queue."""
+    def _submit(self, out: SchedulerOutput, executes: bool) -> simpy.Event:
+        """execute_model(non_block=True): _update_states now, the forward pass on the GPU queue
+        (``executes``: the batch has tokens to compute)."""
         world = self.world
         now = world.env.now
         sampled = self.runner.execute_model(out)
-        if out.total_num_scheduled_tokens > 0:
+        if executes:
             delay = world.pause("engine.step:execute", self.config.step_time, self._c_core)
         else:
             delay = 0.0
@@ -236,7 +237,7 @@ class EngineCore:
         return world.env.timeout(self._gpu_free_at - now, sampled)
 
     def _send_outputs(self, by_client: dict[int, list[EngineCoreOutput]]) -> None:
-        for client in sorted(by_client):
+        for client in (sorted(by_client) if len(by_client) > 1 else by_client):
             outputs = by_client[client]
             channel = self.output_channels.get(client)
             if channel is None:

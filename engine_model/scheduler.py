@@ -254,8 +254,10 @@ class Scheduler:
         # Keyed by ID, as in vLLM: with two objects under one ID only the dict's one advances.
         requests = self.requests
         for rid, n in out.num_scheduled_tokens.items():
-            req = checked_get(requests, rid, "Scheduler.requests")  # type: ignore[arg-type]
-            assert isinstance(req, Request)
+            req = requests.get(rid)
+            if req is None:  # vLLM: self.requests[req_id], a KeyError
+                checked_get(requests, rid, "Scheduler.requests")  # type: ignore[arg-type]
+                continue
             req.num_computed_tokens += n
             if self._async and \
                     req.num_computed_tokens >= req.num_tokens + req.num_output_placeholders:

@@ -150,6 +150,11 @@ class AsyncLLM:
                 continue
             assert isinstance(msg, EngineCoreOutputs)
             outputs = msg.outputs
+            if len(outputs) <= chunk:  # one chunk: no slice, no await between chunks
+                reqs_to_abort = op.process_outputs(outputs)
+                if reqs_to_abort:
+                    yield from self.policy.abort_stop_strings(self, reqs_to_abort)
+                continue
             for start in range(0, len(outputs), chunk):
                 reqs_to_abort = op.process_outputs(outputs[start:start + chunk])
                 if start + chunk < len(outputs):

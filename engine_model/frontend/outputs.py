@@ -75,7 +75,17 @@ class RequestOutputCollector:
 
     def get(self) -> Generator[simpy.Event, Any, RequestOutput]:
         while self._slot is None:
-            self._ready = self.env.event()
-            yield self._ready
+            yield self.wait()
         out, self._slot = self._slot, None
         return out
+
+    def take(self) -> RequestOutput | None:
+        """The merged output waiting in the slot (emptying it), or None: ``get`` without the
+        generator, for the client loop that takes one output per step."""
+        out, self._slot = self._slot, None
+        return out
+
+    def wait(self) -> simpy.Event:
+        """The event the next ``put`` triggers."""
+        ev = self._ready = self.env.event()
+        return ev
