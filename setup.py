@@ -21,13 +21,14 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 MANIFEST = Path("sim", "_native.json")
 
-#: The modules a run spends its time in (see ``racesim bench``). Not compiled: the policies
-#: (third-party ones subclass LifecyclePolicy), System (tests subclass it), configuration,
-#: loading, strategies, and everything outside a run.
+#: The modules a run spends its time in (see ``racesim bench``), the strategies' deciders
+#: included. Not compiled: the policies (third-party ones subclass LifecyclePolicy), System
+#: (tests subclass it), configuration, loading, and everything outside a run.
 COMPILED = (
     "sim/points.py",
     "sim/trace.py",
     "sim/world.py",
+    "sim/strategies.py",
     "engine_model/messages.py",
     "engine_model/request.py",
     "engine_model/kv_cache.py",

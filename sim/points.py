@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sim.errors import InputError
 
@@ -73,9 +74,11 @@ class PointCatalogue:
             raise InputError(f"unknown await point {name!r} (known: {known})") from None
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Decision:
-    """One delay actually taken that differs from the default: the unit of a schedule."""
+class Decision(NamedTuple):
+    """One delay actually taken that differs from the default: the unit of a schedule.
+
+    A named tuple: immutable, ordered and hashed field by field, and made (``World.pause``)
+    and hashed (``explore`` counts distinct schedules) without any Python-level code."""
 
     point: str
     occurrence: int
@@ -83,10 +86,6 @@ class Decision:
 
     def as_dict(self) -> dict[str, object]:
         return {"point": self.point, "occurrence": self.occurrence, "delay": self.delay}
-
-    def __reduce__(self) -> tuple[type[Decision], tuple[str, int, float]]:
-        # by constructor: a compiled frozen class cannot be unpickled by setting its fields
-        return Decision, (self.point, self.occurrence, self.delay)
 
 
 def check_delay(value: object, where: str) -> float:

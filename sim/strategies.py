@@ -11,6 +11,7 @@ import itertools
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sim.errors import InputError
 from sim.points import Decider
@@ -37,6 +38,11 @@ class StrategyConfig:
     @property
     def points(self) -> tuple[str, ...]:
         return tuple(p for p, n in self.occurrences.items() if n > 0)
+
+    def __reduce__(self) -> tuple[type[StrategyConfig], tuple[Any, ...]]:
+        # by constructor: a compiled frozen class cannot be unpickled by setting its fields
+        return StrategyConfig, (dict(self.occurrences), self.scale, self.seed, self.pct_depth,
+                                self.grid_width, self.grid_occurrences)
 
 
 class Strategy:

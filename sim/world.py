@@ -15,6 +15,7 @@ from sim.trace import TraceEvent, TraceRecorder
 __all__ = ["World"]
 
 _NOW = attrgetter("_now")
+_new_tuple = tuple.__new__  # a named tuple without its Python-level __new__
 
 
 class World:
@@ -71,7 +72,7 @@ class World:
         occ[point] = k + 1
         delay, default = self._resolve(point, k, natural)
         if delay != default:
-            self._schedule.append(Decision(point, k, delay))
+            self._schedule.append(_new_tuple(Decision, (point, k, delay)))
             self.trace.record(where, "delay", None, 0,
                               {"point": point, "occurrence": k, "delay": delay,
                                "default": default})
