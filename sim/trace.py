@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["TraceEvent", "TraceRecorder", "canonical_json", "trace_hash_of"]
+__all__ = ["TraceEvent", "TraceListener", "TraceRecorder", "canonical_json", "trace_hash_of"]
 
 # check_circular=False: a trace is a tree of fresh lists and dicts, so the per-container cycle
 # bookkeeping (a third of the encoding time) could only ever change the error on a cyclic detail.
@@ -65,68 +65,81 @@ def trace_hash_of(events: Iterable[TraceEvent]) -> str:
     return hashlib.sha256(canonical_json(events).encode("utf-8")).hexdigest()
 
 
+class TraceListener:
+    """A listener the recorder calls directly (a native call in the compiled build): the
+    invariant checker, which sees every event of the kinds it names, as it is recorded."""
+
+    def kinds(self) -> frozenset[str]:
+        """The event kinds :meth:`on_event` wants; the others never reach it."""
+        return frozenset()
+
+    def on_event(self, ev: TraceEvent) -> None:
+        """One event of a kind named by :meth:`kinds`."""
+
+
 class TraceRecorder:
     """Numbers events, hashes them in chunks and, if asked, keeps them.
 
-    Listeners (the invariant checker) see every event as it is recorded. With ``hashing=False``
-    and ``retain=False`` an event costs only its record and its listeners: exploration runs use
-    that, since their delays are themselves trace events, so two runs have the same trace
+    One :class:`TraceListener` (the checker) and any number of plain callables see events as
+    they are recorded. With ``hashing=False`` and ``retain=False`` an event costs only its
+    record and its listeners, and an event nobody listens to is only numbered: exploration runs
+    use that, since their delays are themselves trace events, so two runs have the same trace
     exactly when they have the same schedule (and the one run reported is re-run with its hash).
     """
 
-    __slots__ = ("_events", "_pending", "_hash", "_count", "_listeners", "_by_kind", "_retain",
-                 "_now", "_started", "_hashing", "_buffer")
+    __slots__ = ("_events", "_pending", "_hash", "_count", "_listeners", "_listener", "_wanted",
+                 "_retain", "_now", "_started", "_buffer")
 
     def __init__(self, now: Callable[[], float], *, retain: bool = True,
                  hashing: bool = True) -> None:
         self._now = now
         self._retain = retain
-        self._hashing = hashing
         self._buffer = hashing or retain
         self._events: list[TraceEvent] = []
         self._pending: list[TraceEvent] = []
-        self._hash = hashlib.sha256(b"[")
+        self._hash = hashlib.sha256(b"[") if hashing else None
         self._started = False
         self._count = 0
         self._listeners: list[Callable[[TraceEvent], None]] = []
-        self._by_kind: dict[str, Callable[[TraceEvent], None]] = {}
+        self._listener: TraceListener | None = None
+        self._wanted: frozenset[str] = frozenset()
 
     def subscribe(self, listener: Callable[[TraceEvent], None]) -> None:
-        """Call ``listener`` with every event, after the handlers by kind."""
+        """Call ``listener`` with every event (after the :class:`TraceListener`)."""
         self._listeners.append(listener)
 
-    def subscribe_kinds(self, handlers: Mapping[str, Callable[[TraceEvent], None]]) -> None:
-        """Call ``handlers[kind]`` with each event of that kind (one handler per kind): the
-        checker's dispatch, done here so an event costs one lookup and no extra call."""
-        for kind, handler in handlers.items():
-            if kind in self._by_kind:
-                raise ValueError(f"a handler for trace kind {kind!r} is already subscribed")
-            self._by_kind[kind] = handler
+    def attach(self, listener: TraceListener) -> None:
+        """Make ``listener`` the recorder's one :class:`TraceListener`."""
+        if self._listener is not None:
+            raise ValueError("a TraceListener is already attached")
+        self._listener = listener
+        self._wanted = listener.kinds()
 
     def record(self, component: str, kind: str, request: str | None, inc: int,
-               detail: dict[str, Any]) -> TraceEvent:
+               detail: dict[str, Any]) -> None:
+        seq = self._count
+        self._count = seq + 1
+        listener = self._listener
+        wanted = listener is not None and kind in self._wanted
+        if not (wanted or self._buffer or self._listeners):
+            return  # nobody reads it: numbered, never built
         # tuple.__new__ builds the same TraceEvent without the named tuple's Python-level __new__
-        ev = _new_tuple(TraceEvent, (self._count, self._now(), component, kind, request, inc,
-                                     detail))
-        self._count += 1
+        ev = _new_tuple(TraceEvent, (seq, self._now(), component, kind, request, inc, detail))
         if self._buffer:
             pending = self._pending
             pending.append(ev)
             if len(pending) >= _CHUNK:
                 self._flush()
-        handler = self._by_kind.get(kind)
-        if handler is not None:
-            handler(ev)
-        if self._listeners:
-            for listener in self._listeners:
-                listener(ev)
-        return ev
+        if wanted and listener is not None:
+            listener.on_event(ev)
+        for other in self._listeners:
+            other(ev)
 
     def _flush(self) -> None:
         pending = self._pending
         if not pending:
             return
-        if self._hashing:
+        if self._hash is not None:
             text = _encode(pending)
             if self._started:
                 self._hash.update(b",")
@@ -154,7 +167,7 @@ class TraceRecorder:
 
     def hexdigest(self) -> str:
         """The trace hash; "" when the recorder was told not to hash."""
-        if not self._hashing:
+        if self._hash is None:
             return ""
         self._flush()
         h = self._hash.copy()

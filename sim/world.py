@@ -10,7 +10,7 @@ import simpy
 
 from sim.points import Decision, DelayPlan
 from sim.rng import RngStreams
-from sim.trace import TraceEvent, TraceRecorder
+from sim.trace import TraceRecorder
 
 __all__ = ["World"]
 
@@ -25,8 +25,7 @@ class World:
     plan give the same trace (and trace hash) in any process.
     """
 
-    __slots__ = ("env", "rng", "plan", "trace", "_occurrences", "_schedule", "_yielding",
-                 "_resolve")
+    __slots__ = ("env", "rng", "plan", "trace", "_occurrences", "_schedule", "_yielding")
 
     def __init__(self, seed: int, plan: DelayPlan | None = None, *, retain_trace: bool = True,
                  hash_trace: bool = True, always_yield: frozenset[str] = frozenset()) -> None:
@@ -35,7 +34,6 @@ class World:
         self.env = simpy.Environment(initial_time=0.0)
         self.rng = RngStreams(seed)
         self.plan = plan if plan is not None else DelayPlan()
-        self._resolve = self.plan.resolve  # the plan is fixed for the run
         # env._now is what env.now returns; partial(attrgetter) reads it without a Python frame
         self.trace = TraceRecorder(partial(_NOW, self.env), retain=retain_trace,
                                    hashing=hash_trace)
@@ -70,7 +68,7 @@ class World:
         occ = self._occurrences
         k = occ.get(point, 0)
         occ[point] = k + 1
-        delay, default = self._resolve(point, k, natural)
+        delay, default = self.plan.resolve(point, k, natural)
         if delay != default:
             self._schedule.append(_new_tuple(Decision, (point, k, delay)))
             self.trace.record(where, "delay", None, 0,
@@ -86,5 +84,5 @@ class World:
         return None
 
     def record(self, component: str, kind: str, request: str | None = None, inc: int = 0,
-               **detail: Any) -> TraceEvent:
-        return self.trace.record(component, kind, request, inc, detail)
+               **detail: Any) -> None:
+        self.trace.record(component, kind, request, inc, detail)
