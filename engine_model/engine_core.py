@@ -226,7 +226,7 @@ class EngineCore:
         """execute_model(non_block=True): _update_states now, the forward pass on the GPU queue
         (``executes``: the batch has tokens to compute)."""
         world = self.world
-        now = world.env.now
+        now = world.now
         sampled = self.runner.execute_model(out)
         if executes:
             delay = world.pause("engine.step:execute", self.config.step_time, self._c_core)

@@ -40,18 +40,19 @@ class Channel:
     def send(self, msg: Any, request_ids: list[str], **detail: Any) -> None:
         world = self.world
         delay = world.pause(self.point, self.latency, self.name)
-        now = world.env.now
+        now = world.now
         at = now + delay
         if at < self._last:
             at = self._last
         self._last = at
         self._seq += 1
         name = self.name
-        fields = {"msg": f"{name}#{self._seq}", "type": type(msg).__name__, "ids": request_ids,
-                  "arrive": at}
-        if detail:
-            fields.update(detail)
+        # the caller's keywords are a fresh dict: the record's detail, completed here
+        detail["msg"] = f"{name}#{self._seq}"
+        detail["type"] = type(msg).__name__
+        detail["ids"] = request_ids
+        detail["arrive"] = at
         world.trace.record(name, "ipc.send", request_ids[0] if len(request_ids) == 1 else None, 0,
-                           fields)
+                           detail)
         # The message rides on the timeout as its value: no closure per message.
         world.env.timeout(at - now, msg).callbacks.append(self._arrived)

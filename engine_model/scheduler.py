@@ -58,7 +58,10 @@ class SchedulerOutput:
 
     @property
     def total_num_scheduled_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens.values())
+        total = 0
+        for n in self.num_scheduled_tokens.values():
+            total += n
+        return total
 
 
 class Scheduler:

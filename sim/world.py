@@ -43,7 +43,8 @@ class World:
 
     @property
     def now(self) -> float:
-        return self.env.now
+        now: float = self.env._now  # what env.now returns, without its Python-level property
+        return now
 
     @property
     def seed(self) -> int:
