@@ -49,18 +49,19 @@ def _say(message: str) -> None:
     print(f"racesim build: {message}", file=sys.stderr)
 
 
-def _manifest() -> dict[str, Any]:
+def _write_manifest(dirs: list[Path], complete: bool) -> None:
+    """``sim/_native.json``: the compiled modules, the SHA-256 of each source, and whether the
+    build completed (until it has, sim/_native.py loads every module from source)."""
     modules = {}
     for source in COMPILED:
         name = source.removesuffix(".py").replace("/", ".")
         digest = hashlib.sha256((ROOT / source).read_bytes()).hexdigest()
         modules[name] = {"source": source, "sha256": digest}
-    return {"compiler": "mypyc", "modules": modules}
-
-
-def _remove_manifest(*dirs: Path) -> None:
+    text = json.dumps({"compiler": "mypyc", "complete": complete, "modules": modules},
+                      indent=1, sort_keys=True)
     for d in dirs:
-        (d / MANIFEST).unlink(missing_ok=True)
+        if (d / "sim").is_dir():
+            (d / MANIFEST).write_text(text + "\n", encoding="utf-8")
 
 
 class OptionalBuildExt(build_ext):
@@ -70,32 +71,29 @@ class OptionalBuildExt(build_ext):
         targets = [Path(self.build_lib)]
         if self.inplace or getattr(self, "editable_mode", False):
             targets.append(ROOT)
-        _remove_manifest(*targets)  # stale compiled files stay unused until this build succeeds
+        # Until this build completes, compiled files left by an earlier one stay unused.
+        _write_manifest(targets, complete=False)
         try:
             super().run()
         except Exception as exc:  # a missing compiler, a failed compile, ...
             _say(f"could not compile ({exc}); installing pure Python")
             return
-        text = json.dumps(_manifest(), indent=1, sort_keys=True)
-        for d in targets:
-            if (d / "sim").is_dir():
-                (d / MANIFEST).write_text(text + "\n", encoding="utf-8")
+        _write_manifest(targets, complete=True)
         _say(f"compiled {len(COMPILED)} modules with mypyc")
 
 
 def _ext_modules() -> list[Any]:
-    if os.environ.get("RACESIM_PURE"):
-        _say("RACESIM_PURE is set; installing pure Python")
-        _remove_manifest(ROOT)
-        return []
-    try:
-        from mypyc.build import mypycify
+    reason = "RACESIM_PURE is set" if os.environ.get("RACESIM_PURE") else None
+    if reason is None:
+        try:
+            from mypyc.build import mypycify
 
-        return list(mypycify(list(COMPILED), opt_level="3", group_name="racesim_native"))
-    except BaseException as exc:  # mypyc missing, or its type check failed (SystemExit)
-        _say(f"mypyc is unavailable or failed ({exc!r}); installing pure Python")
-        _remove_manifest(ROOT)
-        return []
+            return list(mypycify(list(COMPILED), opt_level="3", group_name="racesim_native"))
+        except BaseException as exc:  # mypyc missing, or its type check failed (SystemExit)
+            reason = f"mypyc is unavailable or failed ({exc!r})"
+    _say(f"{reason}; installing pure Python")
+    _write_manifest([ROOT], complete=False)  # compiled files of an earlier build stay unused
+    return []
 
 
 setup(ext_modules=_ext_modules(), cmdclass={"build_ext": OptionalBuildExt})

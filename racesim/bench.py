@@ -28,6 +28,9 @@ run reads the wall clock. The document :func:`run_bench` returns:
     ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` of that process: ``peak_rss_mb`` (the whole
     process) and ``run_rss_mb`` (its growth during the run); ``growth_exponent`` is the
     least-squares slope of log(seconds) against log(requests).
+``build``, ``compiled``
+    whether the simulation's hot modules run compiled (mypyc, the default install) or as
+    Python source (``RACESIM_PURE=1``, or no compiler at install time), and why.
 ``parallel_speedup``
     the ``schedules_per_s`` explore again with ``workers=2``: wall seconds of ``workers=1`` over
     ``workers=2`` (pool start-up included); ``parallel.identical`` says both found the same, and
@@ -85,7 +88,9 @@ class _Sizes:
     burn: int                 # loop iterations of the parallel-capacity probe
 
 
-_FULL = _Sizes(simpy_pairs=200, simpy_rounds=500, model_runs=40, explore_budget=2000,
+# explore_budget: about four seconds on one worker (compiled), so the process pool's start-up is
+# a small share of the parallel figure, as in a real exploration.
+_FULL = _Sizes(simpy_pairs=200, simpy_rounds=500, model_runs=40, explore_budget=5000,
                first_bug_budget=200, first_bug_time_limit=20.0, scale=(1000, 10000, 100000),
                burn=10_000_000)
 _QUICK = _Sizes(simpy_pairs=10, simpy_rounds=20, model_runs=2, explore_budget=24,
@@ -319,6 +324,8 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
     """Measure everything side by side; ``quick`` shrinks every size (for tests)."""
     import simpy
 
+    import sim
+
     say: Progress = progress if progress is not None else (lambda _msg: None)
     sizes = _QUICK if quick else _FULL
     load_before = _loadavg()
@@ -352,6 +359,9 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
     worst_best = max(found) if found and len(found) == len(best) else None
     doc: dict[str, Any] = {
         "quick": quick,
+        # compiled (mypyc) or pure Python: every figure below depends on it
+        "build": sim.build_info(),
+        "compiled": sim.NATIVE,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "implementation": platform.python_implementation(),
                     "simpy": simpy.__version__, "platform": platform.platform(),
@@ -418,7 +428,8 @@ def print_bench(console: Any, doc: dict[str, Any]) -> None:
     def mark(ok: bool) -> str:
         return "[green]yes[/]" if ok else "[red]no[/]"
 
-    summary = Table(title="racesim bench" + (" (quick)" if doc.get("quick") else ""))
+    summary = Table(title="racesim bench" + (" (quick)" if doc.get("quick") else "")
+                    + f", {doc['build']}")
     summary.add_column("figure")
     summary.add_column("measured", justify="right")
     summary.add_column("target", justify="right")

@@ -21,7 +21,7 @@ from racesim.matrix import run_matrix
 from racesim.render import print_explore, print_matrix, print_run
 from racesim.runner import parse_delay_option, replay_command, run_command, run_scenario
 from scenarios import bundled_names, load_scenario
-from sim import InputError
+from sim import InputError, build_info
 from sim.strategies import STRATEGIES
 
 __all__ = ["main", "cli"]
@@ -74,7 +74,8 @@ def _console() -> Console:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="racesim")
+@click.version_option(package_name="racesim",
+                      message=f"%(prog)s %(version)s, {build_info()}")
 def cli() -> None:
     """Deterministic race-condition simulator for vLLM V1 request lifecycles.
 

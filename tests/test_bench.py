@@ -30,8 +30,11 @@ def doc() -> dict:
 def test_document_has_every_figure(doc: dict) -> None:
     json.dumps(doc)  # one JSON document
     for key in ("simpy_events_per_s", "model_events_per_s", "overhead_ratio", "schedules_per_s",
-                "first_bug", "scale", "parallel_speedup", "targets", "machine", "elapsed_s"):
+                "first_bug", "scale", "parallel_speedup", "targets", "machine", "elapsed_s",
+                "build", "compiled"):
         assert key in doc
+    import sim
+    assert doc["compiled"] is sim.NATIVE and doc["build"] == sim.build_info()
     assert doc["quick"] is True
     assert doc["simpy_events_per_s"] > 0 and doc["model_events_per_s"] > 0
     assert doc["overhead_ratio"] > 0 and doc["schedules_per_s"] > 0
