@@ -67,8 +67,13 @@ class ModelRunner:
         if self.async_scheduling:
             self._prev_sampled = sampled
         if sampled:
-            self.world.record(self.component, "runner.sample", None, 0, step=out.step,
-                              sampled=[[rid, t.inc, t.ctx, t.eos] for rid, t in sampled.items()])
+            trace = self.world.trace
+            if trace.reads("runner.sample"):
+                trace.record(self.component, "runner.sample", None, 0, {
+                    "step": out.step,
+                    "sampled": [[rid, t.inc, t.ctx, t.eos] for rid, t in sampled.items()]})
+            else:
+                trace.skip()
         return sampled
 
     def _update_states(self, out: SchedulerOutput) -> None:

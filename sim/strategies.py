@@ -83,10 +83,11 @@ class RandomStrategy(Strategy):
         def decide(point: str, k: int, default: float) -> float:
             if point not in focus or rng.random() < 0.5:
                 return default
+            # rng.uniform(0.0, scale / 10) and rng.expovariate(1.0 / (3 * scale)), written out
+            # as random.py computes them: the same draws and values, without a Python-level
+            # call at every await point
             if rng.random() < 0.3:
-                return default + rng.uniform(0.0, scale / 10)
-            # rng.expovariate(1.0 / (3 * scale)) written out as Python 3.11 computes it: the
-            # same draw and the same value, without a Python-level call per await point
+                return default + (0.0 + (scale / 10 - 0.0) * rng.random())
             return default + -math.log(1.0 - rng.random()) / (1.0 / (3 * scale))
 
         return decide

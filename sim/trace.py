@@ -115,6 +115,16 @@ class TraceRecorder:
         self._listener = listener
         self._wanted = listener.kinds()
 
+    def reads(self, kind: str) -> bool:
+        """Whether an event of ``kind`` would be read: kept, hashed or listened to. A caller
+        whose detail is costly to build may :meth:`skip` an event no one reads instead."""
+        return self._buffer or bool(self._listeners) or kind in self._wanted
+
+    def skip(self) -> None:
+        """Number an event no one reads without building it (see :meth:`reads`): sequence
+        numbers stay the same whatever a run keeps."""
+        self._count += 1
+
     def record(self, component: str, kind: str, request: str | None, inc: int,
                detail: dict[str, Any]) -> None:
         seq = self._count

@@ -72,9 +72,12 @@ class World:
         delay, default = self.plan.resolve(point, k, natural)
         if delay != default:
             self._schedule.append(_new_tuple(Decision, (point, k, delay)))
-            self.trace.record(where, "delay", None, 0,
-                              {"point": point, "occurrence": k, "delay": delay,
-                               "default": default})
+            trace = self.trace
+            if trace.reads("delay"):
+                trace.record(where, "delay", None, 0, {"point": point, "occurrence": k,
+                                                       "delay": delay, "default": default})
+            else:
+                trace.skip()
         return delay
 
     def sleep(self, point: str, natural: float, where: str) -> simpy.Timeout | None:

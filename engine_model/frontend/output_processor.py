@@ -200,8 +200,12 @@ class OutputProcessor:
         state.collector.put(RequestOutput(
             state.external_req_id, [CompletionOutput(state.index, tokens, finish)], finished,
             params))
-        self.world.record(self.component, "fe.output", state.request_id, state.inc,
-                          tokens=len(tokens), finish=finish)
+        trace = self.world.trace
+        if trace.reads("fe.output"):  # read by reports only: exploration runs skip it
+            trace.record(self.component, "fe.output", state.request_id, state.inc,
+                         {"tokens": len(tokens), "finish": finish})
+        else:
+            trace.skip()
 
     def _pop(self, state: RequestState, why: str) -> None:
         rid = state.request_id
