@@ -112,7 +112,7 @@ class Checker(TraceListener):
     # -- reporting ------------------------------------------------------------------------------
 
     def _violate(self, invariant: str, key: object, ev: TraceEvent | None, request: str | None,
-                 detail: str, *, time: float | None = None) -> None:
+                 detail: str, *, time: float | int | None = None) -> None:
         if invariant in self.skip or (invariant, key) in self._reported:
             return
         n = self._count.get(invariant, 0)
@@ -120,7 +120,9 @@ class Checker(TraceListener):
             return
         self._count[invariant] = n + 1
         self._reported.add((invariant, key))
-        t = ev.time if ev is not None else (time if time is not None else self.world.now)
+        # the clock as recorded, int 0 included (see World.now): never coerced to a float
+        t: float | int = ev.time if ev is not None else (
+            time if time is not None else self.world.now)
         self.violations.append(Violation(invariant, t, request, detail,
                                          ev.seq if ev is not None else -1))
 

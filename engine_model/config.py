@@ -1,7 +1,9 @@
 """The workload a run simulates: topology, engine and IPC settings, and the scripted clients.
 
 These are plain frozen records; ``scenarios`` loads them from TOML and validates them, and
-``engine_model.system`` builds the modelled system from them.
+``engine_model.system`` builds the modelled system from them. Times given as ints (a workload
+built in Python) are stored as floats: the compiled build keeps every time as a C double, so
+an int would otherwise reach the trace as ``1`` from source and ``1.0`` compiled.
 """
 
 from __future__ import annotations
@@ -12,6 +14,14 @@ __all__ = ["EngineConfig", "IpcConfig", "FrontendConfig", "PDConfig", "RequestSp
            "TOPOLOGIES"]
 
 TOPOLOGIES = ("single", "pd")
+
+
+def _float_times(record: object, *names: str) -> None:
+    """Store the int values of ``names`` as floats (bools, None and the rest as they are)."""
+    for name in names:
+        value = getattr(record, name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(record, name, float(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,12 +39,18 @@ class EngineConfig:
     #: seconds the input thread spends preprocessing one message (natural delay of its point).
     preprocess_time: float = 0.0
 
+    def __post_init__(self) -> None:
+        _float_times(self, "step_time", "preprocess_time")
+
 
 @dataclass(frozen=True, slots=True)
 class IpcConfig:
     """ZMQ socket hops: one latency for every hop (natural delay of the transit points)."""
 
     latency: float = 0.0005
+
+    def __post_init__(self) -> None:
+        _float_times(self, "latency")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +70,9 @@ class PDConfig:
     #: "client": the proxy forwards the client's request ID to P and D (as X-Request-Id);
     #: "uuid": the proxy makes a fresh ID per client request (the toy proxy's uuid4).
     proxy_ids: str = "client"
+
+    def __post_init__(self) -> None:
+        _float_times(self, "transfer_time", "hold_timeout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +96,9 @@ class RequestSpec:
     n: int = 1
     frontend: int = 0
 
+    def __post_init__(self) -> None:
+        _float_times(self, "at", "abort_at")
+
 
 @dataclass(frozen=True, slots=True)
 class Workload:
@@ -90,6 +112,9 @@ class Workload:
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     pd: PDConfig = field(default_factory=PDConfig)
     requests: tuple[RequestSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        _float_times(self, "horizon")
 
     def without_requests(self, keep: tuple[int, ...]) -> Workload:
         """The same workload with only the requests at the given scenario indices."""

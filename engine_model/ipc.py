@@ -47,12 +47,8 @@ class Channel:
         self._last = at
         self._seq += 1
         name = self.name
-        # the caller's keywords are a fresh dict: the record's detail, completed here
-        detail["msg"] = f"{name}#{self._seq}"
-        detail["type"] = type(msg).__name__
-        detail["ids"] = request_ids
-        detail["arrive"] = at
         world.trace.record(name, "ipc.send", request_ids[0] if len(request_ids) == 1 else None, 0,
-                           detail)
+                           {"msg": f"{name}#{self._seq}", "type": type(msg).__name__,
+                            "ids": request_ids, "arrive": at, **detail})
         # The message rides on the timeout as its value: no closure per message.
         world.env.timeout(at - now, msg).callbacks.append(self._arrived)

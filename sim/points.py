@@ -179,18 +179,21 @@ class DelayPlan:
 
     def resolve(self, point: str, k: int, natural: float) -> tuple[float, float]:
         """``(delay, default)`` for occurrence ``k`` of ``point``."""
+        # float(): a natural latency given as an int (a Workload built in Python) is recorded
+        # as a float by both builds
         if self._env_empty:
-            default = natural
+            default = float(natural)
         else:
             found = self._env.lookup(point, k)
-            default = natural if found is None else found
+            default = float(natural) if found is None else found
         if not self._over_empty:
             chosen = self._over.lookup(point, k)
             if chosen is not None:
                 return chosen, default
         decider = self._decider
         if decider is not None:
-            return decider(point, k, default), default
+            # float(): a decider may answer an int; both builds record it as a float
+            return float(decider(point, k, default)), default
         return default, default
 
     def overrides(self) -> list[tuple[str, int | None, float]]:

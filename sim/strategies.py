@@ -142,7 +142,7 @@ class PctStrategy(Strategy):
 def grid_cells(config: StrategyConfig) -> Iterator[tuple[tuple[str, int | None, float], ...]]:
     """All perturbations of at most ``grid_width`` (point, occurrence) slots, each set to a value
     of the alphabet {0, epsilon, one step, five steps}, fewest slots first."""
-    scale = config.scale
+    scale = float(config.scale)  # an int scale gives the same (float) delays in both builds
     alphabet = (0.0, scale / 100, scale, 5 * scale)
     slots: list[tuple[str, int | None]] = []
     for p in config.points:

@@ -90,7 +90,7 @@ class TraceRecorder:
     __slots__ = ("_events", "_pending", "_hash", "_count", "_listeners", "_listener", "_wanted",
                  "_retain", "_now", "_started", "_buffer")
 
-    def __init__(self, now: Callable[[], float], *, retain: bool = True,
+    def __init__(self, now: Callable[[], float | int], *, retain: bool = True,
                  hashing: bool = True) -> None:
         self._now = now
         self._retain = retain

@@ -29,9 +29,11 @@ class World:
 
     def __init__(self, seed: int, plan: DelayPlan | None = None, *, retain_trace: bool = True,
                  hash_trace: bool = True, always_yield: frozenset[str] = frozenset()) -> None:
-        # A float from the start: simpy's default 0 would put an int time in the first events,
-        # and a compiled World (its times typed float) would write 0.0 where source writes 0.
-        self.env = simpy.Environment(initial_time=0.0)
+        # simpy's clock starts at the int 0 and becomes a float with the first float timeout.
+        # The clock is read as "float | int" wherever it reaches a trace or a verdict, so that
+        # a compiled build (where a float-typed value is a C double) records 0 exactly as the
+        # source build does, and as every earlier racesim did.
+        self.env = simpy.Environment()
         self.rng = RngStreams(seed)
         self.plan = plan if plan is not None else DelayPlan()
         # env._now is what env.now returns; partial(attrgetter) reads it without a Python frame
@@ -42,8 +44,10 @@ class World:
         self._yielding = always_yield
 
     @property
-    def now(self) -> float:
-        now: float = self.env._now  # what env.now returns, without its Python-level property
+    def now(self) -> float | int:
+        """The simulation clock (what ``env.now`` returns, without its Python-level property):
+        the int 0 until the first float timeout, as simpy keeps it."""
+        now: float | int = self.env._now
         return now
 
     @property
