@@ -27,6 +27,10 @@ primitives:
 Pass the required points: ``frontend.abort:after_pop`` in ``abort`` and
 ``frontend.output_handler:before_abort_send`` in ``abort_stop_strings``, so that schedules stay
 comparable across policies.
+
+Keep a policy's own state on the policy (``self``), not on ``llm``: in the compiled build (see
+the README) the frontend's classes take no attributes they do not declare. The primitives above
+take any sequence of IDs.
 """
 
 from __future__ import annotations

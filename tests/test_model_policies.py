@@ -130,6 +130,18 @@ def test_a_third_party_policy_loads_by_module_and_class(monkeypatch: pytest.Monk
     assert "unique-live-id" in run_scenario(scenario, "buggy", witness=True).violated
 
 
+def test_a_third_party_policy_may_keep_state_and_pass_tuples(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a user's policy does runs the same in the compiled build (native classes check the
+    argument types of their methods) as in the source one."""
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    scenario = load_scenario("abort-reuse")
+    mine = run_scenario(scenario, "racesim_thirdparty_policy:CountingBuggy", witness=True)
+    buggy = run_scenario(scenario, "buggy", witness=True)
+    assert mine.violated == buggy.violated
+    assert [r.finish_reason for r in mine.requests] == [r.finish_reason for r in buggy.requests]
+
+
 def test_third_party_policy_options_are_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(FIXTURES))
     with pytest.raises(InputError, match="note must not be 'bad'"):

@@ -7,7 +7,7 @@ and the order of "drop frontend state" and "send ABORT" (engine_model.policies).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import simpy
@@ -111,7 +111,7 @@ class AsyncLLM:
                           ids=ids, cause="abort")
         yield from self.policy.abort(self, ids)
 
-    def send_abort(self, request_ids: list[str], point: str) -> Proc:
+    def send_abort(self, request_ids: Sequence[str], point: str) -> Proc:
         """Pass ``point`` (the await on the socket send), then put the ABORT on the wire."""
         ev = self.world.sleep(point, 0.0, self.name)
         if ev is not None:

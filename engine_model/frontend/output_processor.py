@@ -7,6 +7,7 @@ only duplicate guard and it is local to one API-server process (vLLM #27711).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine_model.frontend.outputs import CompletionOutput, RequestOutput, RequestOutputCollector
@@ -100,7 +101,7 @@ class OutputProcessor:
                                if c in self.request_states and not self.request_states[c].finished)
         return out
 
-    def abort_requests(self, request_ids: list[str]) -> list[str]:
+    def abort_requests(self, request_ids: Sequence[str]) -> list[str]:
         """Pop the states and give each client its final "abort" output (vLLM #22283).
 
         Aborts initiated here never reach the finished-request stats (VLLM_LIFECYCLE §8).
@@ -116,7 +117,7 @@ class OutputProcessor:
             popped.append(rid)
         return popped
 
-    def mark_finished(self, request_ids: list[str]) -> None:
+    def mark_finished(self, request_ids: Sequence[str]) -> None:
         """Keep the states but give each client its final "abort" output now."""
         for rid in request_ids:
             state = self.request_states.get(rid)
@@ -183,7 +184,7 @@ class OutputProcessor:
                 self._pop(state, "finished")
         return reqs_to_abort
 
-    def pop_finished(self, request_ids: list[str]) -> None:
+    def pop_finished(self, request_ids: Sequence[str]) -> None:
         for rid in request_ids:
             state = self.request_states.get(rid)
             if state is not None and state.finished:
