@@ -1,9 +1,10 @@
 """racesim's build: the simulation's hot modules are compiled with mypyc when that works.
 
 Without a C compiler (or with ``RACESIM_PURE=1`` in the environment) racesim installs as pure
-Python and runs the same model, slower. The manifest ``sim/_native.json`` is written only after
-every module compiled; ``sim/_native.py`` reads it at import time to decide which to load.
-Everything else about the package is in ``pyproject.toml``.
+Python and runs the same model, slower. The manifest ``sim/_native.json`` lists the compiled
+modules with the SHA-256 of the sources they were compiled from, and says whether the build
+completed; ``sim/_native.py`` reads it at import time to decide which to load. Everything else
+about the package is in ``pyproject.toml``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 MANIFEST = Path("sim", "_native.json")
+GROUP = "racesim_native"  # mypyc's shared library: racesim_native__mypyc.<suffix>
+#: setup.py commands that only read metadata: no need to run mypyc for them.
+_METADATA_ONLY = {"egg_info", "dist_info", "sdist"}
 
 #: The modules a run spends its time in (see ``racesim bench``), the strategies' deciders
 #: included. Not compiled: the policies (third-party ones subclass LifecyclePolicy), System
@@ -49,19 +53,33 @@ def _say(message: str) -> None:
     print(f"racesim build: {message}", file=sys.stderr)
 
 
-def _write_manifest(dirs: list[Path], complete: bool) -> None:
-    """``sim/_native.json``: the compiled modules, the SHA-256 of each source, and whether the
-    build completed (until it has, sim/_native.py loads every module from source)."""
+def _pure_requested() -> bool:
+    return os.environ.get("RACESIM_PURE", "") not in ("", "0")
+
+
+def _sources() -> dict[str, dict[str, str]]:
+    """Each compiled module's source and its SHA-256, read before mypyc reads them."""
     modules = {}
     for source in COMPILED:
         name = source.removesuffix(".py").replace("/", ".")
         digest = hashlib.sha256((ROOT / source).read_bytes()).hexdigest()
         modules[name] = {"source": source, "sha256": digest}
-    text = json.dumps({"compiler": "mypyc", "complete": complete, "modules": modules},
-                      indent=1, sort_keys=True)
+    return modules
+
+
+_SOURCES = _sources()
+
+
+def _write_manifest(dirs: list[Path], complete: bool) -> None:
+    """``sim/_native.json`` in each of ``dirs`` (written whole or not at all): until it says
+    the build completed, sim/_native.py loads every module from source."""
+    text = json.dumps({"compiler": "mypyc", "complete": complete, "shared": f"{GROUP}__mypyc",
+                       "modules": _SOURCES}, indent=1, sort_keys=True) + "\n"
     for d in dirs:
         if (d / "sim").is_dir():
-            (d / MANIFEST).write_text(text + "\n", encoding="utf-8")
+            tmp = d / MANIFEST.with_suffix(".json.tmp")
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, d / MANIFEST)
 
 
 class OptionalBuildExt(build_ext):
@@ -83,16 +101,21 @@ class OptionalBuildExt(build_ext):
 
 
 def _ext_modules() -> list[Any]:
-    reason = "RACESIM_PURE is set" if os.environ.get("RACESIM_PURE") else None
-    if reason is None:
+    commands = [arg for arg in sys.argv[1:] if not arg.startswith("-")][:1]
+    if commands and commands[0] in _METADATA_ONLY:
+        return []  # metadata only (pip asks for it before it builds): mypyc is not needed
+    if _pure_requested():
+        reason = "RACESIM_PURE is set"
+    else:
         try:
             from mypyc.build import mypycify
 
-            return list(mypycify(list(COMPILED), opt_level="3", group_name="racesim_native"))
-        except BaseException as exc:  # mypyc missing, or its type check failed (SystemExit)
+            return list(mypycify(list(COMPILED), opt_level="3", group_name=GROUP))
+        except (Exception, SystemExit) as exc:  # no mypyc, or its type check failed
             reason = f"mypyc is unavailable or failed ({exc!r})"
     _say(f"{reason}; installing pure Python")
-    _write_manifest([ROOT], complete=False)  # compiled files of an earlier build stay unused
+    if (ROOT / MANIFEST).exists():  # an earlier in-place build: its compiled files stay unused
+        _write_manifest([ROOT], complete=False)
     return []
 
 

@@ -6,9 +6,10 @@ SHA-256 of the source each was compiled from, and whether the build completed. P
 compiled ``.so`` to the ``.py`` beside it, so after an editable install an edited source would
 silently not run. This module prevents that: the compiled modules are used only when the build
 completed, every source still has the hash it was compiled from, and every compiled file is
-there. Otherwise, or when ``RACESIM_PURE`` is set in the environment, a finder loads every module
-of the manifest's packages from source (all of them: compiled modules call each other's native
-classes directly, so a mix would not work). Both builds give the same traces and trace hashes.
+there. Otherwise, or when ``RACESIM_PURE`` is set in the environment (to anything but 0), a
+finder loads every module of the compiled packages from source (all of them: compiled modules
+call each other's native classes directly, so a mix would not work). Both builds give the same
+traces and trace hashes.
 """
 
 from __future__ import annotations
@@ -24,9 +25,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["NATIVE", "REASON", "build_info", "decide"]
+__all__ = ["NATIVE", "REASON", "GUARDED", "build_info", "decide"]
 
 MANIFEST = Path(__file__).with_name("_native.json")
+#: The packages setup.py compiles modules of (its COMPILED list; a test checks the two agree).
+#: Whenever the compiled build is not used, their modules load from source, so compiled files
+#: never load without a current manifest, even when the manifest is missing or unreadable.
+GUARDED = ("sim", "engine_model")
 
 
 def decide(manifest: Path, root: Path,
@@ -37,15 +42,19 @@ def decide(manifest: Path, root: Path,
         data = json.loads(manifest.read_text(encoding="utf-8"))
         modules: dict[str, dict[str, str]] = data["modules"]
         complete = data["complete"] is True
-        packages = tuple(dict.fromkeys(name.split(".", 1)[0] for name in modules))
+        shared = str(data["shared"])
+        packages = tuple(dict.fromkeys(
+            [*GUARDED, *(name.split(".", 1)[0] for name in modules)]))
     except FileNotFoundError:
-        return False, "not compiled", ()
+        return False, "not compiled", GUARDED
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        return False, f"unreadable {manifest.name} ({exc!r})", ()
-    if environ.get("RACESIM_PURE"):
+        return False, f"unreadable {manifest.name} ({exc!r})", GUARDED
+    if environ.get("RACESIM_PURE", "") not in ("", "0"):
         return False, "RACESIM_PURE is set", packages
     if not complete:
         return False, "the last build did not compile", packages
+    if not _compiled_file(root / shared):
+        return False, f"the compiled library {shared} is missing", packages
     for entry in modules.values():
         source = root / entry["source"]
         try:
@@ -54,10 +63,14 @@ def decide(manifest: Path, root: Path,
             return False, f"{entry['source']} is missing", packages
         if digest != entry["sha256"]:
             return False, f"{entry['source']} changed since it was compiled", packages
-        if not any(source.with_name(source.stem + suffix).exists()
-                   for suffix in importlib.machinery.EXTENSION_SUFFIXES):
+        if not _compiled_file(source.with_suffix("")):
             return False, f"the compiled {entry['source']} is missing", packages
     return True, f"mypyc, {len(modules)} modules", packages
+
+
+def _compiled_file(stem: Path) -> bool:
+    return any(stem.with_name(stem.name + suffix).exists()
+               for suffix in importlib.machinery.EXTENSION_SUFFIXES)
 
 
 class SourceFinder(importlib.abc.MetaPathFinder):
@@ -79,7 +92,7 @@ class SourceFinder(importlib.abc.MetaPathFinder):
 
 
 NATIVE, REASON, _packages = decide(MANIFEST, Path(__file__).resolve().parents[1], os.environ)
-if not NATIVE and _packages and not any(isinstance(f, SourceFinder) for f in sys.meta_path):
+if not NATIVE and not any(isinstance(f, SourceFinder) for f in sys.meta_path):
     sys.meta_path.insert(0, SourceFinder(_packages))
 
 

@@ -3,6 +3,7 @@ the same runs (DESIGN "Determinism rules": same inputs, same trace hash, in any 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.machinery
 import json
@@ -15,20 +16,25 @@ from typing import Any
 import pytest
 
 import sim
-from sim._native import decide
+from sim._native import GUARDED, MANIFEST, SourceFinder, decide
+
+ROOT = Path(__file__).resolve().parents[1]
 
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
-def _tree(tmp_path: Path, *, complete: bool = True, compiled: bool = True,
+def _tree(tmp_path: Path, *, complete: bool = True, compiled: bool = True, shared: bool = True,
           source: bytes = b"x = 1\n") -> Path:
-    """A fake install: pkg/mod.py, its compiled file, and a manifest for them."""
+    """A fake install: pkg/mod.py, its compiled file, the shared library, and a manifest."""
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "mod.py").write_bytes(source)
     if compiled:
         (tmp_path / "pkg" / f"mod{_SUFFIX}").write_bytes(b"\0")
+    if shared:
+        (tmp_path / f"grp__mypyc{_SUFFIX}").write_bytes(b"\0")
     manifest = tmp_path / "_native.json"
-    manifest.write_text(json.dumps({"compiler": "mypyc", "complete": complete, "modules": {
+    manifest.write_text(json.dumps({"compiler": "mypyc", "complete": complete,
+                                    "shared": "grp__mypyc", "modules": {
         "pkg.mod": {"source": "pkg/mod.py",
                     "sha256": hashlib.sha256(b"x = 1\n").hexdigest()}}}))
     return manifest
@@ -36,21 +42,22 @@ def _tree(tmp_path: Path, *, complete: bool = True, compiled: bool = True,
 
 def test_compiled_modules_are_used_when_the_build_is_complete_and_current(
         tmp_path: Path) -> None:
-    native, why, packages = decide(_tree(tmp_path), tmp_path, {})
+    native, why, packages = decide(_tree(tmp_path), tmp_path, {"RACESIM_PURE": "0"})
     assert native, why
-    assert packages == ("pkg",)
+    assert packages == (*GUARDED, "pkg")
 
 
 @pytest.mark.parametrize("case, expected", [
     ({"complete": False}, "did not compile"),
     ({"compiled": False}, "compiled pkg/mod.py is missing"),
+    ({"shared": False}, "compiled library grp__mypyc is missing"),
     ({"source": b"x = 2\n"}, "pkg/mod.py changed since it was compiled"),
 ])
 def test_anything_short_of_a_current_complete_build_loads_source(
         tmp_path: Path, case: dict[str, Any], expected: str) -> None:
     native, why, packages = decide(_tree(tmp_path, **case), tmp_path, {})
     assert not native and expected in why
-    assert packages == ("pkg",), "every module of the compiled packages then loads from source"
+    assert packages == (*GUARDED, "pkg"), "all modules of the compiled packages load from source"
 
 
 def test_racesim_pure_forces_source(tmp_path: Path) -> None:
@@ -58,32 +65,57 @@ def test_racesim_pure_forces_source(tmp_path: Path) -> None:
     assert not native and "RACESIM_PURE" in why
 
 
-def test_no_manifest_means_nothing_was_compiled(tmp_path: Path) -> None:
-    assert decide(tmp_path / "_native.json", tmp_path, {}) == (False, "not compiled", ())
+def test_without_a_readable_manifest_compiled_files_never_load(tmp_path: Path) -> None:
+    assert decide(tmp_path / "_native.json", tmp_path, {}) == (False, "not compiled", GUARDED)
     (tmp_path / "_native.json").write_text("{not json")
     native, why, packages = decide(tmp_path / "_native.json", tmp_path, {})
-    assert not native and "unreadable" in why and packages == ()
+    assert not native and "unreadable" in why and packages == GUARDED
+
+
+def test_the_guarded_packages_are_the_ones_setup_py_compiles() -> None:
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    (compiled,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                   and any(getattr(t, "id", "") == "COMPILED" for t in node.targets)]
+    modules = ast.literal_eval(compiled)
+    assert modules and {m.split("/", 1)[0] for m in modules} == set(GUARDED)
+    assert all((ROOT / m).is_file() for m in modules)
+
+
+def test_the_source_finder_loads_py_files(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text("x = 1\n")
+    finder = SourceFinder(["pkg"])
+    spec = finder.find_spec("pkg.mod", [str(tmp_path / "pkg")])
+    assert spec is not None and spec.origin == str(tmp_path / "pkg" / "mod.py")
+    assert finder.find_spec("other.mod", [str(tmp_path / "pkg")]) is None
+    assert finder.find_spec("pkg.missing", [str(tmp_path / "pkg")]) is None
 
 
 _PROBE = """
 import json, sys
-import sim, engine_model.scheduler, sim.world
+import engine_model.scheduler  # first, before anything imports sim by name
+import sim
+from sim._native import MANIFEST
 from racesim.runner import run_scenario
 from scenarios import load_scenario
 from sim.strategies import StrategyConfig, make_strategy
-out = {"native": sim.NATIVE, "files": [engine_model.scheduler.__file__, sim.world.__file__],
-       "runs": []}
+names = sorted(json.loads(MANIFEST.read_text())["modules"]) if MANIFEST.exists() else []
+out = {"native": sim.NATIVE, "files": {n: sys.modules[n].__file__ for n in names
+                                        if n in sys.modules}, "runs": []}
+def seen(tag, r):
+    out["runs"].append([tag, r.trace_hash, r.events, repr(r.sim_time),
+                        [v.as_dict() for v in r.violations], [tuple(d) for d in r.schedule]])
 for name, policy in (("abort-reuse", "buggy"), ("async-sched-reuse", "buggy"),
                      ("pd-reuse", "abort-scope"), ("parallel-sampling-abort", "engine-final")):
     s = load_scenario(name)
     for witness in (False, True):
-        r = run_scenario(s, policy, witness=witness)
-        out["runs"].append([name, policy, witness, r.trace_hash, list(r.violated), r.events])
+        seen([name, policy, witness], run_scenario(s, policy, witness=witness))
     base = run_scenario(s, policy, retain_trace=False)
     st = make_strategy("random", StrategyConfig(base.occurrences, s.workload.engine.step_time, 3))
     for i in range(1, 6):
-        r = run_scenario(s, policy, decider=st.decider(i))
-        out["runs"].append([name, policy, i, r.trace_hash, list(r.violated), r.events])
+        seen([name, policy, i], run_scenario(s, policy, decider=st.decider(i)))
+        seen([name, policy, i, "unkept"], run_scenario(s, policy, decider=st.decider(i),
+                                                        retain_trace=False, hash_trace=False))
 print(json.dumps(out))
 """
 
@@ -101,15 +133,19 @@ def _probe(pure: bool) -> dict[str, Any]:
 def test_racesim_pure_loads_every_module_from_source() -> None:
     doc = _probe(pure=True)
     assert doc["native"] is False
-    assert all(f.endswith(".py") for f in doc["files"]), doc["files"]
+    assert doc["files"] or not MANIFEST.exists()
+    assert all(f.endswith(".py") for f in doc["files"].values()), doc["files"]
 
 
 def test_compiled_and_source_builds_give_identical_runs() -> None:
     if not sim.NATIVE:
+        if os.environ.get("CI") and os.environ.get("RACESIM_PURE", "") in ("", "0"):
+            pytest.fail(f"CI must test the compiled build, but it runs {sim.build_info()}")
         pytest.skip(f"racesim is not compiled in this environment: {sim.build_info()}")
     compiled = _probe(pure=False)
     assert compiled["native"] is True
-    assert not any(f.endswith(".py") for f in compiled["files"]), compiled["files"]
+    assert len(compiled["files"]) == 17, "every compiled module is loaded by these runs"
+    assert not any(f.endswith(".py") for f in compiled["files"].values()), compiled["files"]
     source = _probe(pure=True)
-    assert len(compiled["runs"]) == 28
+    assert len(compiled["runs"]) == 48
     assert compiled["runs"] == source["runs"]

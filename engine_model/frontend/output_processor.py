@@ -6,8 +6,8 @@ only duplicate guard and it is local to one API-server process (vLLM #27711).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine_model.frontend.outputs import CompletionOutput, RequestOutput, RequestOutputCollector
