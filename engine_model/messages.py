@@ -6,13 +6,15 @@ where the modelled system only sees request-ID strings.
 
 The messages made every step or every request are plain slotted classes rather than frozen
 dataclasses: a dataclass ``__init__`` is generated Python even in a compiled build, and these
-are made thousands of times a run. Nothing mutates a message after it is sent.
+are made thousands of times a run. Nothing mutates a message after it is sent. The frozen
+dataclasses left pickle (and copy) by constructor: a compiled frozen class cannot be restored
+field by field.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 __all__ = ["FinishReason", "Token", "KVTransferParams", "EngineCoreRequest", "AbortMessage",
            "EngineCoreOutput", "EngineCoreOutputs", "EngineDead", "KVDoneNotice"]
@@ -48,6 +50,11 @@ class KVTransferParams:
     remote_block_ids: tuple[int, ...] = ()
     remote_inc: int = 0  # ground truth: the prefill incarnation that owns the blocks
 
+    def __reduce__(self) -> tuple[type[KVTransferParams], tuple[Any, ...]]:
+        return KVTransferParams, (self.do_remote_decode, self.do_remote_prefill,
+                                  self.remote_engine, self.remote_request_id,
+                                  self.remote_block_ids, self.remote_inc)
+
 
 class EngineCoreRequest:
     """An ADD: the request the frontend sends to an engine."""
@@ -74,6 +81,9 @@ class AbortMessage:
 
     request_ids: tuple[str, ...]
     tag: int = 0  # ground truth: which abort this is, so the checker can judge its precision
+
+    def __reduce__(self) -> tuple[type[AbortMessage], tuple[Any, ...]]:
+        return AbortMessage, (self.request_ids, self.tag)
 
 
 class EngineCoreOutput:
@@ -108,6 +118,9 @@ class EngineDead:
     engine: int
     reason: str
 
+    def __reduce__(self) -> tuple[type[EngineDead], tuple[Any, ...]]:
+        return EngineDead, (self.engine, self.reason)
+
 
 @dataclass(frozen=True, slots=True)
 class KVDoneNotice:
@@ -115,3 +128,6 @@ class KVDoneNotice:
 
     request_id: str
     remote_inc: int  # ground truth: the prefill incarnation the reader meant
+
+    def __reduce__(self) -> tuple[type[KVDoneNotice], tuple[Any, ...]]:
+        return KVDoneNotice, (self.request_id, self.remote_inc)

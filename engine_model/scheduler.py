@@ -48,13 +48,19 @@ class SchedulerOutput:
                  finished_req_ids: list[str] | None = None,
                  scheduled_objects: list[Request] | None = None) -> None:
         self.step = step
-        self.scheduled_new_reqs: list[NewRequestData] = scheduled_new_reqs or []
-        self.scheduled_cached_reqs: list[str] = scheduled_cached_reqs or []
-        self.num_scheduled_tokens: dict[str, int] = num_scheduled_tokens or {}
-        self.num_computed_tokens: dict[str, int] = num_computed_tokens or {}
-        self.finished_req_ids: list[str] = finished_req_ids or []
+        self.scheduled_new_reqs: list[NewRequestData] = (
+            [] if scheduled_new_reqs is None else scheduled_new_reqs)
+        self.scheduled_cached_reqs: list[str] = (
+            [] if scheduled_cached_reqs is None else scheduled_cached_reqs)
+        self.num_scheduled_tokens: dict[str, int] = (
+            {} if num_scheduled_tokens is None else num_scheduled_tokens)
+        self.num_computed_tokens: dict[str, int] = (
+            {} if num_computed_tokens is None else num_computed_tokens)
+        self.finished_req_ids: list[str] = (
+            [] if finished_req_ids is None else finished_req_ids)
         #: ground truth for the checker: the Request objects scheduled (identity, not ID).
-        self.scheduled_objects: list[Request] = scheduled_objects or []
+        self.scheduled_objects: list[Request] = (
+            [] if scheduled_objects is None else scheduled_objects)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

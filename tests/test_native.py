@@ -149,3 +149,23 @@ def test_compiled_and_source_builds_give_identical_runs() -> None:
     source = _probe(pure=True)
     assert len(compiled["runs"]) == 48
     assert compiled["runs"] == source["runs"]
+
+
+def test_compiled_frozen_records_pickle_and_copy() -> None:
+    """A compiled frozen class cannot be restored field by field: these pickle by constructor
+    (exploration sends schedules and strategy configs to worker processes)."""
+    import copy
+    import pickle
+
+    from engine_model.messages import AbortMessage, EngineDead, KVDoneNotice, KVTransferParams
+    from engine_model.points import POINTS
+    from sim import Decision
+    from sim.strategies import StrategyConfig
+
+    records = [KVTransferParams(do_remote_decode=True, remote_block_ids=(1, 2)),
+               AbortMessage(("X",), 3), EngineDead(0, "gone"), KVDoneNotice("X", 2),
+               Decision("client.send", 1, 0.5), next(iter(POINTS)),
+               StrategyConfig({"client.send": 2}, 0.01, seed=4, pct_depth=3)]
+    for record in records:
+        assert pickle.loads(pickle.dumps(record)) == record, record
+        assert copy.deepcopy(record) == record, record
