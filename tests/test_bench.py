@@ -39,6 +39,7 @@ def test_document_has_every_figure(doc: dict) -> None:
     assert doc["simpy_events_per_s"] > 0 and doc["model_events_per_s"] > 0
     assert doc["overhead_ratio"] > 0 and doc["schedules_per_s"] > 0
     assert doc["parallel"]["identical"], "the worker count never changes what explore finds"
+    assert doc["repeats"] == 1 and len(doc["schedules"]["samples_s"]) == 1
     assert doc["parallel"]["capacity"] > 0
     assert set(doc["targets"]) == {name for name, _op, _bound in TARGETS}
     for t in doc["targets"].values():
