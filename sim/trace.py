@@ -34,7 +34,7 @@ class TraceEvent(NamedTuple):
     """
 
     seq: int
-    time: float
+    time: float | int  # simpy's clock: the int 0 until the first float timeout
     component: str
     kind: str
     request: str | None
