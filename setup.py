@@ -22,8 +22,9 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 MANIFEST = Path("sim", "_native.json")
 GROUP = "racesim_native"  # mypyc's shared library: racesim_native__mypyc.<suffix>
-#: setup.py commands that only read metadata: no need to run mypyc for them.
-_METADATA_ONLY = {"egg_info", "dist_info", "sdist"}
+#: setup.py commands that build (or install) code: only these need mypyc. pip asks for metadata
+#: first (egg_info, dist_info), and an sdist holds sources only.
+_BUILDS = ("build", "bdist", "editable_wheel", "develop", "install")
 
 #: The modules a run spends its time in (see ``racesim bench``), the strategies' deciders
 #: included. Not compiled: the policies (third-party ones subclass LifecyclePolicy), System
@@ -101,9 +102,8 @@ class OptionalBuildExt(build_ext):
 
 
 def _ext_modules() -> list[Any]:
-    commands = [arg for arg in sys.argv[1:] if not arg.startswith("-")][:1]
-    if commands and commands[0] in _METADATA_ONLY:
-        return []  # metadata only (pip asks for it before it builds): mypyc is not needed
+    if not any(arg.startswith(_BUILDS) for arg in sys.argv[1:]):
+        return []  # metadata only, or an sdist: no code is built, mypyc is not needed
     if _pure_requested():
         reason = "RACESIM_PURE is set"
     else:

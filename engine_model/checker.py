@@ -426,7 +426,7 @@ class Checker(TraceListener):
         c = self._clients.get(uid)
         return c is not None and c.terminal is None
 
-    def _leaky(self, inc: int, now: float) -> bool:
+    def _leaky(self, inc: int, now: float | int) -> bool:
         i = self._incs.get(inc)
         if i is None:
             return True
@@ -452,13 +452,14 @@ class Checker(TraceListener):
             self._check_leaks(self._system, now)
         return tuple(self.violations)
 
-    def _leak(self, key: object, where: str, rid: str | None, inc: int, now: float) -> None:
+    def _leak(self, key: object, where: str, rid: str | None, inc: int,
+              now: float | int) -> None:
         i = self._incs.get(inc)
         self._violate("no-leak", key, None, rid,
                       f"{where} still holds {rid!r} ({self._who(inc)}) at the end"
                       + (f"; added at event {i.add_seq}" if i is not None else ""), time=now)
 
-    def _check_leaks(self, system: System, now: float) -> None:
+    def _check_leaks(self, system: System, now: float | int) -> None:
         for engine in system.engines:
             if engine.dead is not None:
                 continue

@@ -175,7 +175,8 @@ class EngineCore:
     def _abort(self, msg: AbortMessage, cause: str) -> None:
         finished = self.scheduler.finish_requests(msg.request_ids, RequestStatus.FINISHED_ABORTED,
                                                   cause, msg.tag)
-        if finished and self.policy.engine_final_abort:
+        # bool(): a third-party policy may set the flag to 1, which compiled code would refuse
+        if finished and bool(self.policy.engine_final_abort):
             # njhill's proposal in #15326: a final "abort" output for every aborted request.
             by_client: dict[int, list[EngineCoreOutput]] = {}
             for req in finished:

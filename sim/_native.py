@@ -28,6 +28,7 @@ from types import ModuleType
 __all__ = ["NATIVE", "REASON", "GUARDED", "build_info", "decide"]
 
 MANIFEST = Path(__file__).with_name("_native.json")
+_EXTENSIONS = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 #: The packages setup.py compiles modules of (its COMPILED list; a test checks the two agree).
 #: Whenever the compiled build is not used, their modules load from source, so compiled files
 #: never load without a current manifest, even when the manifest is missing or unreadable.
@@ -65,6 +66,13 @@ def decide(manifest: Path, root: Path,
             return False, f"{entry['source']} changed since it was compiled", packages
         if not _compiled_file(source.with_suffix("")):
             return False, f"the compiled {entry['source']} is missing", packages
+    listed = {entry["source"].removesuffix(".py") for entry in modules.values()}
+    for package in packages:
+        for path in sorted((root / package).rglob("*")):
+            if path.name.endswith(_EXTENSIONS):  # a compiled module: is it one of this build's?
+                module = (path.parent / path.name.split(".", 1)[0]).relative_to(root)
+                if module.as_posix() not in listed:
+                    return False, f"{path.relative_to(root)} is not from this build", packages
     return True, f"mypyc, {len(modules)} modules", packages
 
 

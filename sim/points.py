@@ -126,6 +126,7 @@ class _Table:
         self.by_occurrence: dict[str, dict[int, float]] = {}
 
     def set(self, point: str, k: int | None, delay: float) -> None:
+        delay = float(delay)  # an int given through the Python API: a float in both builds
         if k is None:
             self.every[point] = delay
         else:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import sim
-from sim._native import GUARDED, MANIFEST, SourceFinder, decide
+from sim._native import GUARDED, SourceFinder, decide
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,13 +72,26 @@ def test_without_a_readable_manifest_compiled_files_never_load(tmp_path: Path) -
     assert not native and "unreadable" in why and packages == GUARDED
 
 
-def test_the_guarded_packages_are_the_ones_setup_py_compiles() -> None:
+def _compiled_modules() -> list[str]:
+    """setup.py's COMPILED list, as module names (read from the file, not from a build)."""
     tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
     (compiled,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
                    and any(getattr(t, "id", "") == "COMPILED" for t in node.targets)]
-    modules = ast.literal_eval(compiled)
-    assert modules and {m.split("/", 1)[0] for m in modules} == set(GUARDED)
-    assert all((ROOT / m).is_file() for m in modules)
+    return [m.removesuffix(".py").replace("/", ".") for m in ast.literal_eval(compiled)]
+
+
+def test_the_guarded_packages_are_the_ones_setup_py_compiles() -> None:
+    modules = _compiled_modules()
+    assert modules and {m.split(".", 1)[0] for m in modules} == set(GUARDED)
+    assert all((ROOT / (m.replace(".", "/") + ".py")).is_file() for m in modules)
+
+
+def test_a_compiled_file_not_from_the_build_means_source(tmp_path: Path) -> None:
+    manifest = _tree(tmp_path)
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / f"stray{_SUFFIX}").write_bytes(b"\0")  # left by another build
+    native, why, _ = decide(manifest, tmp_path, {})
+    assert not native and "sim/stray" in why and "not from this build" in why
 
 
 def test_the_source_finder_loads_py_files(tmp_path: Path) -> None:
@@ -91,64 +104,73 @@ def test_the_source_finder_loads_py_files(tmp_path: Path) -> None:
     assert finder.find_spec("pkg.missing", [str(tmp_path / "pkg")]) is None
 
 
+# Line 1: which files the compiled modules were loaded from; line 2: the runs, as JSON text (so
+# that an int against a float, 0 against 0.0, is a difference).
 _PROBE = """
-import json, sys
+import importlib, json, sys
 import engine_model.scheduler  # first, before anything imports sim by name
 import sim
-from sim._native import MANIFEST
 from racesim.runner import run_scenario
 from scenarios import load_scenario
 from sim.strategies import StrategyConfig, make_strategy
-names = sorted(json.loads(MANIFEST.read_text())["modules"]) if MANIFEST.exists() else []
-out = {"native": sim.NATIVE, "files": {n: sys.modules[n].__file__ for n in names
-                                        if n in sys.modules}, "runs": []}
+names = sys.argv[1:]
+files = {n: importlib.import_module(n).__file__ for n in names}
+print(json.dumps({"native": sim.NATIVE, "files": files}))
+runs = []
 def seen(tag, r):
-    out["runs"].append([tag, r.trace_hash, r.events, repr(r.sim_time),
-                        [v.as_dict() for v in r.violations], [tuple(d) for d in r.schedule]])
+    runs.append([tag, r.trace_hash, r.events, r.sim_time, [v.as_dict() for v in r.violations],
+                 [list(d) for d in r.schedule], [o.as_dict() for o in r.requests]])
 for name, policy in (("abort-reuse", "buggy"), ("async-sched-reuse", "buggy"),
                      ("pd-reuse", "abort-scope"), ("parallel-sampling-abort", "engine-final")):
     s = load_scenario(name)
     for witness in (False, True):
         seen([name, policy, witness], run_scenario(s, policy, witness=witness))
     base = run_scenario(s, policy, retain_trace=False)
-    st = make_strategy("random", StrategyConfig(base.occurrences, s.workload.engine.step_time, 3))
-    for i in range(1, 6):
-        seen([name, policy, i], run_scenario(s, policy, decider=st.decider(i)))
-        seen([name, policy, i, "unkept"], run_scenario(s, policy, decider=st.decider(i),
-                                                        retain_trace=False, hash_trace=False))
-print(json.dumps(out))
+    for strategy in ("random", "grid"):
+        st = make_strategy(strategy, StrategyConfig(base.occurrences,
+                                                    s.workload.engine.step_time, 3))
+        for i in range(1, 5):
+            r = run_scenario(s, policy, decider=st.decider(i))
+            seen([name, policy, strategy, i], r)
+            seen([name, policy, strategy, i, "replayed"],
+                 run_scenario(s, policy, schedule=r.schedule))
+            seen([name, policy, strategy, i, "unkept"],
+                 run_scenario(s, policy, decider=st.decider(i), retain_trace=False,
+                              hash_trace=False))
+print(json.dumps(runs))
 """
 
 
-def _probe(pure: bool) -> dict[str, Any]:
+def _probe(pure: bool) -> tuple[dict[str, Any], str]:
     env = {k: v for k, v in os.environ.items() if k != "RACESIM_PURE"}
     if pure:
         env["RACESIM_PURE"] = "1"
-    proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                          env=env, timeout=120, check=True)
-    doc: dict[str, Any] = json.loads(proc.stdout)
-    return doc
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *_compiled_modules()],
+                          capture_output=True, text=True, env=env, timeout=180, check=True)
+    meta, runs = proc.stdout.strip().splitlines()
+    doc: dict[str, Any] = json.loads(meta)
+    return doc, runs
 
 
 def test_racesim_pure_loads_every_module_from_source() -> None:
-    doc = _probe(pure=True)
-    assert doc["native"] is False
-    assert doc["files"] or not MANIFEST.exists()
-    assert all(f.endswith(".py") for f in doc["files"].values()), doc["files"]
+    meta, _ = _probe(pure=True)
+    assert meta["native"] is False
+    assert sorted(meta["files"]) == sorted(_compiled_modules())
+    assert all(f.endswith(".py") for f in meta["files"].values()), meta["files"]
 
 
 def test_compiled_and_source_builds_give_identical_runs() -> None:
     if not sim.NATIVE:
-        if os.environ.get("CI") and os.environ.get("RACESIM_PURE", "") in ("", "0"):
-            pytest.fail(f"CI must test the compiled build, but it runs {sim.build_info()}")
+        if os.environ.get("RACESIM_REQUIRE_COMPILED") == "1":  # .ci/run sets it
+            pytest.fail(f"the compiled build must be tested here, but this is {sim.build_info()}")
         pytest.skip(f"racesim is not compiled in this environment: {sim.build_info()}")
-    compiled = _probe(pure=False)
+    compiled, compiled_runs = _probe(pure=False)
     assert compiled["native"] is True
-    assert len(compiled["files"]) == 17, "every compiled module is loaded by these runs"
     assert not any(f.endswith(".py") for f in compiled["files"].values()), compiled["files"]
-    source = _probe(pure=True)
-    assert len(compiled["runs"]) == 48
-    assert compiled["runs"] == source["runs"]
+    source, source_runs = _probe(pure=True)
+    assert source["native"] is False
+    assert len(json.loads(compiled_runs)) == 4 * (2 + 2 * 4 * 3)
+    assert compiled_runs == source_runs, "the builds differ (compared as JSON text)"
 
 
 def test_compiled_frozen_records_pickle_and_copy() -> None:

@@ -176,7 +176,7 @@ class OutputProcessor:
                 reqs_to_abort.append(rid)
                 self.world.record(self.component, "fe.abort_issue", rid, state.inc, ids=[rid],
                                   cause="stop-string")
-                if self.policy.pop_stop_string_finishes:
+                if bool(self.policy.pop_stop_string_finishes):  # (see EngineCore._abort)
                     self._pop(state, "stop-string")
                 else:
                     state.finished = True
