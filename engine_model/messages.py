@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
+from sim.points import reduce_by_fields
+
 __all__ = ["FinishReason", "Token", "KVTransferParams", "EngineCoreRequest", "AbortMessage",
            "EngineCoreOutput", "EngineCoreOutputs", "EngineDead", "KVDoneNotice"]
 
@@ -50,10 +52,8 @@ class KVTransferParams:
     remote_block_ids: tuple[int, ...] = ()
     remote_inc: int = 0  # ground truth: the prefill incarnation that owns the blocks
 
-    def __reduce__(self) -> tuple[type[KVTransferParams], tuple[Any, ...]]:
-        return KVTransferParams, (self.do_remote_decode, self.do_remote_prefill,
-                                  self.remote_engine, self.remote_request_id,
-                                  self.remote_block_ids, self.remote_inc)
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return reduce_by_fields(self)
 
 
 class EngineCoreRequest:
@@ -82,8 +82,8 @@ class AbortMessage:
     request_ids: tuple[str, ...]
     tag: int = 0  # ground truth: which abort this is, so the checker can judge its precision
 
-    def __reduce__(self) -> tuple[type[AbortMessage], tuple[Any, ...]]:
-        return AbortMessage, (self.request_ids, self.tag)
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return reduce_by_fields(self)
 
 
 class EngineCoreOutput:
@@ -118,8 +118,8 @@ class EngineDead:
     engine: int
     reason: str
 
-    def __reduce__(self) -> tuple[type[EngineDead], tuple[Any, ...]]:
-        return EngineDead, (self.engine, self.reason)
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return reduce_by_fields(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,5 +129,5 @@ class KVDoneNotice:
     request_id: str
     remote_inc: int  # ground truth: the prefill incarnation the reader meant
 
-    def __reduce__(self) -> tuple[type[KVDoneNotice], tuple[Any, ...]]:
-        return KVDoneNotice, (self.request_id, self.remote_inc)
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return reduce_by_fields(self)

@@ -35,6 +35,7 @@ Progress = Callable[[int, int, int], None]
 
 _POINT = itemgetter(0)  # Decision.point, read in C
 
+
 @dataclass(frozen=True, slots=True)
 class _Context:
     """Everything a worker needs to reproduce run i (pickled once per batch)."""

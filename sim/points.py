@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
 
 from sim.errors import InputError
 
@@ -37,9 +37,15 @@ class AwaitPoint:
     natural: str = "0"
     always_yields: bool = False
 
-    def __reduce__(self) -> tuple[type[AwaitPoint], tuple[str, str, str, bool]]:
-        # by constructor: a compiled frozen class cannot be unpickled by setting its fields
-        return AwaitPoint, (self.name, self.meaning, self.natural, self.always_yields)
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return reduce_by_fields(self)
+
+
+def reduce_by_fields(record: Any) -> tuple[type[Any], tuple[Any, ...]]:
+    """``__reduce__`` for a frozen dataclass: rebuild it through its constructor, from its
+    fields. A compiled (mypyc) frozen class cannot be unpickled or copied by setting its fields
+    one by one, which is what the dataclass default does."""
+    return type(record), tuple(getattr(record, f.name) for f in fields(record))
 
 
 class PointCatalogue:

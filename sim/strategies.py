@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.errors import InputError
-from sim.points import Decider
+from sim.points import Decider, reduce_by_fields
 from sim.rng import stable_seed
 
 __all__ = ["StrategyConfig", "Strategy", "RandomStrategy", "PctStrategy", "GridStrategy",
@@ -40,10 +40,8 @@ class StrategyConfig:
     def points(self) -> tuple[str, ...]:
         return tuple(p for p, n in self.occurrences.items() if n > 0)
 
-    def __reduce__(self) -> tuple[type[StrategyConfig], tuple[Any, ...]]:
-        # by constructor: a compiled frozen class cannot be unpickled by setting its fields
-        return StrategyConfig, (dict(self.occurrences), self.scale, self.seed, self.pct_depth,
-                                self.grid_width, self.grid_occurrences)
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return reduce_by_fields(self)
 
 
 class Strategy:

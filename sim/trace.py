@@ -129,9 +129,7 @@ class TraceRecorder:
                detail: dict[str, Any]) -> None:
         seq = self._count
         self._count = seq + 1
-        listener = self._listener
-        wanted = listener is not None and kind in self._wanted
-        if not (wanted or self._buffer or self._listeners):
+        if not self.reads(kind):
             return  # nobody reads it: numbered, never built
         # tuple.__new__ builds the same TraceEvent without the named tuple's Python-level __new__
         ev = _new_tuple(TraceEvent, (seq, self._now(), component, kind, request, inc, detail))
@@ -140,7 +138,8 @@ class TraceRecorder:
             pending.append(ev)
             if len(pending) >= _CHUNK:
                 self._flush()
-        if wanted and listener is not None:
+        listener = self._listener
+        if listener is not None and kind in self._wanted:
             listener.on_event(ev)
         for other in self._listeners:
             other(ev)
