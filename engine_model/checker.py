@@ -163,6 +163,9 @@ class Checker(TraceListener):
         d = ev.detail
         engine = self._fe_engine.get(ev.component, "")
         i = _Inc(ev.inc, d["uid"], d["index"], ev.component, engine, ev.request or "", ev.seq)
+        if not d.get("tracked", True):  # vLLM 0.33: its ADD is sent, its frontend never knew it
+            i.tracked = False
+            i.ended = "never registered (a same-ID add finished the old stream)"
         self._incs[ev.inc] = i
         self._by_id.setdefault((engine, i.rid), []).append(i)
 

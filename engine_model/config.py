@@ -33,11 +33,15 @@ class EngineConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
     step_time: float = 0.01
-    async_scheduling: bool = False
+    #: None: the vLLM profile's default (engine_model.versions).
+    async_scheduling: bool | None = None
     #: vLLM #29987: ABORTs also go to an ``aborts_queue`` applied just before update_from_output.
-    eager_aborts: bool = False
+    #: None: the vLLM profile's default.
+    eager_aborts: bool | None = None
     #: seconds the input thread spends preprocessing one message (natural delay of its point).
     preprocess_time: float = 0.0
+    #: the vLLM release whose engine semantics the run follows (None: the default profile).
+    vllm: str | None = None
 
     def __post_init__(self) -> None:
         _float_times(self, "step_time", "preprocess_time")
@@ -65,8 +69,9 @@ class PDConfig:
     """Prefill/decode disaggregation: KV transfer time and the prefill side's hold timeout."""
 
     transfer_time: float = 0.002
-    #: VLLM_NIXL_ABORT_REQUEST_TIMEOUT (120 s; 480 s since vLLM #25897).
-    hold_timeout: float = 480.0
+    #: the prefill side's hold: VLLM_NIXL_ABORT_REQUEST_TIMEOUT (480 s since vLLM #25897), or the
+    #: ``kv_lease_duration`` (30 s, #41383) in profiles with leases. None: the profile's default.
+    hold_timeout: float | None = None
     #: "client": the proxy forwards the client's request ID to P and D (as X-Request-Id);
     #: "uuid": the proxy makes a fresh ID per client request (the toy proxy's uuid4).
     proxy_ids: str = "client"

@@ -26,11 +26,13 @@ from engine_model.messages import (
     EngineCoreRequest,
     EngineDead,
     KVDoneNotice,
+    KVHeartbeat,
     Token,
 )
 from engine_model.request import Request, RequestStatus
 from engine_model.runner import ModelRunner
 from engine_model.scheduler import Scheduler, SchedulerOutput
+from engine_model.versions import VllmProfile
 from sim.world import World
 
 if TYPE_CHECKING:
@@ -45,21 +47,25 @@ class EngineCore:
     """One engine process. ``index`` is its position in the system (0 = prefill under P/D)."""
 
     def __init__(self, world: World, index: int, name: str, config: EngineConfig,
-                 policy: LifecyclePolicy, *, hold_timeout: float | None = None,
-                 transfer_time: float = 0.0) -> None:
+                 policy: LifecyclePolicy, profile: VllmProfile, *,
+                 hold_timeout: float | None = None, transfer_time: float = 0.0) -> None:
         self.world = world
         self.index = index
         self.name = name
         self.config = config
         self.policy = policy
         self.kv = KVCacheManager(world, f"{name}.kv", config.num_blocks, config.block_size)
-        self.scheduler = Scheduler(world, f"{name}.scheduler", config, self.kv)
-        self.runner = ModelRunner(world, f"{name}.runner", config.async_scheduling)
+        self.scheduler = Scheduler(world, f"{name}.scheduler", config, self.kv, profile)
+        self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling))
         self.connector: ConnectorScheduler | None = None
         if hold_timeout is not None:
             self.connector = ConnectorScheduler(world, f"{name}.connector", index, self.kv,
-                                                hold_timeout, self._start_kv_read)
+                                                hold_timeout, self._start_kv_read, profile,
+                                                self._send_heartbeat)
             self.scheduler.connector = self.connector
+        # vLLM 0.33 core.py:1650-1656: an idle busy loop discards aborts_queue (every ABORT is
+        # also in input_queue).
+        self._idle_clears_aborts = profile.idle_clears_aborts
         self.transfer_time = transfer_time
         self.output_channels: dict[int, Channel] = {}
         #: decode side: where transfer-done notices go, by remote engine index.
@@ -87,9 +93,15 @@ class EngineCore:
         if ev is not None and not ev.triggered:
             ev.succeed()
 
-    def deliver_kv_notice(self, notice: KVDoneNotice) -> None:
-        """Prefill side: the decode side's transfer-done notice (NIXL side channel)."""
+    def deliver_kv_notice(self, notice: KVDoneNotice | KVHeartbeat) -> None:
+        """Prefill side: the decode side's transfer-done notice or heartbeat (NIXL side
+        channel)."""
         if self.dead is not None or self.connector is None:
+            return
+        if isinstance(notice, KVHeartbeat):
+            self.world.record(self._c_core, "pd.heartbeat", None, 0,
+                              ids=list(notice.request_ids))
+            self.connector.extend_lease(notice.request_ids)
             return
         rid = notice.request_id
         if not self.connector.recognizes(rid, self.scheduler.requests.get(rid)):
@@ -137,6 +149,8 @@ class EngineCore:
             while self.dead is None:
                 self._process_kv_finished()
                 while not self.input_queue and not sched.has_requests() and not self._batch_queue:
+                    if self._idle_clears_aborts:
+                        self.aborts_queue.clear()
                     yield from self._idle_wait()
                     self._process_kv_finished()
                 while self.input_queue:
@@ -272,6 +286,11 @@ class EngineCore:
         if channel is not None:
             channel.send(KVDoneNotice(params.remote_request_id, params.remote_inc),
                          [params.remote_request_id], remote_inc=params.remote_inc)
+
+    def _send_heartbeat(self, engine: int, remote_ids: list[str]) -> None:
+        channel = self.notify_channels.get(engine)
+        if channel is not None:
+            channel.send(KVHeartbeat(tuple(remote_ids)), remote_ids)
 
     # -- death ----------------------------------------------------------------------------------
 

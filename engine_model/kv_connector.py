@@ -1,18 +1,25 @@
 """NixlConnector's lifecycle, scheduler side, for P/D disaggregation (VLLM_LIFECYCLE §4).
 
 Prefill (P): a ``do_remote_decode`` request that finishes LENGTH_CAPPED keeps its blocks and its
-``Scheduler.requests`` entry until the decode side's notice or the hold timeout
+``Scheduler.requests`` entry until the decode side's notice or the hold's end
 (``_reqs_need_send``, keyed by ID). Decode (D): a ``do_remote_prefill`` request allocates blocks,
 waits in WAITING_FOR_REMOTE_KVS while the worker reads P's blocks, notifies P, then decodes.
+
+The hold is the vLLM profile's: a fixed timeout (480 s, #25897), or in 0.33 a lease
+(``kv_lease_duration``, 30 s, #41383) that D's scheduler renews with heartbeats every lease//6
+seconds while it waits for the blocks (nixl/base_scheduler.py:202-241, 513-518), each extending
+it to now + 2/3 lease (nixl/base_worker.py:627-631, 3380-3399).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from engine_model.kv_cache import KVCacheManager
 from engine_model.messages import KVTransferParams
 from engine_model.request import Request, RequestStatus
+from engine_model.versions import VllmProfile
 from sim.world import World
 
 __all__ = ["ConnectorScheduler"]
@@ -20,10 +27,14 @@ __all__ = ["ConnectorScheduler"]
 
 class ConnectorScheduler:
     __slots__ = ("world", "component", "engine_index", "kv", "hold_timeout", "reqs_need_send",
-                 "finished_recving", "done_sending", "_start_read")
+                 "finished_recving", "done_sending", "_start_read", "_lease", "_hb_interval",
+                 "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat",
+                 "_free_on_recv")
 
     def __init__(self, world: World, component: str, engine_index: int, kv: KVCacheManager,
-                 hold_timeout: float, start_read: Callable[[Request], None]) -> None:
+                 hold_timeout: float, start_read: Callable[[Request], None],
+                 profile: VllmProfile,
+                 send_heartbeat: Callable[[int, list[str]], None] | None = None) -> None:
         self.world = world
         self.component = component
         self.engine_index = engine_index
@@ -33,11 +44,22 @@ class ConnectorScheduler:
         self.finished_recving: dict[str, None] = {}     # D: IDs whose blocks arrived
         self.done_sending: dict[str, str] = {}          # P: IDs to release -> cause
         self._start_read = start_read
+        self._lease = profile.pd_hold == "lease"
+        self._hb_interval = profile.heartbeat_interval
+        self._extension = profile.lease_extension
+        #: D: local ID -> (P's engine, P's request ID), while the blocks are awaited.
+        self._heartbeat: dict[str, tuple[int, str]] = {}
+        # vLLM starts from 0.0 on a perf_counter clock, so the first heartbeat goes at once.
+        self._last_heartbeat = -math.inf
+        self._send_heartbeat = send_heartbeat
+        #: D: aborted requests whose blocks are freed when their read completes.
+        self._free_on_recv: dict[str, Request] = {}
 
     # -- prefill side ---------------------------------------------------------------------------
 
     def request_finished(self, request: Request) -> tuple[bool, KVTransferParams | None]:
         if not request.do_remote_decode:
+            self._heartbeat.pop(request.request_id, None)
             return False, None
         if request.status != RequestStatus.FINISHED_LENGTH_CAPPED:
             return False, None  # aborted: _reqs_not_processed, free now
@@ -67,21 +89,64 @@ class ConnectorScheduler:
         self.reqs_need_send.pop(request_id, None)
         self.done_sending[request_id] = "notify"
 
+    def extend_lease(self, request_ids: tuple[str, ...]) -> None:
+        """A heartbeat from D: each named hold now ends no sooner than now + 2/3 lease."""
+        until = self.world.now + self._extension
+        for rid in request_ids:
+            expiry = self.reqs_need_send.get(rid)
+            if expiry is not None and until > expiry:
+                self.reqs_need_send[rid] = until
+
     def next_expiry(self) -> float | None:
         return min(self.reqs_need_send.values(), default=None)
 
     def get_finished(self) -> list[tuple[str, str]]:
-        """IDs whose hold ends now: notified ones, then expired ones (with a warning in vLLM)."""
+        """IDs whose hold ends now: notified ones, then expired ones (with a warning in vLLM);
+        on D, aborted requests whose read has completed."""
         now = self.world.now
         for rid, expiry in list(self.reqs_need_send.items()):
             if expiry <= now:
                 del self.reqs_need_send[rid]
                 self.done_sending[rid] = "timeout"
+        for rid in list(self._free_on_recv):
+            if rid in self.finished_recving:
+                del self.finished_recving[rid]
+                del self._free_on_recv[rid]
+                self.done_sending[rid] = "recv-done"
         done = list(self.done_sending.items())
         self.done_sending.clear()
         return done
 
     # -- decode side ----------------------------------------------------------------------------
+
+    def on_new_request(self, request: Request) -> None:
+        """D (lease profiles): heartbeat P for this request until its blocks arrive."""
+        params = request.kv_transfer_params
+        if self._lease and params is not None and params.do_remote_prefill:
+            self._heartbeat[request.request_id] = (params.remote_engine,
+                                                   params.remote_request_id)
+
+    def build_meta(self) -> None:
+        """Each schedule(): send the heartbeats that are due, throttled to one per interval."""
+        if not self._heartbeat or self._send_heartbeat is None:
+            return
+        now = self.world.now
+        if now - self._last_heartbeat < self._hb_interval:
+            return
+        self._last_heartbeat = now
+        by_engine: dict[int, list[str]] = {}
+        for engine, remote_id in self._heartbeat.values():
+            by_engine.setdefault(engine, []).append(remote_id)
+        for engine in sorted(by_engine):
+            self._send_heartbeat(engine, by_engine[engine])
+
+    def recv_done(self, request: Request) -> bool:
+        """Whether the read into ``request``'s blocks has completed (and forget that it has)."""
+        return self.finished_recving.pop(request.request_id, 0) is None
+
+    def free_when_received(self, request: Request) -> None:
+        self._heartbeat.pop(request.request_id, None)
+        self._free_on_recv[request.request_id] = request
 
     def start_recv(self, request: Request) -> None:
         self.world.record(self.component, "pd.recv_start", request.request_id, request.inc)
@@ -92,6 +157,7 @@ class ConnectorScheduler:
         if rid not in self.finished_recving:
             return False
         del self.finished_recving[rid]
+        self._heartbeat.pop(rid, None)
         request.remote_kv_ready = True
         request.status = RequestStatus.WAITING
         # The last prompt token is recomputed locally so that D samples the next token.

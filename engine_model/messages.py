@@ -19,7 +19,7 @@ from typing import Any, Final, NamedTuple
 from sim.points import reduce_by_fields
 
 __all__ = ["FinishReason", "Token", "KVTransferParams", "EngineCoreRequest", "AbortMessage",
-           "EngineCoreOutput", "EngineCoreOutputs", "EngineDead", "KVDoneNotice"]
+           "EngineCoreOutput", "EngineCoreOutputs", "EngineDead", "KVHeartbeat", "KVDoneNotice"]
 
 
 class FinishReason:
@@ -30,6 +30,8 @@ class FinishReason:
     ABORT: Final = "abort"
     ERROR: Final = "error"
     REJECTED: Final = "rejected"
+    #: vLLM 0.33: the stream ended by STREAM_FINISHED (a same-ID add), with no finish reason.
+    STREAM_FINISHED: Final = "stream_finished"
 
 
 class Token(NamedTuple):
@@ -128,6 +130,17 @@ class KVDoneNotice:
 
     request_id: str
     remote_inc: int  # ground truth: the prefill incarnation the reader meant
+
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return reduce_by_fields(self)
+
+
+@dataclass(frozen=True, slots=True)
+class KVHeartbeat:
+    """Decode → prefill: "HB:<id>,<id>" renews the lease on the named prefill requests' blocks
+    (vLLM 0.33 nixl/base_worker.py:3380-3399, 3517-3545)."""
+
+    request_ids: tuple[str, ...]
 
     def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
         return reduce_by_fields(self)

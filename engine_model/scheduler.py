@@ -1,8 +1,9 @@
 """Scheduler (vllm/v1/core/sched/scheduler.py and async_scheduler.py), keyed by request ID.
 
-``requests`` is a dict keyed by the ID string and an ADD for a live ID overwrites its entry
-without a check, as vLLM did before #28973; ``waiting``/``running`` hold Request objects, so the
-overwritten object keeps running while the dict points at the new one.
+``requests`` is a dict keyed by the ID string. What an ADD for an ID already there does is the
+vLLM profile's: before #28973 it overwrites the entry without a check (``waiting``/``running``
+hold Request objects, so the overwritten object keeps running while the dict points at the new
+one); in 0.33 it asserts "duplicate request id" and the engine dies.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from engine_model.fatal import EngineFatal, checked_del, checked_get
 from engine_model.kv_cache import KVCacheManager
 from engine_model.messages import EngineCoreOutput, KVTransferParams, Token
 from engine_model.request import Request, RequestStatus
+from engine_model.versions import VllmProfile, get_profile
 from sim.world import World
 
 if TYPE_CHECKING:
@@ -72,10 +74,13 @@ class SchedulerOutput:
 
 class Scheduler:
     __slots__ = ("world", "component", "config", "kv", "requests", "waiting", "running",
-                 "finished_req_ids", "connector", "_step", "_async")
+                 "finished_req_ids", "connector", "_step", "_async", "_assert_duplicate",
+                 "_free_after_recv")
 
     def __init__(self, world: World, component: str, config: EngineConfig,
-                 kv: KVCacheManager) -> None:
+                 kv: KVCacheManager, profile: VllmProfile | None = None) -> None:
+        if profile is None:
+            profile = get_profile(config.vllm)
         self.world = world
         self.component = component
         self.config = config
@@ -87,16 +92,25 @@ class Scheduler:
         self.finished_req_ids: dict[str, None] = {}
         self.connector: ConnectorScheduler | None = None
         self._step = 0
-        self._async = config.async_scheduling
+        self._async = bool(config.async_scheduling)
+        self._assert_duplicate = profile.duplicate_add == "assert"
+        self._free_after_recv = profile.remote_kv_abort == "free-after-recv"
 
     # -- inputs ---------------------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
         rid = request.request_id
         prev = self.requests.get(rid)
+        if prev is not None and self._assert_duplicate:
+            # vLLM 0.33 scheduler.py:2931-2936: a non-streaming duplicate fails an assert, which
+            # _handle_client_request does not catch: the engine dies.
+            self.world.record(self.component, "sched.duplicate", rid, request.inc, prev=prev.inc)
+            raise EngineFatal(f"AssertionError: duplicate request id {rid!r}")
         # vLLM before #28973: no duplicate check; the dict entry is overwritten.
         self.waiting.append(request)
         self.requests[rid] = request
+        if self.connector is not None:
+            self.connector.on_new_request(request)
         self.world.record(self.component, "sched.add", rid, request.inc,
                           prev=prev.inc if prev is not None else 0)
 
@@ -115,10 +129,21 @@ class Scheduler:
                 self._remove_running(req)
             else:
                 self._remove_waiting(req)
+            # vLLM 0.33 scheduler.py:3017-3025: a read into this request's blocks has started
+            # and not finished, so they are freed when it reports done, not now.
+            delay_free = (self._free_after_recv
+                          and req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                          and self.connector is not None
+                          and not self.connector.recv_done(req))
             req.status = status
             self.world.record(self.component, "sched.finish", rid, req.inc, status=status,
                               cause=cause, abort=tag)
-            self._free_request(req)
+            if delay_free:
+                assert self.connector is not None
+                self.finished_req_ids[rid] = None
+                self.connector.free_when_received(req)
+            else:
+                self._free_request(req)
             finished.append(req)
         return finished
 
@@ -237,6 +262,8 @@ class Scheduler:
 
         out.finished_req_ids = list(self.finished_req_ids)
         self.finished_req_ids = {}
+        if connector is not None:
+            connector.build_meta()
         self._update_after_schedule(out)
         if out.num_scheduled_tokens or out.finished_req_ids:
             self.world.record(

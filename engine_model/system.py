@@ -15,6 +15,7 @@ from engine_model.frontend.async_llm import AsyncLLM
 from engine_model.ipc import Channel
 from engine_model.points import POINTS
 from engine_model.policies import LifecyclePolicy
+from engine_model.versions import Reach, VllmProfile, get_profile, reach_of, resolve_workload
 from sim.points import Decision, DelayPlan
 from sim.trace import TraceEvent
 from sim.world import World
@@ -55,6 +56,22 @@ class RunResult:
     trace: tuple[TraceEvent, ...]
     #: simpy events the run processed (``env.step`` calls): the kernel's work, for the bench.
     steps: int = 0
+    #: the vLLM profile the run followed.
+    vllm: str = ""
+    #: the simulated time at which each schedule decision was taken (parallel to ``schedule``).
+    decision_times: tuple[float, ...] = ()
+    #: the positive fixed delays of the scenario's environment (``[delays]``), as (point, s).
+    fixed_delays: tuple[tuple[str, float], ...] = ()
+
+    def reach(self, violation: Violation | None = None) -> Reach:
+        """Live or latent: judged from the delays taken up to the violation (all of them when
+        ``violation`` is None), the scenario's fixed delays included."""
+        profile = get_profile(self.vllm or None)
+        until = violation.time if violation is not None else None
+        delays = [(d.point, d.delay) for d, t in zip(self.schedule, self.decision_times,
+                                                     strict=True)
+                  if until is None or t <= until]
+        return reach_of(profile, [*self.fixed_delays, *delays])
 
     @property
     def violated(self) -> tuple[str, ...]:
@@ -68,10 +85,14 @@ class RunResult:
 class System:
     """The whole modelled deployment: clients, API servers, sockets, engines (and a proxy)."""
 
-    def __init__(self, world: World, workload: Workload, policy: LifecyclePolicy) -> None:
+    def __init__(self, world: World, workload: Workload, policy: LifecyclePolicy,
+                 profile: VllmProfile | None = None) -> None:
+        if profile is None:
+            workload, profile = resolve_workload(workload)
         self.world = world
         self.workload = workload
         self.policy = policy
+        self.profile = profile
         self._inc = 0
         latency = workload.ipc.latency
         self.engines: list[EngineCore] = []
@@ -79,9 +100,9 @@ class System:
         self.clients: list[Client] = []
         if workload.topology == "pd":
             pd = workload.pd
-            prefill = EngineCore(world, 0, "prefill", workload.engine, policy,
+            prefill = EngineCore(world, 0, "prefill", workload.engine, policy, profile,
                                  hold_timeout=pd.hold_timeout)
-            decode = EngineCore(world, 1, "decode", workload.engine, policy,
+            decode = EngineCore(world, 1, "decode", workload.engine, policy, profile,
                                 hold_timeout=pd.hold_timeout, transfer_time=pd.transfer_time)
             self.engines = [prefill, decode]
             decode.notify_channels[0] = Channel(world, "nixl:decode->prefill", "pd.kv:notify",
@@ -94,7 +115,7 @@ class System:
                 Proxy(world, i, p_fes[spec.frontend], d_fes[spec.frontend], pd)
                 for i, spec in enumerate(workload.requests)]
         else:
-            engine = EngineCore(world, 0, "engine", workload.engine, policy)
+            engine = EngineCore(world, 0, "engine", workload.engine, policy, profile)
             self.engines = [engine]
             self.frontends = [self._frontend(i, f"frontend{i}", engine)
                               for i in range(workload.frontends)]
@@ -111,7 +132,7 @@ class System:
         world = self.world
         latency = self.workload.ipc.latency
         fe = AsyncLLM(world, index, name, engine.index, self.policy, self.workload.frontend,
-                      self.next_inc)
+                      self.next_inc, self.profile)
         fe.input_channel = Channel(world, f"ipc:{name}->{engine.name}", "ipc.input:transit",
                                    latency, engine.deliver)
         engine.output_channels[index] = Channel(world, f"ipc:{engine.name}->{name}",
@@ -133,7 +154,8 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     world = World(seed, plan, retain_trace=retain_trace, hash_trace=hash_trace,
                   always_yield=_YIELDING)
     checker = Checker(world, frozenset(skip))
-    system = System(world, workload, policy)
+    workload, profile = resolve_workload(workload)
+    system = System(world, workload, policy, profile)
     checker.attach(system)
     env = world.env
     step, peek, horizon = env.step, env.peek, workload.horizon
@@ -150,6 +172,8 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     finally:
         gc.set_threshold(*threshold)
     violations = checker.finish()
+    fixed = tuple((p, d) for p, _k, d in world.plan.environment() if d > 0)
     return RunResult(seed, policy.name, world.trace.hexdigest(), world.trace.count,
                      float(world.env.now), world.schedule, violations, system.outcomes(),
-                     world.occurrences, world.trace.events, steps)
+                     world.occurrences, world.trace.events, steps, profile.name,
+                     world.decision_times, fixed)

@@ -172,32 +172,35 @@ class RaceSim:
     def run(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id", *,
             options: Mapping[str, str] | None = None, witness: bool = False,
             delays: Iterable[DelaySpec] | Mapping[str, float] = (), skip: Iterable[str] = (),
-            seed: int | None = None) -> RunResult:
+            seed: int | None = None, vllm: str | None = None) -> RunResult:
         """Run ``scenario`` (a bundled name, a path or a :class:`scenarios.Scenario`) under
         ``policy`` once and return its result; violations do not fail the test (see
         :meth:`check`). ``witness`` applies the scenario's ``[witness]`` schedule, ``delays``
-        exact delays on top, ``skip`` leaves invariants unchecked. Bad input raises
+        exact delays on top, ``skip`` leaves invariants unchecked, ``vllm`` picks the vLLM
+        profile (default: the scenario's, else the newest). Bad input raises
         ``sim.InputError``."""
-        return self._run(scenario, policy, options, witness, delays, skip, seed)[0]
+        return self._run(scenario, policy, options, witness, delays, skip, seed, vllm)[0]
 
     def check(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id",
               *, options: Mapping[str, str] | None = None, witness: bool = False,
               delays: Iterable[DelaySpec] | Mapping[str, float] = (), skip: Iterable[str] = (),
-              seed: int | None = None) -> RunResult:
+              seed: int | None = None, vllm: str | None = None) -> RunResult:
         """:meth:`run`, then fail the test if any (unskipped) invariant was violated, with the
         violations and the one command that replays the run."""
-        result, failed = self._run(scenario, policy, options, witness, delays, skip, seed)
+        result, failed = self._run(scenario, policy, options, witness, delays, skip, seed, vllm)
         if failed:
             pytest.fail(failed, pytrace=False)
         return result
 
     def _run(self, scenario: object, policy: str, options: Mapping[str, str] | None,
              witness: bool, delays: Iterable[DelaySpec] | Mapping[str, float],
-             skip: Iterable[str], seed: int | None) -> tuple[RunResult, str]:
+             skip: Iterable[str], seed: int | None,
+             vllm: str | None = None) -> tuple[RunResult, str]:
         """The run, and the explanation of its failure ("" when nothing was violated)."""
         from racesim.runner import run_scenario
 
         scen, replay_name = _load(scenario)
+        scen = scen.with_vllm(vllm)
         opts = _options(options)
         plan = _plan(delays)
         skipped = (skip,) if isinstance(skip, str) else tuple(skip)
@@ -227,7 +230,8 @@ class RaceSim:
         if self._report_dir is not None:
             return replay_command(str(self._report_dir / f"{self._stem(scen, policy)}.json"))
         if replay_name is not None:
-            return run_command(replay_name, policy, opts, result.seed, result.schedule, skipped)
+            return run_command(replay_name, policy, opts, result.seed, result.schedule, skipped,
+                               vllm=result.vllm)
         return None
 
     def _explain(self, scen: Scenario, replay_name: str | None, policy: str,

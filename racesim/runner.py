@@ -53,9 +53,12 @@ def replay_command(path: str) -> str:
 
 
 def run_command(scenario: str, policy: str, options: Mapping[str, str], seed: int,
-                schedule: Sequence[Decision], skip: Iterable[str] = ()) -> str:
+                schedule: Sequence[Decision], skip: Iterable[str] = (),
+                vllm: str | None = None) -> str:
     """The one ``racesim run`` command that reproduces a run (its schedule as exact delays)."""
     words = ["racesim", "run", scenario, "-p", policy]
+    if vllm:
+        words += ["--vllm", vllm]
     for k, v in options.items():
         words += ["--policy-opt", f"{k}={v}"]
     words += ["--seed", str(seed)]

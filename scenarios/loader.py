@@ -27,6 +27,7 @@ from engine_model.config import (
     Workload,
 )
 from engine_model.points import POINTS
+from engine_model.versions import PROFILES, get_profile
 from scenarios._toml_writer import dumps, locate_key, toml_key
 from sim.errors import InputError
 from sim.points import plan_entries
@@ -56,7 +57,8 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
     **{f"request.{k}": (1, False) for k in ("prompt_tokens", "max_tokens", "n", "eos_at",
                                             "stop_string_at", "disconnect_after_tokens")},
 }
-_CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": ("client", "uuid")}
+_CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": ("client", "uuid"),
+                                        "engine.vllm": tuple(PROFILES)}
 _REQUEST_ALWAYS = ("id", "at", "prompt_tokens", "max_tokens")  # written even when default
 _INT_LIMIT = 2**63 - 1  # TOML integers are 64-bit
 _MAX_FILE_BYTES = 16 * 2**20
@@ -74,6 +76,21 @@ class Scenario:
     delays: tuple[PlanEntry, ...]
     witness: tuple[PlanEntry, ...]
     source: str = field(default="<dict>", compare=False)
+
+    @property
+    def vllm(self) -> str:
+        """The vLLM profile this scenario runs on (its ``[engine] vllm``, else the default)."""
+        return get_profile(self.workload.engine.vllm).name
+
+    def with_vllm(self, vllm: str | None) -> Scenario:
+        """The same scenario on another vLLM profile (``--vllm``); None keeps its own."""
+        if vllm is None:
+            return self
+        name = get_profile(vllm).name
+        w = self.workload
+        return dataclasses.replace(
+            self, workload=dataclasses.replace(w, engine=dataclasses.replace(w.engine,
+                                                                             vllm=name)))
 
     def to_dict(self) -> dict[str, Any]:
         """The scenario as a TOML-shaped dict; ``scenario_from_dict`` reads it back equal."""
@@ -94,7 +111,9 @@ class Scenario:
 
 
 def _fields_of(obj: Any) -> dict[str, Any]:
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    """The fields that are set: None means "the vLLM profile's default" and is left out."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)
+            if getattr(obj, f.name) is not None}
 
 
 def _request_dict(r: RequestSpec) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from engine_model.config import TOPOLOGIES
 from engine_model.points import POINTS
 from engine_model.policies import load_policy
 from engine_model.system import run_workload
+from engine_model.versions import PROFILES
 from scenarios.loader import Scenario, scenario_from_dict
 from sim.errors import InputError
 from sim.points import Decision, DelayPlan
@@ -113,7 +114,7 @@ def scenarios(*, topology: str | None = None, frontends: int | None = None,
               max_requests: int = 6, id_pool: Sequence[str] = ("X", "Y"),
               allow_aborts: bool = True, allow_disconnects: bool = True,
               allow_stop_strings: bool = True, allow_eos: bool = True, allow_n: bool = True,
-              max_start: float = 0.2) -> st.SearchStrategy[Scenario]:
+              max_start: float = 0.2, vllm: str | None = None) -> st.SearchStrategy[Scenario]:
     """Valid, small :class:`~scenarios.loader.Scenario` objects (named ``"generated"``).
 
     Each has ``min_requests..max_requests`` scripted requests whose IDs are drawn from
@@ -129,7 +130,8 @@ def scenarios(*, topology: str | None = None, frontends: int | None = None,
 
     ``None`` for ``topology`` (``"single"``/``"pd"``), ``frontends`` or ``async_scheduling``
     means "draw it" (1 or 2 API servers); a value fixes it (up to 4 API servers). Each
-    ``allow_*`` flag, set to False, switches one request behaviour off.
+    ``allow_*`` flag, set to False, switches one request behaviour off. ``vllm`` names the
+    vLLM profile the scenarios run on (None: the default profile).
 
     Shrinking: a simpler scenario has fewer requests, a single engine rather than P/D, one
     API server, synchronous scheduling, requests that simply run to ``max_tokens`` (no abort,
@@ -141,6 +143,8 @@ def scenarios(*, topology: str | None = None, frontends: int | None = None,
     if frontends is not None:
         _check_int("frontends", frontends, 1, _MAX_FRONTENDS)
     _check_optional_bool("async_scheduling", async_scheduling)
+    _check(vllm is None or vllm in PROFILES,
+           f"vllm={vllm!r} must be None (the default profile) or one of {', '.join(PROFILES)}")
     _check_int("min_requests", min_requests, 1)
     _check_int("max_requests", max_requests, 1, 64)
     _check(min_requests <= max_requests,
@@ -165,7 +169,8 @@ def scenarios(*, topology: str | None = None, frontends: int | None = None,
                      async_scheduling=async_scheduling, min_requests=min_requests,
                      max_requests=max_requests, pool=pool, max_start_ticks=max_start_ticks,
                      allow_aborts=allow_aborts, allow_disconnects=allow_disconnects,
-                     allow_stop_strings=allow_stop_strings, allow_eos=allow_eos, allow_n=allow_n)
+                     allow_stop_strings=allow_stop_strings, allow_eos=allow_eos, allow_n=allow_n,
+                     vllm=vllm)
 
 
 # Composites are module-level (not closures) so that hypothesis computes their labels once,
@@ -175,7 +180,7 @@ def _scenario(draw: Callable[..., Any], *, topologies: tuple[str, ...], frontend
               async_scheduling: bool | None, min_requests: int, max_requests: int,
               pool: tuple[str, ...], max_start_ticks: int, allow_aborts: bool,
               allow_disconnects: bool, allow_stop_strings: bool, allow_eos: bool,
-              allow_n: bool) -> Scenario:
+              allow_n: bool, vllm: str | None) -> Scenario:
     topo = draw(st.sampled_from(topologies))
     n_fe = frontends if frontends is not None else draw(st.integers(1, 2))
     async_sched = async_scheduling if async_scheduling is not None else draw(st.booleans())
@@ -192,7 +197,8 @@ def _scenario(draw: Callable[..., Any], *, topologies: tuple[str, ...], frontend
         "horizon": 10.0,
         # A request needs at most n=2 x 3 blocks (44 tokens): none waits for the pool.
         "engine": {"num_blocks": max(64, 6 * max_requests), "block_size": 16,
-                   "max_num_seqs": 16, "step_time": _STEP, "async_scheduling": async_sched},
+                   "max_num_seqs": 16, "step_time": _STEP, "async_scheduling": async_sched,
+                   **({} if vllm is None else {"vllm": vllm})},
         "ipc": {"latency": 0.0005},
         "request": requests,
     }

@@ -25,7 +25,8 @@ class World:
     plan give the same trace (and trace hash) in any process.
     """
 
-    __slots__ = ("env", "rng", "plan", "trace", "_occurrences", "_schedule", "_yielding")
+    __slots__ = ("env", "rng", "plan", "trace", "_occurrences", "_schedule", "_times",
+                 "_yielding")
 
     def __init__(self, seed: int, plan: DelayPlan | None = None, *, retain_trace: bool = True,
                  hash_trace: bool = True, always_yield: frozenset[str] = frozenset()) -> None:
@@ -41,6 +42,7 @@ class World:
                                    hashing=hash_trace)
         self._occurrences: dict[str, int] = {}
         self._schedule: list[Decision] = []
+        self._times: list[float] = []
         self._yielding = always_yield
 
     @property
@@ -60,6 +62,12 @@ class World:
         return tuple(self._schedule)
 
     @property
+    def decision_times(self) -> tuple[float, ...]:
+        """When each decision of :attr:`schedule` was taken (the reach of a violation counts
+        only the delays taken before it)."""
+        return tuple(self._times)
+
+    @property
     def occurrences(self) -> dict[str, int]:
         """How many times each await point was passed (race-window coverage)."""
         return dict(self._occurrences)
@@ -76,6 +84,7 @@ class World:
         delay, default = self.plan.resolve(point, k, natural)
         if delay != default:
             self._schedule.append(_new_tuple(Decision, (point, k, delay)))
+            self._times.append(float(self.env._now))
             trace = self.trace
             if trace.reads("delay"):
                 trace.record(where, "delay", None, 0, {"point": point, "occurrence": k,

@@ -21,6 +21,7 @@ REUSE_AT = 0.08
 #: test_abort cancels 10 of 100 requests; a few of them have n = 3.
 CANCELLED = (3, 11, 24, 37, 42, 55, 68, 71, 86, 99)
 REUSED = (11, 24)  # re-sent after their abort: one n = 1, one n = 3
+V08 = EngineConfig(vllm="0.8")  # the seed-era model these tests describe
 
 
 def _n(i: int) -> int:
@@ -32,7 +33,8 @@ def _test_abort_workload(reuse_at: float = REUSE_AT) -> Workload:
                         abort_at=ABORT_AT if i in CANCELLED else None) for i in range(100)]
     reqs += [RequestSpec(f"request-{i}", at=reuse_at, prompt_tokens=16, max_tokens=MAX_TOKENS,
                          n=_n(i)) for i in REUSED]
-    return Workload(engine=EngineConfig(num_blocks=1024, max_num_seqs=256), requests=tuple(reqs))
+    return Workload(engine=EngineConfig(vllm="0.8", num_blocks=1024, max_num_seqs=256),
+                    requests=tuple(reqs))
 
 
 def _assert_drained(system: System) -> None:
@@ -67,7 +69,7 @@ def test_abort(simulate: Simulate, policy: str) -> None:
 
 
 def _reuse_at_once() -> Workload:
-    return Workload(requests=(
+    return Workload(engine=EngineConfig(vllm="0.8"), requests=(
         RequestSpec("X", prompt_tokens=16, max_tokens=MAX_TOKENS, abort_at=ABORT_AT),
         RequestSpec("X", at=ABORT_AT, prompt_tokens=16, max_tokens=MAX_TOKENS)))
 
@@ -114,7 +116,7 @@ def test_multi_abort(simulate: Simulate) -> None:
     reqs = tuple(RequestSpec(f"req-{i}", prompt_tokens=16, max_tokens=20,
                              abort_at=0.07 if f"req-{i}" in aborted else None)
                  for i in range(6))
-    result, system = simulate(Workload(requests=reqs), "internal-id")
+    result, system = simulate(Workload(engine=V08, requests=reqs), "internal-id")
     for spec, out in zip(reqs, result.requests, strict=True):
         if spec.id in aborted:
             assert out.finish_reason == "abort" and 0 < out.tokens < 20, out
@@ -132,7 +134,7 @@ def test_multi_abort(simulate: Simulate) -> None:
 def test_mid_stream_cancellation_then_reuse(simulate: Simulate) -> None:
     reqs = (RequestSpec("mid", prompt_tokens=16, max_tokens=40, disconnect_after_tokens=5),
             RequestSpec("mid", at=0.1, prompt_tokens=16, max_tokens=8))
-    result, system = simulate(Workload(requests=reqs), "abort-scope")
+    result, system = simulate(Workload(engine=V08, requests=reqs), "abort-scope")
     first, second = result.requests
     assert (first.tokens, first.finish_reason) == (5, "abort")
     assert (second.tokens, second.finish_reason) == (8, "length")
@@ -150,7 +152,7 @@ def test_finished_flag_only_on_the_last_output(simulate: Simulate) -> None:
             RequestSpec("stop-string", max_tokens=20, stop_string_at=3),
             RequestSpec("aborted", max_tokens=40, abort_at=0.05),
             RequestSpec("parallel", max_tokens=5, n=2))
-    result, _ = simulate(Workload(requests=reqs), "abort-scope")
+    result, _ = simulate(Workload(engine=EngineConfig(vllm="0.8"), requests=reqs), "abort-scope")
     expected = {"length": ("length", 6), "eos": ("stop", 4), "stop-string": ("stop", 3),
                 "aborted": ("abort", None), "parallel": ("length", 10)}
     for uid, spec in enumerate(reqs, start=1):
@@ -165,7 +167,8 @@ def test_finished_flag_only_on_the_last_output(simulate: Simulate) -> None:
 
 
 def test_abort_final_output_has_no_tokens_and_reason_abort(simulate: Simulate) -> None:
-    result, _ = simulate(Workload(requests=(RequestSpec("X", max_tokens=40, abort_at=0.05),)),
+    result, _ = simulate(Workload(engine=V08,
+                                  requests=(RequestSpec("X", max_tokens=40, abort_at=0.05),)),
                          "abort-scope")
     outs = _outputs(result, 1)
     assert outs[-1] == (0, "abort")
@@ -174,7 +177,7 @@ def test_abort_final_output_has_no_tokens_and_reason_abort(simulate: Simulate) -
 
 def test_parallel_sampling_finishes_when_the_last_child_does(simulate: Simulate) -> None:
     # Both children finish in the engine; the client sees one terminal output for the parent.
-    result, system = simulate(Workload(requests=(
+    result, system = simulate(Workload(engine=EngineConfig(vllm="0.8"), requests=(
         RequestSpec("P", max_tokens=6, n=2),)), "abort-scope")
     child_finishes = [e.request or "" for e in result.trace
                       if e.kind == "fe.output" and e.detail["finish"]]

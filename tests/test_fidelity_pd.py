@@ -36,7 +36,8 @@ def test_abort_during_kv_transfer_keeps_the_blocks_until_the_transfer_finishes(
 
         env.process(late_abort())
 
-    workload = Workload(topology="pd", requests=(RequestSpec("X", prompt_tokens=32,
+    workload = Workload(engine=EngineConfig(vllm="0.8"), topology="pd",
+                        requests=(RequestSpec("X", prompt_tokens=32,
                                                              max_tokens=3),))
     result, system = simulate(workload, "buggy", delays=[("pd.kv:read", 0, 0.05)],
                               setup=setup)
@@ -61,7 +62,7 @@ def test_abort_during_kv_transfer_keeps_the_blocks_until_the_transfer_finishes(
 def test_abort_during_final_step(simulate: Simulate, eager: bool, status: str,
                                  freed_at: float) -> None:
     # The client aborts while P runs its only (final) forward pass.
-    workload = Workload(topology="pd", engine=EngineConfig(eager_aborts=eager),
+    workload = Workload(topology="pd", engine=EngineConfig(vllm="0.8", eager_aborts=eager),
                         pd=PDConfig(hold_timeout=0.5),
                         requests=(RequestSpec("X", prompt_tokens=32, max_tokens=3,
                                               abort_at=0.005),))
@@ -93,7 +94,8 @@ def test_abort_timeout_on_prefiller_holds_the_request_until_the_lease_expires(
 
         env.process(probe())
 
-    workload = Workload(topology="pd", pd=PDConfig(hold_timeout=0.09),
+    workload = Workload(engine=EngineConfig(vllm="0.8"), topology="pd",
+                        pd=PDConfig(hold_timeout=0.09),
                         requests=(RequestSpec("X", prompt_tokens=32, max_tokens=3),))
     result, _ = simulate(workload, "buggy", delays=[("pd.kv:read", 0, 100.0)], setup=setup)
     assert seen == [(0.005, True, [0, 1]),     # running its prefill

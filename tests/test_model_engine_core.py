@@ -26,7 +26,7 @@ def _log(result: RunResult, *kinds: str) -> list[tuple[str, float]]:
 # -- the busy loop ---------------------------------------------------------------------------------
 
 def test_an_add_arriving_mid_step_waits_for_the_step_to_end() -> None:
-    result = _run(Workload(engine=EngineConfig(step_time=0.01), requests=(
+    result = _run(Workload(engine=EngineConfig(vllm="0.8", step_time=0.01), requests=(
         RequestSpec("A", at=0.0, max_tokens=3),
         RequestSpec("B", at=0.005, max_tokens=2))))       # reaches the engine at 0.0055
 
@@ -52,7 +52,7 @@ def _steps_and_updates(result: RunResult) -> list[tuple[str, int]]:
 
 
 def test_sync_scheduling_applies_step_n_before_scheduling_step_n_plus_1() -> None:
-    result = _run(Workload(engine=EngineConfig(step_time=0.01), requests=(
+    result = _run(Workload(engine=EngineConfig(vllm="0.8", step_time=0.01), requests=(
         RequestSpec("A", max_tokens=4),)))
     assert _steps_and_updates(result) == [
         ("sched.step", 1), ("sched.update", 1), ("sched.step", 2), ("sched.update", 2),
@@ -60,7 +60,7 @@ def test_sync_scheduling_applies_step_n_before_scheduling_step_n_plus_1() -> Non
 
 
 def test_async_scheduling_keeps_two_batches_in_flight() -> None:
-    result = _run(Workload(engine=EngineConfig(step_time=0.01, async_scheduling=True),
+    result = _run(Workload(engine=EngineConfig(vllm="0.8", step_time=0.01, async_scheduling=True),
                            requests=(RequestSpec("A", max_tokens=4),)))
     order = _steps_and_updates(result)
     assert order[:6] == [
@@ -102,7 +102,8 @@ def test_runner_lookup_of_a_missing_cached_id_is_a_fatal_key_error() -> None:
 def test_runner_key_error_kills_the_engine_and_every_pending_client_gets_an_error() -> None:
     # max_num_seqs = 1 keeps the third X waiting, so the old X is the only one scheduled after
     # the late ABORT: the scheduler finds *an* X in its dict, the runner has dropped X.
-    workload = Workload(frontends=2, engine=EngineConfig(step_time=0.01, max_num_seqs=1),
+    workload = Workload(frontends=2,
+                        engine=EngineConfig(vllm="0.8", step_time=0.01, max_num_seqs=1),
                         requests=(
         RequestSpec("X", at=0.0, prompt_tokens=32, max_tokens=40, abort_at=0.1),
         RequestSpec("X", at=0.13, prompt_tokens=32, max_tokens=40),

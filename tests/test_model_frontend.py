@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine_model import RequestSpec, Workload, load_policy, run_workload
+from engine_model import EngineConfig, RequestSpec, Workload, load_policy, run_workload
 from racesim.cli import main
 from sim import DelayPlan
 
 
 def test_a_child_id_taken_during_the_send_await_refuses_the_parent() -> None:
-    workload = Workload(requests=(RequestSpec("X", n=2, prompt_tokens=16, max_tokens=8),
+    workload = Workload(engine=EngineConfig(vllm="0.8"),
+                        requests=(RequestSpec("X", n=2, prompt_tokens=16, max_tokens=8),
                                   RequestSpec("1_X", prompt_tokens=16, max_tokens=8)))
     plan = DelayPlan(overrides=[("frontend.add_request:before_send", 0, 0.01)])
     result = run_workload(workload, load_policy("buggy"), plan=plan)

@@ -3,12 +3,21 @@ until the decode side has read them, or until the hold times out."""
 
 from __future__ import annotations
 
-from engine_model import PDConfig, RequestSpec, RunResult, Workload, load_policy, run_workload
+from engine_model import (
+    EngineConfig,
+    PDConfig,
+    RequestSpec,
+    RunResult,
+    Workload,
+    load_policy,
+    run_workload,
+)
 from sim import DelayPlan
 
 
 def _pd(hold_timeout: float = 480.0, read: float | None = None) -> RunResult:
-    workload = Workload(topology="pd", pd=PDConfig(hold_timeout=hold_timeout),
+    workload = Workload(engine=EngineConfig(vllm="0.8"), topology="pd",
+                        pd=PDConfig(hold_timeout=hold_timeout),
                         requests=(RequestSpec("X", prompt_tokens=32, max_tokens=3),))
     overrides = [("pd.kv:read", None, read)] if read is not None else []
     return run_workload(workload, load_policy("buggy"), plan=DelayPlan(overrides=overrides))

@@ -23,7 +23,7 @@ from sim import DelayPlan, InputError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-TWO_X = Workload(engine=EngineConfig(step_time=0.01), requests=(
+TWO_X = Workload(engine=EngineConfig(vllm="0.8", step_time=0.01), requests=(
     RequestSpec("X", at=0.0, max_tokens=3),
     RequestSpec("X", at=0.0, max_tokens=3),
     RequestSpec("Y", at=0.0, max_tokens=3)))
@@ -67,14 +67,14 @@ def test_internal_ids_come_from_the_world_rng_so_the_seed_decides_them() -> None
                                                      ("16", r"X-[0-9a-f]{16}"),
                                                      ("0", r"X")])
 def test_suffix_hex_sets_the_suffix_length(suffix_hex: str, pattern: str) -> None:
-    workload = Workload(requests=(RequestSpec("X", max_tokens=2),))
+    workload = Workload(engine=EngineConfig(vllm="0.8"), requests=(RequestSpec("X", max_tokens=2),))
     (rid,) = _engine_ids(_run(workload, suffix_hex=suffix_hex))
     assert re.fullmatch(pattern, rid), rid
 
 
 def test_suffix_hex_0_is_randomization_disabled_and_reopens_the_abort_race() -> None:
     # VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1: the engine sees the client's IDs again.
-    scenario = load_scenario("abort-reuse")
+    scenario = load_scenario("abort-reuse").with_vllm("0.8")
     on = run_scenario(scenario, "internal-id", witness=True)
     off = run_scenario(scenario, "internal-id", options={"suffix_hex": "0"}, witness=True)
     assert on.violated == ("metrics-exact",)
@@ -98,7 +98,7 @@ def test_options_on_a_policy_without_options_are_input_errors() -> None:
 
 
 def test_abort_by_external_id_ends_every_internal_id_under_it() -> None:
-    workload = Workload(engine=EngineConfig(step_time=0.01), requests=(
+    workload = Workload(engine=EngineConfig(vllm="0.8", step_time=0.01), requests=(
         RequestSpec("X", at=0.0, max_tokens=20, abort_at=0.05),
         RequestSpec("X", at=0.0, max_tokens=20),
         RequestSpec("Y", at=0.0, max_tokens=20)))
@@ -122,7 +122,7 @@ def test_a_third_party_policy_loads_by_module_and_class(monkeypatch: pytest.Monk
     assert (policy.name, policy.opts) == ("send-then-drop", {"note": "hello"})
 
     # It is really used: sending the ABORT before dropping the state closes #15326's window.
-    scenario = load_scenario("abort-reuse")
+    scenario = load_scenario("abort-reuse").with_vllm("0.8")
     result = run_scenario(scenario, "racesim_thirdparty_policy:SendThenDrop", witness=True)
     assert result.policy == "send-then-drop"
     assert result.violated == ("metrics-exact",)
@@ -135,7 +135,7 @@ def test_a_third_party_policy_may_keep_state_and_pass_tuples(
     """What a user's policy does runs the same in the compiled build (native classes check the
     argument types of their methods) as in the source one."""
     monkeypatch.syspath_prepend(str(FIXTURES))
-    scenario = load_scenario("abort-reuse")
+    scenario = load_scenario("abort-reuse").with_vllm("0.8")
     mine = run_scenario(scenario, "racesim_thirdparty_policy:CountingBuggy", witness=True)
     buggy = run_scenario(scenario, "buggy", witness=True)
     assert mine.violated == buggy.violated

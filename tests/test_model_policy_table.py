@@ -24,7 +24,7 @@ FRONTEND_WINDOWS = ("abort-reuse", "stop-string-reuse")
 
 @cache
 def _witness(scenario: str, policy: str) -> RunResult:
-    return run_scenario(load_scenario(scenario), policy, witness=True)
+    return run_scenario(load_scenario(scenario).with_vllm("0.8"), policy, witness=True)
 
 
 def _races(result: RunResult) -> bool:
@@ -72,6 +72,6 @@ def test_the_other_bundled_witnesses_race_under_buggy(scenario: str) -> None:
 
 def test_the_witness_is_what_opens_the_race() -> None:
     # Without its schedule abort-reuse is benign even under buggy: the table measures witnesses.
-    plain = run_scenario(load_scenario("abort-reuse"), "buggy")
+    plain = run_scenario(load_scenario("abort-reuse").with_vllm("0.8"), "buggy")
     assert not _races(plain)
     assert _races(_witness("abort-reuse", "buggy"))

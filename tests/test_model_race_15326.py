@@ -18,7 +18,8 @@ BUG_POINT = "frontend.abort:after_pop"
 
 
 def _abort_reuse(policy: str) -> RunResult:
-    return run_scenario(load_scenario("abort-reuse"), policy, delays=[(BUG_POINT, None, 0.05)])
+    return run_scenario(load_scenario("abort-reuse").with_vllm("0.8"), policy,
+                        delays=[(BUG_POINT, None, 0.05)])
 
 
 def _incs(result: RunResult) -> tuple[int, int]:

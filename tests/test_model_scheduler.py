@@ -24,7 +24,7 @@ def _request(rid: str, inc: int, prompt_tokens: int = 32) -> Request:
 def _engine(num_blocks: int = 8) -> tuple[World, KVCacheManager, Scheduler]:
     world = World(0)
     kv = KVCacheManager(world, "engine.kv", num_blocks, 16)
-    return world, kv, Scheduler(world, "engine.scheduler", EngineConfig(), kv)
+    return world, kv, Scheduler(world, "engine.scheduler", EngineConfig(vllm="0.8"), kv)
 
 
 def _log(world: World) -> list[tuple[str, str | None, int]]:
@@ -129,7 +129,7 @@ def test_free_queue_is_deterministic_tail_first() -> None:
 def test_scheduler_respects_max_num_seqs_and_the_block_pool() -> None:
     world = World(0)
     kv = KVCacheManager(world, "engine.kv", 3, 16)
-    sched = Scheduler(world, "engine.scheduler", EngineConfig(max_num_seqs=2), kv)
+    sched = Scheduler(world, "engine.scheduler", EngineConfig(vllm="0.8", max_num_seqs=2), kv)
     for i, rid in enumerate("ABC", start=1):
         sched.add_request(_request(rid, i, prompt_tokens=16))
     out = sched.schedule()
@@ -138,7 +138,7 @@ def test_scheduler_respects_max_num_seqs_and_the_block_pool() -> None:
 
     world2 = World(0)
     kv2 = KVCacheManager(world2, "engine.kv", 3, 16)
-    sched2 = Scheduler(world2, "engine.scheduler", EngineConfig(), kv2)
+    sched2 = Scheduler(world2, "engine.scheduler", EngineConfig(vllm="0.8"), kv2)
     sched2.add_request(_request("A", 1, prompt_tokens=32))
     sched2.add_request(_request("B", 2, prompt_tokens=32))
     out2 = sched2.schedule()

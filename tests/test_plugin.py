@@ -49,17 +49,18 @@ def test_the_fixture_passes_and_fails(pytester: pytest.Pytester) -> None:
         SKIP = ["metrics-exact"]
 
         def test_fixed_policy_closes_the_window(racesim):
-            result = racesim.check("abort-reuse", "abort-scope", witness=True, skip=SKIP)
+            result = racesim.check("abort-reuse", "abort-scope", witness=True, skip=SKIP,
+                                   vllm="0.8")
             assert result.violations == () and racesim.runs == (result,)
 
         def test_buggy_is_caught(racesim):
-            racesim.check("abort-reuse", "buggy", witness=True, skip=SKIP)
+            racesim.check("abort-reuse", "buggy", witness=True, skip=SKIP, vllm="0.8")
 
         def test_run_does_not_fail_and_takes_every_kind_of_input(racesim):
-            by_name = racesim.run("abort-reuse", "buggy", witness=True)
-            scen = load_scenario("abort-reuse")
+            by_name = racesim.run("abort-reuse", "buggy", witness=True, vllm="0.8")
+            scen = load_scenario("abort-reuse").with_vllm("0.8")
             Path("copy.toml").write_text(scenario_to_toml(scen), encoding="utf-8")
-            by_path = racesim.run(Path("copy.toml"), "buggy", witness=True)
+            by_path = racesim.run(Path("copy.toml"), "buggy", witness=True, vllm="0.8")
             by_object = racesim.run(scen, "buggy", delays=["frontend.abort:after_pop=0.05"])
             by_mapping = racesim.run(scen, "buggy", delays={"frontend.abort:after_pop#0": 0.05})
             by_tuple = racesim.run(scen, "buggy", delays=[("frontend.abort:after_pop", 0, 0.05)])
@@ -72,7 +73,7 @@ def test_the_fixture_passes_and_fails(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines([
         "*racesim: 'abort-reuse' under buggy (seed 0) violated * invariant(s): *unique-live-id*",
         "*unique-live-id at t=*",
-        "*replay: racesim run abort-reuse -p buggy --seed 0 --delay "
+        "*replay: racesim run abort-reuse -p buggy --vllm 0.8 --seed 0 --delay "
         "'frontend.abort:after_pop#0=0.05'*"])
     assert "Traceback" not in result.stdout.str()
 

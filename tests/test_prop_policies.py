@@ -31,7 +31,10 @@ def safety(result: RunResult) -> list[str]:
 
 
 def scenario(*requests: dict[str, object], **top: object) -> Scenario:
-    return scenario_from_dict({"name": "witness", **top, "request": list(requests)})
+    # Written against the seed-era model: the 0.8 profile (overwrite, sync, one input queue).
+    engine = {"vllm": "0.8", **dict(top.pop("engine", {}))}  # type: ignore[call-overload]
+    return scenario_from_dict({"name": "witness", "engine": engine, **top,
+                               "request": list(requests)})
 
 
 # -- internal-id ---------------------------------------------------------------------------------
@@ -48,7 +51,7 @@ def test_internal_id_keeps_every_safety_invariant(data: st.DataObject, seed: int
     them (VLLM_LIFECYCLE §7). With data parallelism, the FIRST_REQ send to the coordinator is
     awaited first, so the window is real there.
     """
-    scen = data.draw(scenarios(), label="scenario")
+    scen = data.draw(scenarios(vllm="0.8"), label="scenario")
     sched = data.draw(schedules(scen, policy="internal-id", seed=seed, points=NOT_BEFORE_SEND),
                       label="schedule")
     assert safety(run_scenario(scen, "internal-id", seed=seed, schedule=sched)) == []
@@ -59,7 +62,7 @@ def test_internal_id_without_external_aborts_is_safe_at_every_point(data: st.Dat
     """With no explicit abort (which aborts by *external* ID), every await point may be
     delayed, ``frontend.add_request:before_send`` included: disconnects and stop strings abort
     by internal ID, which never names another client's request."""
-    scen = data.draw(scenarios(allow_aborts=False), label="scenario")
+    scen = data.draw(scenarios(vllm="0.8", allow_aborts=False), label="scenario")
     sched = data.draw(schedules(scen, policy="internal-id"), label="schedule")
     assert safety(run_scenario(scen, "internal-id", schedule=sched)) == []
 
@@ -149,7 +152,7 @@ def test_abort_ordering_fixes_fail_only_inside_a_reuse_window(policy: str,
     pending ABORT, no output in flight) made the property pass for ``buggy`` as well, so it
     would have said nothing about the fix; this property sees every generated run.
     """
-    scen = data.draw(scenarios(topology="single", frontends=1, async_scheduling=False),
+    scen = data.draw(scenarios(vllm="0.8", topology="single", frontends=1, async_scheduling=False),
                      label="scenario")
     sched = data.draw(schedules(scen, policy=policy), label="schedule")
     result = run_scenario(scen, policy, schedule=sched)
@@ -207,7 +210,7 @@ def test_abort_scope_abort_before_add_window() -> None:
 @settings(max_examples=10)
 @given(st.data())
 def test_schedules_only_name_points_the_scenario_passes(data: st.DataObject) -> None:
-    scen = data.draw(scenarios(), label="scenario")
+    scen = data.draw(scenarios(vllm="0.8"), label="scenario")
     sched = data.draw(schedules(scen, max_delays=6), label="schedule")
     base = run_scenario(scen, "buggy", retain_trace=False).occurrences
     assert len(sched) <= 6 and list(sched) == sorted(sched)

@@ -65,14 +65,14 @@ def test_a_failing_scenario_shrinks_to_the_race_alone() -> None:
 
     # Two API servers each accept X (vLLM #27711): no abort, no delay, nothing else needed.
     search = settings(QUIET, max_examples=2000, derandomize=True)
-    w = find(scenarios(id_pool=["X"]), duplicate, settings=search).workload
+    w = find(scenarios(id_pool=["X"], vllm="0.8"), duplicate, settings=search).workload
     assert (w.topology, w.frontends, w.engine.async_scheduling) == ("single", 2, False)
     assert [(r.id, r.at, r.frontend, r.abort_at) for r in w.requests] == \
            [("X", 0.0, 0, None), ("X", 0.0, 1, None)]
 
 
 def test_the_simplest_schedule_is_one_short_early_delay() -> None:
-    scen = load_scenario("abort-reuse")
+    scen = load_scenario("abort-reuse").with_vllm("0.8")
     step = scen.workload.engine.step_time
     assert find(schedules(scen), lambda s: True, settings=QUIET) == ()
     (d,) = find(schedules(scen), lambda s: len(s) > 0, settings=QUIET)
@@ -81,7 +81,7 @@ def test_the_simplest_schedule_is_one_short_early_delay() -> None:
 
 @given(st.data())
 def test_schedules_respect_points_and_max_delays(data: st.DataObject) -> None:
-    scen = load_scenario("abort-reuse")
+    scen = load_scenario("abort-reuse").with_vllm("0.8")
     points = ["frontend.abort:after_pop", "ipc.input:transit"]
     sched = data.draw(schedules(scen, max_delays=2, points=points, policy="abort-scope",
                                 seed=5))
@@ -102,12 +102,13 @@ def test_scenarios_rejects_bad_arguments_at_once(kwargs: dict[str, Any]) -> None
 
 
 @pytest.mark.parametrize("args, kwargs", [
-    (("abort-reuse",), {}), ((None,), {}), ((load_scenario("abort-reuse"),), {"max_delays": -1}),
-    ((load_scenario("abort-reuse"),), {"max_delays": "4"}),
-    ((load_scenario("abort-reuse"),), {"policy": "nosuch"}),
-    ((load_scenario("abort-reuse"),), {"points": ["nosuch.point"]}),
-    ((load_scenario("abort-reuse"),), {"points": "client.send"}),
-    ((load_scenario("abort-reuse"),), {"seed": "0"}),
+    (("abort-reuse",), {}), ((None,), {}),
+    ((load_scenario("abort-reuse").with_vllm("0.8"),), {"max_delays": -1}),
+    ((load_scenario("abort-reuse").with_vllm("0.8"),), {"max_delays": "4"}),
+    ((load_scenario("abort-reuse").with_vllm("0.8"),), {"policy": "nosuch"}),
+    ((load_scenario("abort-reuse").with_vllm("0.8"),), {"points": ["nosuch.point"]}),
+    ((load_scenario("abort-reuse").with_vllm("0.8"),), {"points": "client.send"}),
+    ((load_scenario("abort-reuse").with_vllm("0.8"),), {"seed": "0"}),
 ])
 def test_schedules_rejects_bad_arguments_at_once(args: tuple[Any, ...],
                                                  kwargs: dict[str, Any]) -> None:

@@ -51,7 +51,7 @@ def abort_then_reuse(draw: Callable[..., Any]) -> Inputs:
               for i in range(draw(st.integers(0, 3)))]
     scenario = scenario_from_dict({
         "name": "abort-then-reuse", "frontends": frontends,
-        "engine": {"async_scheduling": draw(st.booleans())},
+        "engine": {"async_scheduling": draw(st.booleans()), "vllm": "0.8"},
         "request": [old, new, *others]})
     return scenario, [(BUG_POINT, None, round(hold, 6))]
 
@@ -82,7 +82,8 @@ def test_fixed_policies_hold_on_the_same_inputs(policy: str, inputs: Inputs) -> 
 def test_without_the_hold_buggy_is_clean_too() -> None:
     """The race needs the held ABORT: with no delay the ABORT leaves before the re-ADD (the
     re-use comes three steps later, after the old X's last step in flight has drained)."""
-    scenario = scenario_from_dict({"name": "abort-then-reuse", "request": [
+    scenario = scenario_from_dict({"name": "abort-then-reuse", "engine": {"vllm": "0.8"},
+                                  "request": [
         {"id": "X", "at": 0.0, "max_tokens": 40, "abort_at": 0.05},
         {"id": "X", "at": 0.08, "max_tokens": 8}]})
     assert _safety(scenario, "buggy", []) == []

@@ -38,21 +38,21 @@ def _run(scenario: Scenario, **kw: Any) -> tuple[RunResult, str]:
 
 @pytest.fixture(scope="module")
 def abort_reuse() -> tuple[Scenario, RunResult, str, str]:
-    scen = load_scenario("abort-reuse")
+    scen = load_scenario("abort-reuse").with_vllm("0.8")
     result, command = _run(scen)
     return scen, result, command, render_run_report(scen, "buggy", {}, result, command)
 
 
 def _big_storm() -> Scenario:
     """abort-storm plus long background requests: about 5,000 events, same races."""
-    data = load_scenario("abort-storm").to_dict()
+    data = load_scenario("abort-storm").with_vllm("0.8").to_dict()
     data["request"] += [{"id": f"bg{i}", "at": 0.001 * i, "prompt_tokens": 16, "max_tokens": 90}
                         for i in range(36)]
     return scenario_from_dict(data)
 
 
 def _hostile() -> Scenario:
-    data = load_scenario("abort-reuse").to_dict()
+    data = load_scenario("abort-reuse").with_vllm("0.8").to_dict()
     data["name"] = "hostile"
     data["request"][0]["id"] = SCRIPT_ID
     data["request"][1]["id"] = IMG_ID
@@ -124,7 +124,7 @@ def test_write_run_report_is_atomic_and_deterministic(abort_reuse: Any, tmp_path
 
 
 def test_clean_run_report_says_so() -> None:
-    scen = load_scenario("abort-reuse")
+    scen = load_scenario("abort-reuse").with_vllm("0.8")
     result = run_scenario(scen, "engine-final")
     html = render_run_report(scen, "engine-final", {}, result,
                              "racesim run abort-reuse -p engine-final")
@@ -133,7 +133,8 @@ def test_clean_run_report_says_so() -> None:
     assert "race window" not in html
 
 
-@pytest.mark.parametrize("make", [lambda: load_scenario("abort-storm"), _big_storm],
+@pytest.mark.parametrize("make", [lambda: load_scenario("abort-storm").with_vllm("0.8"),
+                                  _big_storm],
                          ids=["abort-storm", "abort-storm-5k"])
 def test_big_run_report_stays_bounded(make: Any) -> None:
     scen = make()
@@ -207,7 +208,7 @@ def test_chrome_trace_is_valid_trace_event_json(abort_reuse: Any, tmp_path: Path
 def test_chrome_trace_slices_nest_and_flows_go_forward(name: str) -> None:
     """Perfetto drops ``X`` slices that overlap without nesting on one thread; async steps
     (two in flight) and many clients must get tracks of their own."""
-    result = run_scenario(load_scenario(name), "buggy", witness=True)
+    result = run_scenario(load_scenario(name).with_vllm("0.8"), "buggy", witness=True)
     events = chrome_trace(result)["traceEvents"]
     by_thread: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for e in events:
@@ -227,7 +228,7 @@ def test_chrome_trace_slices_nest_and_flows_go_forward(name: str) -> None:
 
 
 def test_chrome_trace_is_byte_deterministic(tmp_path: Path) -> None:
-    scen = load_scenario("pd-reuse")
+    scen = load_scenario("pd-reuse").with_vllm("0.8")
     a = write_chrome_trace(tmp_path / "a.json", run_scenario(scen, "buggy", witness=True))
     b = write_chrome_trace(tmp_path / "b.json", run_scenario(scen, "buggy", witness=True))
     assert a.read_bytes() == b.read_bytes()
@@ -262,7 +263,7 @@ def _explore_doc(cx_path: str | None) -> dict[str, Any]:
 
 
 def test_explore_report_shows_both_swimlanes_coverage_and_confidence(tmp_path: Path) -> None:
-    scen = load_scenario("abort-reuse")
+    scen = load_scenario("abort-reuse").with_vllm("0.8")
     before = run_scenario(scen, "buggy", witness=True,
                           delays=[("ipc.input:transit", 0, 0.002),
                                   ("client.send", 1, 0.001)])
@@ -323,7 +324,7 @@ def test_matrix_report_links_failing_cells(tmp_path: Path) -> None:
 
 
 def test_pd_report_has_proxy_prefill_and_decode_lanes() -> None:
-    scen = load_scenario("pd-reuse")
+    scen = load_scenario("pd-reuse").with_vllm("0.8")
     result, command = _run(scen)
     html = render_run_report(scen, "buggy", {}, result, command)
     for lane in ("proxy", "P.frontend0", "D.frontend0", "prefill engine", "decode engine",
@@ -334,7 +335,7 @@ def test_pd_report_has_proxy_prefill_and_decode_lanes() -> None:
 
 
 def test_race_without_delays_opens_at_the_violating_incarnation() -> None:
-    scen = load_scenario("multi-frontend")
+    scen = load_scenario("multi-frontend").with_vllm("0.8")
     result = run_scenario(scen, "buggy")
     assert not result.schedule and result.violations
     html = render_run_report(scen, "buggy", {}, result, "racesim run multi-frontend -p buggy")
@@ -344,7 +345,7 @@ def test_race_without_delays_opens_at_the_violating_incarnation() -> None:
 
 
 def test_run_without_a_retained_trace_still_reports() -> None:
-    scen = load_scenario("abort-reuse")
+    scen = load_scenario("abort-reuse").with_vllm("0.8")
     result = run_scenario(scen, "buggy", witness=True, retain_trace=False)
     html = render_run_report(scen, "buggy", {}, result, "racesim run abort-reuse",
                              title="custom <title>")

@@ -115,7 +115,7 @@ def test_base_parses_into_the_config_records() -> None:
     assert s.name == "base" and s.summary == "s" and s.source == "x.toml"
     w = s.workload
     assert (w.topology, w.frontends, w.horizon) == ("single", 2, 10.0)
-    assert w.engine == EngineConfig(step_time=0.01)
+    assert w.engine == EngineConfig(step_time=0.01, async_scheduling=False)
     assert w.requests[0] == RequestSpec(id="A", at=0.0, prompt_tokens=32, max_tokens=40)
     assert w.requests[1] == RequestSpec(id="B", at=0.5, prompt_tokens=8, max_tokens=8,
                                         abort_at=1.0, eos_at=4, stop_string_at=3,

@@ -30,7 +30,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from engine_model import SAFETY_INVARIANTS, Checker, System, Workload, load_policy
+from engine_model import SAFETY_INVARIANTS, Checker, EngineConfig, System, Workload, load_policy
 from engine_model.client import finish_reason_of
 from engine_model.frontend.async_llm import AsyncLLM
 from engine_model.frontend.outputs import RequestOutputCollector
@@ -110,7 +110,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.world = World(0, DelayPlan(decider=self._decide), always_yield=YIELDING)
         self.env = self.world.env
         self.checker = Checker(self.world)  # subscribed before anything is recorded
-        self.system = System(self.world, Workload(requests=()), load_policy(self.policy))
+        self.system = System(self.world, Workload(engine=EngineConfig(vllm="0.8"), requests=()),
+                             load_policy(self.policy))
         self.checker.attach(self.system)
         self.frontend = self.system.frontends[0]
         self.callers: list[_Caller] = []

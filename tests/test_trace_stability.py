@@ -7,6 +7,9 @@ issue 7 (``fixtures/trace_hashes.json``): every bundled scenario under every pol
 without its witness, and random, PCT and grid schedules, each also replayed from its schedule.
 A change that only means to be faster cannot change a trace unnoticed; a change that *means*
 to change the model or the trace format updates the fixture in the same commit and says why.
+
+Those hashes were recorded before racesim had vLLM version profiles: they are the ``0.8``
+profile's, so every run here names it (``test_trace_pins_033.py`` pins the default profile).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ _RECORDED: dict[str, str] = json.loads(
 
 @cache
 def _scenario(name: str) -> Scenario:
-    return load_scenario(name)
+    return load_scenario(name).with_vllm("0.8")
 
 
 @cache
@@ -39,8 +42,9 @@ def _config(name: str) -> StrategyConfig:
                           scale=scenario.workload.engine.step_time, seed=0)
 
 
-def test_the_fixture_covers_every_bundled_scenario() -> None:
-    assert {key.split()[0] for key in _RECORDED} == set(bundled_names())
+def test_the_fixture_covers_every_scenario_bundled_when_it_was_recorded() -> None:
+    assert {key.split()[0] for key in _RECORDED} <= set(bundled_names())
+    assert len({key.split()[0] for key in _RECORDED}) == 8
     assert len(_RECORDED) == 192
 
 

@@ -24,6 +24,7 @@ from engine_model.messages import (
     FinishReason,
     KVTransferParams,
 )
+from engine_model.versions import VllmProfile
 from sim.world import World
 
 if TYPE_CHECKING:
@@ -39,14 +40,14 @@ class AsyncLLM:
 
     def __init__(self, world: World, index: int, name: str, engine: int,
                  policy: LifecyclePolicy, config: FrontendConfig,
-                 next_inc: Callable[[], int]) -> None:
+                 next_inc: Callable[[], int], profile: VllmProfile) -> None:
         self.world = world
         self.index = index
         self.name = name
         self.engine = engine
         self.policy = policy
         self.config = config
-        self.output_processor = OutputProcessor(world, name, policy)
+        self.output_processor = OutputProcessor(world, name, policy, profile)
         self.input_channel: Channel | None = None
         self.engine_dead: str | None = None
         self._next_inc = next_inc
@@ -78,20 +79,29 @@ class AsyncLLM:
         if n > 1:
             parent = ParentRequest(internal, request_id, collector)
         for index, rid in enumerate(ids):
+            registered = True
             if rid in op.request_states:
-                # OutputProcessor.add_request's ValueError("... already running") leaves
-                # generate(), whose error path aborts the children already registered (n > 1:
-                # another client took this child's ID while an earlier child's ADD awaited
-                # its send).
-                world.record(self.name, "fe.reject", rid, 0, uid=client_uid,
-                             reason="already running", external=request_id)
-                if index > 0:
-                    yield from self.abort(internal, internal=True)
-                return FinishReason.REJECTED
+                if not op.finishes_duplicates:
+                    # OutputProcessor.add_request's ValueError("... already running") leaves
+                    # generate(), whose error path aborts the children already registered
+                    # (n > 1: another client took this child's ID while an earlier child's ADD
+                    # awaited its send).
+                    world.record(self.name, "fe.reject", rid, 0, uid=client_uid,
+                                 reason="already running", external=request_id)
+                    if index > 0:
+                        yield from self.abort(internal, internal=True)
+                    return FinishReason.REJECTED
+                # vLLM 0.33 (async_llm.py:567-585, output_processor.py:663-713): no error; the
+                # old stream is finished, the new request is not registered, its ADD still goes.
+                op.finish_stream(rid)
+                registered = False
             req = EngineCoreRequest(rid, request_id, prompt_tokens, max_tokens, self.index,
                                     eos_at, kv_transfer_params, self._next_inc())
-            op.add_request(req, parent, index, collector, client_uid, self.engine,
-                           stop_string_at)
+            if registered:
+                op.add_request(req, parent, index, collector, client_uid, self.engine,
+                               stop_string_at)
+            else:
+                op.note_unregistered(req, client_uid, index)
             ev = world.sleep("frontend.add_request:before_send", 0.0, self.name)
             if ev is not None:
                 yield ev

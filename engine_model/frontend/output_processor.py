@@ -1,7 +1,9 @@
 """OutputProcessor (vllm/v1/engine/output_processor.py): the API server's per-request state.
 
-``request_states`` is keyed by the (internal) request ID; the "already running" check is the
-only duplicate guard and it is local to one API-server process (vLLM #27711).
+``request_states`` is keyed by the (internal) request ID and is local to one API-server process
+(vLLM #27711). What an add for an ID already there does is the vLLM profile's: "already
+running" (0.8), or in 0.33 the old stream ends with STREAM_FINISHED and the new request is not
+registered (``finish_stream``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from engine_model.frontend.outputs import CompletionOutput, RequestOutput, RequestOutputCollector
 from engine_model.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, Token
+from engine_model.versions import VllmProfile
 from sim.world import World
 
 if TYPE_CHECKING:
@@ -52,13 +55,20 @@ class RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, world: World, component: str, policy: LifecyclePolicy) -> None:
+    """One API server's request states, keyed by internal request ID."""
+
+    def __init__(self, world: World, component: str, policy: LifecyclePolicy,
+                 profile: VllmProfile) -> None:
         self.world = world
         self.component = component
         self.policy = policy
         self.request_states: dict[str, RequestState] = {}
         self.parent_requests: dict[str, ParentRequest] = {}
         self.external_req_ids: dict[str, list[str]] = {}
+        #: 0.33 output_processor.py:627: an unknown external ID aborts nothing; before, an
+        #: abort's ID was looked up as given.
+        self._unknown_external_noop = profile.abort_unknown_external == "noop"
+        self.finishes_duplicates = profile.frontend_duplicate == "finish-old"
 
     # -- add ------------------------------------------------------------------------------------
 
@@ -82,13 +92,34 @@ class OutputProcessor:
                           external=request.external_req_id, index=index)
         return state
 
+    def finish_stream(self, request_id: str) -> None:
+        """vLLM 0.33 ``_update_streaming_request_state`` for a non-resumable add of an ID that
+        is still here (output_processor.py:695-713): the old request's state is dropped with no
+        stats, and its client's stream ends with STREAM_FINISHED."""
+        state = self.request_states[request_id]
+        if not state.finished:
+            self._deliver(state, [], FinishReason.STREAM_FINISHED)
+        self._pop(state, "stream-finished")
+
+    def note_unregistered(self, request: EngineCoreRequest, client_uid: int, index: int) -> None:
+        """Ground truth for the checker: a request whose ADD goes out but that this frontend
+        never registered (see :meth:`finish_stream`)."""
+        self.world.record(self.component, "fe.add", request.request_id, request.inc,
+                          uid=client_uid, external=request.external_req_id, index=index,
+                          tracked=False)
+
     # -- abort ----------------------------------------------------------------------------------
 
     def flatten_req_to_abort(self, request_ids: list[str], internal: bool) -> list[str]:
         """The internal request IDs an abort of ``request_ids`` means, without popping anything."""
         out: list[str] = []
         for rid in request_ids:
-            targets = [rid] if internal else list(self.external_req_ids.get(rid, [rid]))
+            if internal:
+                targets = [rid]
+            elif self._unknown_external_noop:
+                targets = list(self.external_req_ids.get(rid, ()))
+            else:
+                targets = list(self.external_req_ids.get(rid, [rid]))
             for t in targets:
                 state = self.request_states.get(t)
                 if state is not None:
