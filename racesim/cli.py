@@ -15,6 +15,7 @@ from rich.console import Console
 from engine_model import INVARIANTS, POINTS, POLICIES
 from engine_model.checker import check_invariant_names
 from engine_model.policies import policy_spec
+from engine_model.versions import DEFAULT_VLLM, PROFILES, get_profile
 from racesim.documents import read_counterexample, run_document
 from racesim.explore import explore
 from racesim.matrix import run_matrix
@@ -88,32 +89,54 @@ def cli() -> None:
 
 # -- list ---------------------------------------------------------------------------------------
 
+def _vllm_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--vllm", type=click.Choice(list(PROFILES)), default=None,
+                        help=f"vLLM release profile [default: the scenario's, else "
+                             f"{DEFAULT_VLLM}; see 'racesim list versions'].")(f)
+
+
 @cli.command("list")
 @click.argument("what", required=False,
-                type=click.Choice(["scenarios", "policies", "points", "invariants"]))
+                type=click.Choice(["scenarios", "policies", "points", "invariants", "versions"]))
+@_vllm_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
-def list_cmd(what: str | None, as_json: bool) -> None:
-    """List bundled scenarios, policies, await points or invariants."""
-    sections: dict[str, list[tuple[str, str]]] = {}
+def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
+    """List bundled scenarios, policies, await points (with their width in a vLLM profile),
+    invariants or vLLM version profiles."""
+    profile = get_profile(vllm)
+    sections: dict[str, list[dict[str, Any]]] = {}
     if what in (None, "scenarios"):
-        sections["scenarios"] = [(n, load_scenario(n).summary) for n in bundled_names()]
+        sections["scenarios"] = [{"name": n, "meaning": load_scenario(n).summary}
+                                 for n in bundled_names()]
     if what in (None, "policies"):
-        sections["policies"] = [(n, f"{c.summary} [{c.source}]") for n, c in POLICIES.items()]
+        sections["policies"] = [{"name": n, "meaning": f"{c.summary} [{c.source}]"}
+                                for n, c in POLICIES.items()]
     if what in (None, "points"):
-        sections["points"] = [(p.name, p.meaning + (f" (default: {p.natural})"
-                                                    if p.natural != "0" else ""))
+        sections["points"] = [{"name": p.name, "width": profile.width(p.name),
+                               "meaning": p.meaning + (f" (default: {p.natural})"
+                                                       if p.natural != "0" else "")}
                               for p in POINTS]
     if what in (None, "invariants"):
-        sections["invariants"] = list(INVARIANTS.items())
+        sections["invariants"] = [{"name": n, "meaning": m} for n, m in INVARIANTS.items()]
+    if what in (None, "versions"):
+        sections["versions"] = [
+            {"name": v.name, "meaning": v.release + (" (default)" if v.name == DEFAULT_VLLM
+                                                     else ""),
+             "behaviours": [{"text": b.text, "source": b.source} for b in v.behaviours]}
+            for v in PROFILES.values()]
     if as_json:
-        _emit_json({k: [{"name": n, "meaning": m} for n, m in v] for k, v in sections.items()})
+        _emit_json(sections)
         return
     console = _console()
     for title, rows in sections.items():
-        console.print(f"[bold]{title}[/bold]")
-        width = max(len(n) for n, _ in rows) if rows else 0
-        for name, meaning in rows:
-            console.print(f"  {name.ljust(width)}  {meaning}", markup=False)
+        console.print(f"[bold]{title}[/bold]"
+                      + (f" (widths in vLLM {profile.name})" if title == "points" else ""))
+        width = max(len(r["name"]) for r in rows) if rows else 0
+        for r in rows:
+            width_tag = f"[{r['width']}] " if "width" in r else ""
+            console.print(f"  {r['name'].ljust(width)}  {width_tag}{r['meaning']}", markup=False)
+            for b in r.get("behaviours", ()):
+                console.print(f"      - {b['text']} ({b['source']})", markup=False)
 
 
 # -- run ----------------------------------------------------------------------------------------
@@ -141,22 +164,24 @@ def _outputs(f: Callable[..., Any]) -> Callable[..., Any]:
 @cli.command("run")
 @click.argument("scenario")
 @_run_options
+@_vllm_option
 @click.option("--witness", is_flag=True, help="Apply the scenario's [witness] schedule.")
 @click.option("--delay", "delays", multiple=True, metavar="POINT[#K]=SECONDS",
               help="Delay every occurrence of a point, or only its K-th (from 0).")
 @_outputs
 def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
-            skip: Sequence[str], witness: bool, delays: Sequence[str], as_json: bool,
-            html_file: str | None, trace_file: str | None) -> None:
+            skip: Sequence[str], vllm: str | None, witness: bool, delays: Sequence[str],
+            as_json: bool, html_file: str | None, trace_file: str | None) -> None:
     """Run SCENARIO (bundled name or path) once and check every invariant."""
-    scen = load_scenario(scenario)
+    scen = load_scenario(scenario).with_vllm(vllm)
     options = _options(policy_opts)
     plan = [parse_delay_option(d) for d in delays]
     _output_file("--html", html_file)
     _output_file("--trace", trace_file)
     result = run_scenario(scen, policy, options=options, seed=seed, witness=witness,
                           delays=plan, skip=skip)
-    command = run_command(scenario, policy, options, seed, result.schedule, skip)
+    command = run_command(scenario, policy, options, seed, result.schedule, skip,
+                          vllm=result.vllm)
     _finish_run(scen, policy, options, result, command, skip, as_json, html_file, trace_file)
 
 
@@ -178,19 +203,28 @@ def _finish_run(scen: Any, policy: str, options: dict[str, str], result: Any, co
 
 @cli.command("replay")
 @click.argument("counterexample", type=click.Path(dir_okay=False))
+@click.option("--vllm", type=click.Choice(list(PROFILES)), default=None,
+              help="Replay on another vLLM profile [default: the file's; 0.8 for files "
+                   "written before profiles].")
 @_outputs
-def replay_cmd(counterexample: str, as_json: bool, html_file: str | None,
+def replay_cmd(counterexample: str, vllm: str | None, as_json: bool, html_file: str | None,
                trace_file: str | None) -> None:
     """Replay a counterexample file: the same trace, byte for byte, anywhere."""
     cx = read_counterexample(counterexample)
     _output_file("--html", html_file)
     _output_file("--trace", trace_file)
-    result = run_scenario(cx.scenario, cx.policy, options=cx.options, seed=cx.seed,
+    scen = cx.scenario.with_vllm(vllm)
+    result = run_scenario(scen, cx.policy, options=cx.options, seed=cx.seed,
                           schedule=cx.schedule, skip=cx.skip)
-    if not as_json and result.trace_hash != cx.trace_hash:
+    recorded = [v.get("invariant") for v in cx.violations]
+    if recorded and not set(recorded) & set(result.violated):
+        click.echo(f"racesim: {counterexample} no longer reproduces on vLLM {result.vllm} "
+                   f"(recorded {', '.join(map(str, recorded))}; now "
+                   f"{', '.join(result.violated) or 'nothing'})", err=True)
+    elif not as_json and result.trace_hash != cx.trace_hash:
         click.echo(f"warning: trace hash {result.trace_hash} differs from the recorded "
                    f"{cx.trace_hash} (the model changed since it was written)", err=True)
-    _finish_run(cx.scenario, cx.policy, dict(cx.options), result,
+    _finish_run(scen, cx.policy, dict(cx.options), result,
                 replay_command(counterexample), cx.skip, as_json, html_file, trace_file)
 
 
@@ -257,16 +291,20 @@ def _explore_options(f: Callable[..., Any]) -> Callable[..., Any]:
               help="Runs to try (run 0 is the unperturbed baseline).")
 @click.option("--time-limit", type=float, default=None,
               help="Stop exploring after this many seconds (shrinking is bounded by runs).")
+@click.option("--reach", type=click.Choice(["all", "live"]), default="all", show_default=True,
+              help="'live': delay only await points that are live or yield in the vLLM "
+                   "profile (races vLLM can hit as released).")
+@_vllm_option
 @_explore_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
               help="Write the HTML explore report.")
 def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: int,
-                time_limit: float | None, skip: Sequence[str], strategy: str, seed: int,
-                workers: int | None, dask: str | None, out_dir: str, as_json: bool,
-                html_file: str | None) -> None:
+                time_limit: float | None, reach: str, vllm: str | None, skip: Sequence[str],
+                strategy: str, seed: int, workers: int | None, dask: str | None, out_dir: str,
+                as_json: bool, html_file: str | None) -> None:
     """Search SCENARIO's schedules for a race under POLICY (the [witness] is never read)."""
-    scen = load_scenario(scenario)
+    scen = load_scenario(scenario).with_vllm(vllm)
     options = _options(policy_opts)
     _output_file("--html", html_file)
     out = _output_dir("--out", out_dir)
@@ -274,7 +312,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
     try:
         res = explore(scen, policy, options=options, strategy=strategy, budget=budget,
                       time_limit=time_limit, seed=seed, workers=workers, dask=dask, skip=skip,
-                      out_dir=out, progress=bar)
+                      out_dir=out, progress=bar, reach=reach)
     finally:
         bar.close()
     doc = res.document()
@@ -302,15 +340,17 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
 @click.option("-p", "--policy", "policies", multiple=True,
               help="Policy (repeatable) [default: every built-in policy].")
 @click.option("--budget", type=_BUDGET, default=100, show_default=True, help="Runs per cell.")
+@_vllm_option
 @_explore_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
               help="Write the HTML matrix report (and a run report per failing cell).")
 def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: int,
-               skip: Sequence[str], strategy: str, seed: int, workers: int | None,
-               dask: str | None, out_dir: str, as_json: bool, html_file: str | None) -> None:
+               vllm: str | None, skip: Sequence[str], strategy: str, seed: int,
+               workers: int | None, dask: str | None, out_dir: str, as_json: bool,
+               html_file: str | None) -> None:
     """Explore every scenario under every policy on the same seeds: which policy closes what."""
-    scens = [load_scenario(n) for n in (scenario_names or bundled_names())]
+    scens = [load_scenario(n).with_vllm(vllm) for n in (scenario_names or bundled_names())]
     pols = list(policies or POLICIES)
     for p in pols:
         policy_spec(p)

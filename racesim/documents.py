@@ -7,24 +7,47 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from engine_model import RunResult
-from engine_model.checker import check_invariant_names
+from engine_model.checker import SAFETY_INVARIANTS, check_invariant_names
 from engine_model.points import POINTS
 from scenarios import Scenario, scenario_from_dict
 from sim import Decision, InputError, check_delay
 
 __all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
-           "COUNTEREXAMPLE_FORMAT", "safe_file_name"]
+           "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts", "verdict_of",
+           "racesim_version", "LEGACY_VLLM"]
 
 COUNTEREXAMPLE_FORMAT = "racesim-counterexample/1"
+#: the profile of a counterexample file that names none: it was written by the model that the
+#: 0.8 profile keeps.
+LEGACY_VLLM = "0.8"
 
 
 def safe_file_name(text: str) -> str:
     """A file name from scenario/policy/test names (a policy may be ``pkg.mod:Class``)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+
+
+def verdict_of(invariants: Iterable[str], reach: str | None) -> str:
+    """One word for a run, a counterexample or a matrix cell: "live race", "latent hazard",
+    "accounting gap" (only metrics-exact, a gap vLLM still has) or "safe"."""
+    names = set(invariants)
+    if names & set(SAFETY_INVARIANTS):
+        return "latent hazard" if reach == "latent" else "live race"
+    return "accounting gap" if names else "safe"
+
+
+def violation_dicts(result: RunResult) -> list[dict[str, Any]]:
+    """Each violation with its reach: ``live``, or ``latent`` and the latent points it needs."""
+    out = []
+    for v in result.violations:
+        reach = result.reach(v)
+        out.append({**v.as_dict(), "reach": reach.reach, "needs": list(reach.needs)})
+    return out
 
 
 def run_document(scenario: Scenario, policy: str, options: Mapping[str, str],
@@ -34,12 +57,14 @@ def run_document(scenario: Scenario, policy: str, options: Mapping[str, str],
         "scenario": scenario.name,
         "policy": policy,
         "policy_options": dict(options),
+        "vllm": result.vllm,
         "seed": result.seed,
         "trace_hash": result.trace_hash,
         "events": result.events,
         "sim_time": result.sim_time,
         "schedule": [d.as_dict() for d in result.schedule],
-        "violations": [v.as_dict() for v in result.violations],
+        "violations": violation_dicts(result),
+        "reach": result.reach().reach if result.violations else None,
         "requests": [r.as_dict() for r in result.requests],
     }
 
@@ -58,11 +83,23 @@ class Counterexample:
     trace_hash: str
     shrunk_from: int | None = None
     found_by: Mapping[str, Any] = field(default_factory=dict)
+    #: live or latent (None: not judged, as in files written before profiles).
+    reach: str | None = None
+    #: the racesim version that wrote the file ("" in files written before it was recorded).
+    racesim_version: str = ""
+
+    @property
+    def vllm(self) -> str:
+        return self.scenario.vllm
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "format": COUNTEREXAMPLE_FORMAT,
-            "scenario": self.scenario.to_dict(),
+            "racesim_version": self.racesim_version or racesim_version(),
+            "vllm": self.vllm,
+            "reach": self.reach,
+            # the profile is written into the scenario too, so the file replays on it
+            "scenario": self.scenario.with_vllm(self.vllm).to_dict(),
             "policy": self.policy,
             "policy_options": dict(self.options),
             "seed": self.seed,
@@ -134,6 +171,12 @@ def read_counterexample(path: str) -> Counterexample:
                          f"(expected {COUNTEREXAMPLE_FORMAT!r})")
     scenario_data = _need(data, "scenario", dict, src)
     scenario = scenario_from_dict(scenario_data, f"{src} (embedded scenario)")
+    vllm = data.get("vllm", LEGACY_VLLM)
+    if not isinstance(vllm, str):
+        raise InputError(f"{src}: 'vllm' must be a version string (got {vllm!r})")
+    if scenario.workload.engine.vllm is None:
+        # written before version profiles: the model it came from is the 0.8 profile's
+        scenario = scenario.with_vllm(vllm)
     policy = _need(data, "policy", str, src)
     options = _need(data, "policy_options", dict, src)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in options.items()):
@@ -150,7 +193,17 @@ def read_counterexample(path: str) -> Counterexample:
     found_by = data.get("found_by") or {}
     if not isinstance(found_by, dict):
         found_by = {}
+    reach = data.get("reach")
+    version = data.get("racesim_version")
     return Counterexample(scenario, policy, options, seed, schedule, tuple(skip),
                           tuple(v for v in violations if isinstance(v, dict)), trace_hash,
                           shrunk if isinstance(shrunk, int) and not isinstance(shrunk, bool)
-                          else None, found_by)
+                          else None, found_by, reach if reach in ("live", "latent") else None,
+                          version if isinstance(version, str) else "")
+
+
+def racesim_version() -> str:
+    try:
+        return metadata.version("racesim")
+    except metadata.PackageNotFoundError:
+        return "unknown"

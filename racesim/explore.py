@@ -20,7 +20,13 @@ from typing import Any
 from engine_model import RunResult
 from engine_model.checker import check_invariant_names
 from engine_model.policies import policy_spec
-from racesim.documents import Counterexample, safe_file_name, write_counterexample
+from engine_model.versions import get_profile, reach_of
+from racesim.documents import (
+    Counterexample,
+    safe_file_name,
+    violation_dicts,
+    write_counterexample,
+)
 from racesim.parallel import executor, ordered_map
 from racesim.runner import run_scenario
 from racesim.shrink import shrink
@@ -96,6 +102,10 @@ class ExploreResult:
     final_run: RunResult | None = None
     shrink_runs: int = 0
     interrupted: bool = False
+    #: "all" await points, or only the "live" ones (live and yield widths) of the profile
+    reach: str = "all"
+    #: the baseline's reach (only the scenario's fixed delays can make it latent)
+    baseline_reach: str = "live"
 
     @property
     def first_violation_run(self) -> int | None:
@@ -121,12 +131,15 @@ class ExploreResult:
             cx = {"seed": c.seed, "schedule": [d.as_dict() for d in c.schedule],
                   "violations": list(c.violations), "trace_hash": c.trace_hash,
                   "shrunk_from": c.shrunk_from, "path": self.counterexample_path,
+                  "reach": c.reach,
                   "requests": len(c.scenario.workload.requests),
                   "found_at_run": self.found_run.run if self.found_run else None}
         return {
             "scenario": self.scenario.name,
             "policy": self.policy,
             "policy_options": self.options,
+            "vllm": self.scenario.vllm,
+            "reach": self.reach,
             "strategy": self.strategy,
             "seed": self.seed,
             "runs": self.runs,
@@ -136,6 +149,7 @@ class ExploreResult:
             "distinct_traces": self.distinct_traces,
             "coverage": self.coverage,
             "baseline_violations": list(self.baseline_violations),
+            "baseline_reach": self.baseline_reach,
             "invariants": list(self.invariants),
             "pct": self.strategy_info if self.strategy == "pct" else None,
             "confidence": self.confidence(),
@@ -154,8 +168,14 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             strategy: str = "random", budget: int = 200, time_limit: float | None = None,
             seed: int = 0, workers: int | None = 1, dask: str | None = None,
             skip: Sequence[str] = (), out_dir: Path | None = None,
-            progress: Progress | None = None, shrink_runs: int = 400) -> ExploreResult:
-    """Explore ``budget`` schedules of ``scenario`` under ``policy`` (run 0 = baseline)."""
+            progress: Progress | None = None, shrink_runs: int = 400,
+            reach: str = "all") -> ExploreResult:
+    """Explore ``budget`` schedules of ``scenario`` under ``policy`` (run 0 = baseline).
+
+    ``reach="live"`` delays only the await points that are live or yield in the scenario's
+    vLLM profile, so whatever it finds can happen in that release as shipped."""
+    if reach not in ("all", "live"):
+        raise InputError(f"--reach must be 'all' or 'live', got {reach!r}")
     if strategy not in STRATEGIES:
         raise InputError(f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
     if budget < 1:
@@ -166,11 +186,16 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     policy_spec(policy)  # fail fast on an unknown policy, before any worker starts
     skip = tuple(sorted(check_invariant_names(tuple(skip))))
     started = time.monotonic()
-    res = ExploreResult(scenario, policy, opts, strategy, seed, skip)
+    res = ExploreResult(scenario, policy, opts, strategy, seed, skip, reach=reach)
     baseline = run_scenario(scenario, policy, options=opts, seed=seed, skip=skip,
                             retain_trace=False)
     res.baseline_violations = baseline.violated
-    config = StrategyConfig(occurrences=baseline.occurrences,
+    res.baseline_reach = baseline.reach().reach
+    occurrences = baseline.occurrences
+    if reach == "live":  # the strategies delay only the points they are given
+        profile = get_profile(scenario.vllm)
+        occurrences = {p: n for p, n in occurrences.items() if profile.width(p) != "latent"}
+    config = StrategyConfig(occurrences=occurrences,
                             scale=scenario.workload.engine.step_time, seed=seed)
     standing = frozenset(baseline.violated)
     traces: set[tuple[Decision, ...]] = set()
@@ -253,12 +278,16 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
     violations: tuple[dict[str, Any], ...]
     if isinstance(run, RunSummary):
         violations = tuple({"invariant": v} for v in run.violated)
+        fixed = [(p, d) for p, _k, d in scenario.delays]
+        reach = reach_of(get_profile(scenario.vllm),
+                         [*fixed, *((d.point, d.delay) for d in run.schedule)]).reach
     else:
-        violations = tuple(v.as_dict() for v in run.violations)
+        violations = tuple(violation_dicts(run))
+        reach = run.reach().reach
     return Counterexample(scenario, res.policy, dict(res.options), res.seed, run.schedule,
                           res.skip, violations, run.trace_hash, shrunk_from,
                           {"strategy": res.strategy, "run": found_at,
-                           "shrunk": shrunk_from is not None})
+                           "shrunk": shrunk_from is not None, "reach": res.reach}, reach)
 
 
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine_model.checker import SAFETY_INVARIANTS
+from racesim.documents import verdict_of
 from racesim.explore import ExploreResult, explore
 from scenarios import Scenario
 
@@ -21,8 +23,15 @@ class MatrixResult:
 
     @staticmethod
     def _cell(doc: dict[str, Any]) -> dict[str, Any]:
-        """A cell is its exploration's evidence, minus what every cell shares."""
-        return {k: doc[k] for k in _CELL_KEYS}
+        """A cell is its exploration's evidence, minus what every cell shares, and its verdict:
+        the reach is its shrunk counterexample's (shrinking prefers a live one)."""
+        cell = {k: doc[k] for k in _CELL_KEYS}
+        cx = doc["counterexample"]
+        cell["reach"] = cx["reach"] if cx is not None else None
+        if set(doc["baseline_violations"]) & set(SAFETY_INVARIANTS):
+            cell["reach"] = doc["baseline_reach"]  # a race with no delay at all
+        cell["verdict"] = verdict_of(doc["invariants"], cell["reach"])
+        return cell
 
     def document(self) -> dict[str, Any]:
         return {
@@ -32,8 +41,9 @@ class MatrixResult:
         }
 
 
-_CELL_KEYS = ("scenario", "policy", "runs", "violating_runs", "invariants", "first_violation_run",
-              "baseline_violations", "distinct_traces", "coverage", "confidence", "counterexample")
+_CELL_KEYS = ("scenario", "vllm", "policy", "runs", "violating_runs", "invariants",
+              "first_violation_run", "baseline_violations", "distinct_traces", "coverage",
+              "confidence", "counterexample")
 
 
 def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget: int,

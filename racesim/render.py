@@ -59,9 +59,13 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
               skip: Sequence[str] = ()) -> None:
     verdict = (Text("VIOLATION", style="bold red") if result.violations
                else Text("no violation", style="bold green"))
-    console.print(Text.assemble(verdict, f"  {title}  seed={result.seed}  "
+    console.print(Text.assemble(verdict, f"  {title}  vLLM {result.vllm}  seed={result.seed}  "
                                 f"events={result.events}  sim_time={result.sim_time:.4f}s"))
     console.print(f"trace hash {result.trace_hash}")
+    if set(result.violated) & set(SAFETY_INVARIANTS):
+        reach = result.reach()
+        console.print(Text(reach.describe(result.vllm),
+                           style="bold red" if reach.reach == "live" else "bold yellow"))
     if result.schedule:
         console.print("schedule: " + ", ".join(
             f"{d.point}#{d.occurrence}={d.delay:g}s" for d in result.schedule))
@@ -75,10 +79,10 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
     console.print(req)
     if result.violations:
         vt = Table(title="violations", title_justify="left")
-        for col in ("invariant", "t (s)", "request", "first event", "what broke"):
+        for col in ("invariant", "reach", "t (s)", "request", "first event", "what broke"):
             vt.add_column(col, overflow="fold")
         for v in result.violations:
-            vt.add_row(Text(v.invariant, style="red"), f"{v.time:.4f}",
+            vt.add_row(Text(v.invariant, style="red"), result.reach(v).reach, f"{v.time:.4f}",
                        Text(v.request if v.request is not None else "-"),
                        str(v.event) if v.event >= 0 else "end", Text(v.detail))
         console.print(vt)
@@ -106,7 +110,8 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
 def print_explore(console: Console, doc: dict[str, object], after: RunResult | None,
                   replay: str) -> None:
     """Summary of an exploration, then the shrunk counterexample's timeline."""
-    t = Table(title=f"explore {doc['scenario']} under {doc['policy']} ({doc['strategy']})",
+    t = Table(title=f"explore {doc['scenario']} under {doc['policy']} ({doc['strategy']}, "
+                    f"vLLM {doc['vllm']}, {doc['reach']} points)",
               title_justify="left", show_header=False)
     t.add_column("what")
     t.add_column("value", overflow="fold")
@@ -138,6 +143,9 @@ def print_explore(console: Console, doc: dict[str, object], after: RunResult | N
                           for d in cx["schedule"]) or "(no delay needed)"
         rows.append(("counterexample", f"{sched}  [shrunk from {cx['shrunk_from']} delays, "
                                        f"{cx['requests']} request(s)]"))
+        if cx.get("reach"):
+            rows.append(("reach", "live race (vLLM as released)" if cx["reach"] == "live"
+                         else "latent hazard (needs a delay where vLLM never yields)"))
         rows.append(("written to", str(cx["path"])))
     for what, value in rows:
         t.add_row(what, Text(value))
@@ -163,9 +171,9 @@ def print_matrix(console: Console, doc: dict[str, object]) -> None:
                 row.append(Text("-"))
                 continue
             inv = [i for i in c["invariants"]]
-            races = [i for i in inv if i in SAFETY_INVARIANTS]
-            style = "red" if races else ("yellow" if inv else "green")
-            label = "race" if races else ("metrics only" if inv else "safe")
+            label = c["verdict"]
+            style = {"live race": "red", "latent hazard": "magenta",
+                     "accounting gap": "yellow"}.get(label, "green")
             row.append(Text(f"{label} {c['violating_runs']}/{c['runs']}\n"
                             + (", ".join(inv) if inv else ""), style=style))
         t.add_row(*row)

@@ -1,7 +1,9 @@
 """Shrink a failing schedule: fewest delays, then fewest requests, then smallest delays.
 
-"Simpler" means, in this order: fewer non-default delays; fewer requests in the scenario (the
-counterexample embeds the smaller scenario); smaller delay values. Every candidate is judged by
+"Simpler" means, in this order: no delay at an await point that never yields in the scenario's
+vLLM profile (a live counterexample is preferred to a latent one); fewer non-default delays;
+fewer requests in the scenario (the counterexample embeds the smaller scenario); smaller delay
+values. Every candidate is judged by
 re-running it, so the result is a real failing run, never an extrapolation.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from engine_model.versions import get_profile
 from racesim.runner import run_scenario
 from scenarios import Scenario
 from sim import Decision
@@ -46,7 +49,11 @@ def shrink(scenario: Scenario, policy: str, options: Mapping[str, str], seed: in
 
     best_scen, best = scenario, tuple(sorted(schedule))
     exhausted = False
+    profile = get_profile(scenario.vllm)
     try:
+        live = tuple(d for d in best if profile.width(d.point) != "latent")
+        if live != best and fails(best_scen, live):
+            best = live  # the race is live: the latent delays were not needed
         best = _fewest_delays(best_scen, best, fails)
         best_scen = _fewest_requests(best_scen, best, fails)
         best = _smallest_delays(best_scen, best, fails)

@@ -72,7 +72,8 @@ def racesim_in_process(capsys: pytest.CaptureFixture[str],
 # -- issue 2, done when ----------------------------------------------------------------------------
 
 def test_buggy_with_the_bug_point_delay_exits_1_with_unique_live_id() -> None:
-    code, doc = run_json("abort-reuse", "-p", "buggy", "--delay", "frontend.abort:after_pop=0.05")
+    code, doc = run_json("abort-reuse", "--vllm", "0.8", "-p", "buggy", "--delay",
+                         "frontend.abort:after_pop=0.05")
     assert code == 1
     assert "unique-live-id" in violated(doc)
     assert doc["schedule"] == [{"point": "frontend.abort:after_pop", "occurrence": 0,
@@ -80,24 +81,26 @@ def test_buggy_with_the_bug_point_delay_exits_1_with_unique_live_id() -> None:
 
 
 def test_abort_scope_with_the_same_delay_shows_only_metrics_exact() -> None:
-    code, doc = run_json("abort-reuse", "-p", "abort-scope", "--delay",
+    code, doc = run_json("abort-reuse", "--vllm", "0.8", "-p", "abort-scope", "--delay",
                          "frontend.abort:after_pop=0.05")
     assert code == 1
     assert violated(doc) == {"metrics-exact"}
-    code, doc = run_json("abort-reuse", "-p", "abort-scope", "--delay",
+    code, doc = run_json("abort-reuse", "--vllm", "0.8", "-p", "abort-scope", "--delay",
                          "frontend.abort:after_pop=0.05", "--skip", "metrics-exact")
     assert (code, doc["violations"]) == (0, [])
 
 
 def test_delay_for_one_occurrence_only() -> None:
-    code, doc = run_json("abort-reuse", "--delay", "frontend.abort:after_pop#0=0.05")
+    code, doc = run_json("abort-reuse", "--vllm", "0.8", "--delay",
+                         "frontend.abort:after_pop#0=0.05")
     assert code == 1 and "unique-live-id" in violated(doc)
-    code, doc = run_json("abort-reuse", "--delay", "frontend.abort:after_pop#1=0.05")
+    code, doc = run_json("abort-reuse", "--vllm", "0.8", "--delay",
+                         "frontend.abort:after_pop#1=0.05")
     assert "unique-live-id" not in violated(doc), "there is no second abort to delay"
 
 
 def test_witness_human_output_shows_the_violation_table_and_the_timeline() -> None:
-    proc = racesim("run", "abort-reuse", "-p", "buggy", "--witness")
+    proc = racesim("run", "abort-reuse", "-p", "buggy", "--witness", "--vllm", "0.8")
     assert proc.returncode == 1 and proc.stderr == ""
     out = proc.stdout
     assert "VIOLATION" in out
@@ -107,11 +110,22 @@ def test_witness_human_output_shows_the_violation_table_and_the_timeline() -> No
     assert "OVERWRITES requests['X']" in out            # the race, in vLLM's words
     assert "frontend.abort:after_pop#0 delayed 0.05s" in out
     assert "<-- violation" in out
-    assert "racesim run abort-reuse -p buggy" in out     # the command that reproduces it
+    assert "racesim run abort-reuse -p buggy --vllm 0.8" in out  # the command that reproduces it
+    assert "latent hazard: needs a delay at frontend.abort:after_pop" in out
+
+
+def test_the_seeds_race_on_033_is_a_latent_hazard() -> None:
+    """Issue 12's first "done when": the seed's race, on the newest release, needs a delay where
+    vLLM 0.33 never yields; the duplicate ADD there kills the engine (scheduler assert)."""
+    code, doc = run_json("abort-reuse", "-p", "buggy", "--witness", "--vllm", "0.33")
+    assert code == 1 and doc["vllm"] == "0.33" and doc["reach"] == "latent"
+    assert {"engine-alive", "no-crosstalk"} <= violated(doc)
+    for v in doc["violations"]:
+        assert v["reach"] == "latent" and v["needs"] == ["frontend.abort:after_pop"]
 
 
 def test_a_clean_run_exits_0() -> None:
-    code, doc = run_json("abort-reuse", "-p", "engine-final", "--witness")
+    code, doc = run_json("abort-reuse", "--vllm", "0.8", "-p", "engine-final", "--witness")
     assert (code, doc["violations"]) == (0, [])
 
 
@@ -128,15 +142,19 @@ def test_json_document_has_the_design_fields_and_requests_in_scenario_order(
     assert doc["events"] > 0 and doc["sim_time"] > 0
     for d in doc["schedule"]:
         assert set(d) == {"point", "occurrence", "delay"} and d["point"] in POINTS
+    assert doc["vllm"] == "0.33"  # the default profile
     for v in doc["violations"]:
-        assert {"invariant", "time", "request", "detail"} <= set(v)
+        assert {"invariant", "time", "request", "detail", "reach", "needs"} <= set(v)
         assert v["invariant"] in INVARIANTS
+        assert v["reach"] in ("live", "latent")
+        assert (v["reach"] == "latent") == bool(v["needs"])
     specs = load_scenario(scenario).workload.requests
     assert [(r["id"], r["frontend"]) for r in doc["requests"]] == \
         [(s.id, s.frontend) for s in specs]
     for r in doc["requests"]:
         assert set(r) >= {"id", "frontend", "tokens", "finish_reason"}
-        assert r["finish_reason"] in ("stop", "length", "abort", "error", "rejected", None)
+        assert r["finish_reason"] in ("stop", "length", "abort", "error", "rejected",
+                                      "stream_finished", None)
     assert code == (1 if doc["violations"] else 0)
 
 
@@ -155,8 +173,8 @@ def test_list_shows_every_scenario_policy_point_and_invariant() -> None:
 
 def test_a_third_party_policy_runs_from_the_command_line() -> None:
     spec = "racesim_thirdparty_policy:SendThenDrop"
-    code, doc = run_json("abort-reuse", "-p", spec, "--policy-opt", "note=x", "--witness",
-                         pythonpath=FIXTURES)
+    code, doc = run_json("abort-reuse", "--vllm", "0.8", "-p", spec, "--policy-opt", "note=x",
+                         "--witness", pythonpath=FIXTURES)
     assert violated(doc) == {"metrics-exact"} and code == 1
     assert doc["policy"] == spec
     assert_one_line_error(racesim("run", "abort-reuse", "-p", spec, "--policy-opt", "note=bad",
