@@ -166,7 +166,13 @@ class EngineCore:
     def _idle_wait(self) -> Generator[simpy.Event, Any, None]:
         env = self.world.env
         self._loop_wakeup = env.event()
-        expiry = self.connector.next_expiry() if self.connector is not None else None
+        expiry = None
+        connector = self.connector
+        if connector is not None:
+            expiry = connector.next_expiry()
+            beat = connector.next_heartbeat()
+            if beat is not None and (expiry is None or beat < expiry):
+                expiry = beat
         if expiry is not None:
             yield self._loop_wakeup | env.timeout(max(0.0, expiry - env.now))
         else:

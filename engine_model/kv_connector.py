@@ -126,12 +126,22 @@ class ConnectorScheduler:
             self._heartbeat[request.request_id] = (params.remote_engine,
                                                    params.remote_request_id)
 
+    def next_heartbeat(self) -> float | None:
+        """When the next heartbeat is due (None: nothing to renew). vLLM's busy loop keeps
+        stepping while a request waits for remote KV, so heartbeats go out on time even
+        though nothing is scheduled; the model wakes its loop for them instead."""
+        if not self._heartbeat or self._send_heartbeat is None:
+            return None
+        return self._last_heartbeat + self._hb_interval
+
     def build_meta(self) -> None:
         """Each schedule(): send the heartbeats that are due, throttled to one per interval."""
         if not self._heartbeat or self._send_heartbeat is None:
             return
         now = self.world.now
-        if now - self._last_heartbeat < self._hb_interval:
+        # The loop wakes at last + interval computed as now + (due - now), which floating
+        # point may land a hair short of: within a nanosecond counts as due.
+        if now < self._last_heartbeat + self._hb_interval - 1e-9:
             return
         self._last_heartbeat = now
         by_engine: dict[int, list[str]] = {}
