@@ -1,0 +1,370 @@
+"""vLLM's own lifecycle tests, mirrored as scenarios with asserted outcomes (issue 12, item 4).
+
+Each :class:`Mirror` names one vLLM test, the scenario in ``tests/fixtures/vllm_mirror/`` that
+replays its workload, the vLLM profiles on which vLLM has the behaviour, and a ``check`` that
+asserts on the run what the vLLM test asserts and the model can express. A check reads only
+the :class:`RunResult` (per-client outcomes, violated invariants, trace events by kind and
+request ID), so the same records can be run on another engine backend by swapping
+:func:`run_mirror`.
+
+Every run uses the lifecycle real vLLM has on its profile (``LIFECYCLE``): ``buggy`` on 0.8
+(IDs as given, before #15326) and ``internal-id`` with its default 8-hex suffix on 0.33
+(#27987). No delay is injected anywhere: these are plain lifecycle checks, so any violation
+other than the known accounting gap is a failure. That gap is ``metrics-exact``: vLLM never
+counts a frontend-initiated abort in its finished-request stats (``OutputProcessor
+.abort_requests`` only updates ``lora_states``, vLLM 0.33 ``v1/engine/output_processor.py``
+:632-651; VLLM_LIFECYCLE §8), so every mirror with such an abort expects exactly that gap, on
+exactly the aborted requests. ``no-leak`` not being violated is the model's form of vLLM's
+``assert not engine.output_processor.has_unfinished_requests()`` (the checker looks at
+``request_states``, ``parent_requests``, ``external_req_ids``, the scheduler, the runner and
+the block pool at the end of the run).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_model import RunResult
+from racesim.runner import run_scenario
+from scenarios import load_scenario
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm_mirror"
+#: The lifecycle policy real vLLM has on each profile, with its options.
+LIFECYCLE: dict[str, tuple[str, dict[str, str]]] = {
+    "0.8": ("buggy", {}),
+    "0.33": ("internal-id", {}),
+}
+GAP = ("metrics-exact",)  # the only violation a frontend-initiated abort may leave
+
+Check = Callable[[RunResult, str], None]
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """One mirrored vLLM test. ``policy`` None: the lifecycle vLLM has on the profile."""
+
+    name: str
+    toml_file: str
+    policy: str | None
+    options: Mapping[str, str]
+    profiles: tuple[str, ...]
+    check: Check
+    xfail: Mapping[str, str] = field(default_factory=dict)  # profile -> documented disagreement
+
+
+def run_mirror(mirror: Mirror, profile: str) -> RunResult:
+    """Run ``mirror``'s scenario on ``profile`` (the one place a second backend plugs in)."""
+    policy, options = LIFECYCLE[profile]
+    if mirror.policy is not None:
+        policy, options = mirror.policy, dict(mirror.options)
+    scenario = load_scenario(str(FIXTURES / mirror.toml_file)).with_vllm(profile)
+    return run_scenario(scenario, policy, options=options, witness=False)
+
+
+# --------------------------------------------------------------------------- trace helpers
+
+def _events(r: RunResult, kind: str, component: str = "") -> list[Any]:
+    return [e for e in r.trace if e.kind == kind and e.component.startswith(component)]
+
+
+def _outputs(r: RunResult, client: int) -> list[tuple[int, str | None]]:
+    """(tokens, finish reason) of every output client ``client`` took, in order."""
+    return [(len(e.detail["tokens"]), e.detail["finish"])
+            for e in _events(r, "client.output", f"client{client}")
+            if e.component == f"client{client}"]
+
+
+def _external(r: RunResult) -> dict[str, str]:
+    """Engine-side (internal, or child) request ID -> the external ID its client used."""
+    return {e.request: e.detail["external"] for e in _events(r, "fe.add")}
+
+
+def _statuses(r: RunResult, component: str = "") -> dict[str, list[str]]:
+    """External ID -> the statuses its engine requests finished with, in order."""
+    ext = _external(r)
+    out: dict[str, list[str]] = {}
+    for e in _events(r, "sched.finish", component):
+        out.setdefault(ext[e.request], []).append(e.detail["status"])
+    return out
+
+
+def _abort_ids(r: RunResult) -> list[str]:
+    return [i for e in _events(r, "ipc.send") if e.detail["type"] == "AbortMessage"
+            for i in e.detail["ids"]]
+
+
+def _only_gap_on(r: RunResult, aborted: set[str]) -> None:
+    """Nothing violated but metrics-exact, and that only on the frontend-aborted requests."""
+    assert r.violated == GAP, r.violations
+    ext = _external(r)
+    assert {ext[v.request or ""] for v in r.violations} == aborted
+
+
+def _stream_ends(outs: list[tuple[int, str | None]], reason: str) -> None:
+    """vLLM's "only the last output has finished=True" (finish reason set <=> finished)."""
+    assert outs, "no output at all"
+    assert all(f is None for _, f in outs[:-1]), outs
+    assert outs[-1][1] == reason, outs
+
+
+# --------------------------------------------------------------------------- the checks
+
+def check_abort(r: RunResult, profile: str) -> None:
+    """tests/v1/engine/test_async_llm.py::test_abort: 100 requests (n=3 for range(1, 100, 15)),
+    range(1, 100, 10) cancelled; the others produce exactly max_tokens * n; the OutputProcessor
+    is empty once all are gathered; the first cancelled ID then runs again to max_tokens.
+
+    Cancellation is the API server's: generate() is cancelled and aborts its internal ID
+    (``disconnect_after_tokens``, staggered at 6, 12, ... 60 tokens in place of vLLM's 0.1 s
+    sleeps, multiples of 3 so n=3 deltas land exactly). vLLM cancels some tasks before their
+    first add; the model's client cannot be cancelled before it sends. Not expressed: the
+    cancelled task raising CancelledError (the model records the client's own "abort"),
+    output_kind FINAL_ONLY, the vision prompt."""
+    cancelled = list(range(1, 100, 10))
+    parallel = set(range(1, 100, 15))
+    for i, out in enumerate(r.requests[:100]):
+        n = 3 if i in parallel else 1
+        expected = (6 * (cancelled.index(i) + 1), "abort") if i in cancelled else (100 * n,
+                                                                                     "length")
+        assert (out.id, out.tokens, out.finish_reason) == (f"request-{i}", *expected)
+    reuse_at = next(e.time for e in reversed(_events(r, "client.send")))
+    live: Counter[str] = Counter()
+    for e in r.trace:
+        if e.time < reuse_at and e.kind in ("fe.add", "fe.pop"):
+            live[e.request or ""] += 1 if e.kind == "fe.add" else -1
+    assert +live == Counter(), f"unfinished in the OutputProcessor before the reuse: {+live}"
+    statuses = _statuses(r)
+    for i in cancelled:  # each child of an n=3 request was aborted in the engine too
+        assert statuses[f"request-{i}"][:3 if i in parallel else 1] == \
+            ["FINISHED_ABORTED"] * (3 if i in parallel else 1)
+    again = r.requests[100]
+    assert (again.id, again.tokens, again.finish_reason) == ("request-1", 100, "length")
+    assert statuses["request-1"][-1] == "FINISHED_LENGTH_CAPPED"
+    _only_gap_on(r, {f"request-{i}" for i in cancelled})
+
+
+def check_multi_abort(r: RunResult, profile: str) -> None:
+    """tests/v1/engine/test_async_llm.py::test_multi_abort: aborting requests 5, 10, 15, 20, 25
+    (n=3 for 5, 15, 30, 35) by external ID gives them partial results (> 0 tokens), ended
+    normally with finish_reason "abort"; the others finish with exactly 100 * n; nothing is
+    left. The model's clients abort one ID each at the same instant: vLLM's single
+    ``abort([ids], internal=False)`` call is not expressible, so the ABORTs go out one per
+    request. Checked besides: the engine is told every internal ID (all 3 children).
+    Known difference, not asserted by vLLM's test: in 0.33 ``external_req_ids`` lists child
+    IDs (output_processor.py:692), so an abort by external ID pops the children but never the
+    ParentRequest (:627-659; open PR #51629); vLLM's test only checks ``request_states``. The
+    model maps the external ID to the parent and drops it with its last child."""
+    aborted = {5, 10, 15, 20, 25}
+    parallel = {5, 15, 30, 35}
+    for i, out in enumerate(r.requests):
+        n = 3 if i in parallel else 1
+        if i in aborted:
+            assert out.finish_reason == "abort" and 0 < out.tokens < 1000 * n, out
+            _stream_ends(_outputs(r, i), "abort")
+        else:
+            assert (out.tokens, out.finish_reason) == (100 * n, "length"), out
+    ext = _external(r)
+    sent = _abort_ids(r)
+    assert sorted(sent) == sorted(i for i, e in ext.items()
+                                  if int(e.split("-")[1]) in aborted)
+    if profile != "0.8":
+        assert not set(sent) & {f"request-{i}" for i in aborted}, "aborts must be internal"
+    _only_gap_on(r, {f"request-{i}" for i in aborted})
+
+
+def check_finished_flag(r: RunResult, profile: str) -> None:
+    """tests/v1/engine/test_async_llm.py::test_finished_flag[n=1, n=3]: streaming with DELTA,
+    only the last output has finished=True. vLLM runs each n on a fresh engine as
+    "request-33"; the scenario runs them side by side (request-33, request-34). The model
+    samples no EOS unless told, so both run to max_tokens (100 * n tokens in all)."""
+    for i, n in enumerate((1, 3)):
+        outs = _outputs(r, i)
+        assert len(outs) > 1, "a stream, not a single output"
+        _stream_ends(outs, "length")
+        assert sum(k for k, _ in outs) == r.requests[i].tokens == 100 * n
+    assert r.violated == ()
+
+
+def check_abort_final_output(r: RunResult, profile: str) -> None:
+    """tests/v1/engine/test_async_llm.py::test_abort_final_output[DELTA]: after
+    ``abort(id, internal=False)`` the stream ends with one finished output whose
+    finish_reason is "abort" (made by the frontend, #22283: output_processor.py:637-651),
+    carrying no new token; the outputs before it carried tokens; nothing is left. Not
+    expressed: stop_reason None and num_cached_tokens (the model has neither), FINAL_ONLY.
+    0.33 only: before #22283 vLLM's frontend made no final abort output (the model's 0.8
+    profile makes one anyway)."""
+    outs = _outputs(r, 0)
+    _stream_ends(outs, "abort")
+    assert outs[-1] == (0, "abort")
+    streamed = sum(k for k, _ in outs[:-1])
+    assert streamed > 0 and r.requests[0].tokens == streamed
+    assert _statuses(r)["test-abort-final-output"] == ["FINISHED_ABORTED"]
+    _only_gap_on(r, {"test-abort-final-output"})
+
+
+def check_abort_during_final_step(r: RunResult, profile: str) -> None:
+    """tests/v1/engine/test_abort_final_step.py::test_abort_during_final_step[async_scheduling
+    =True] (#29987): a max_tokens=1 request aborted while its only forward pass runs gets
+    outputs ending in finish_reason "abort", and the engine finishes it FINISHED_ABORTED (the
+    status a KV connector's request_finished would see), not LENGTH_CAPPED, because
+    EngineCore.step drains aborts_queue before update_from_output (0.33 v1/engine/core.py:690,
+    792, 824-831). The model has no connector on a single engine: the check reads the status
+    the scheduler finishes the request with, and that its blocks are freed at that moment.
+    0.33 only: 0.8 applies ABORTs only between steps (there the request ends LENGTH_CAPPED)."""
+    _stream_ends(_outputs(r, 0), "abort")
+    assert _statuses(r) == {"test-abort-final-step": ["FINISHED_ABORTED"]}
+    finish = _events(r, "sched.finish")[0]
+    assert [e.time for e in _events(r, "kv.free")] == [finish.time]
+    assert all(not e.detail["applied"] for e in _events(r, "sched.update"))  # no token kept
+    _only_gap_on(r, {"test-abort-final-step"})
+
+
+STOP_AT = (3, 5, 8, 13)
+
+
+def check_stop_string(r: RunResult, profile: str) -> None:
+    """tests/v1/engine/test_output_processor.py::test_stop_string[include_stop_str_in_output=
+    False]: each request stops on its stop string with finish_reason "stop" and its text cut
+    before it (here: exactly the tokens up to the stop); its **internal** ID is in
+    ``reqs_to_abort`` (output_processor.py:871-882) while outputs are collected by external
+    ID; no output reaches a request after that; nothing is left. Checked besides: the ABORT
+    the output handler sends names the engine's ID and ends it FINISHED_ABORTED; stop-string
+    finishes are counted in stats, so no invariant at all is violated. Not expressed: text,
+    logprobs, include_stop_str_in_output=True."""
+    ext = _external(r)
+    issued = {e.request: e.detail["ids"] for e in _events(r, "fe.abort_issue")
+              if e.detail["cause"] == "stop-string"}
+    assert _abort_ids(r) == [i for ids in issued.values() for i in ids]
+    for i, stop_at in enumerate(STOP_AT):
+        rid = f"request-{i}"
+        assert (r.requests[i].id, r.requests[i].tokens, r.requests[i].finish_reason) == \
+            (rid, stop_at, "stop")
+        _stream_ends(_outputs(r, i), "stop")
+        (internal,) = [k for k, v in ext.items() if v == rid]
+        assert issued[internal] == [internal]
+        assert (internal == rid) == (profile == "0.8"), internal  # 0.33: rid + "-" + 8 hex
+    assert _statuses(r) == {f"request-{i}": ["FINISHED_ABORTED"] for i in range(4)}
+    assert not [e for e in _events(r, "client.output") if e.detail["after_done"]]
+    assert r.violated == ()
+
+
+def check_abort_requests(r: RunResult, profile: str) -> None:
+    """tests/v1/engine/test_output_processor.py::test_abort_requests[generate x internal,
+    external]: aborting by the internal or by the external ID raises nothing (vLLM's test has
+    no assertion beyond that). Mirrored: external-0/1 are aborted by external ID as soon as
+    they are added, external-2/3 by internal ID through generate()'s cancellation path (after
+    their first token: the model has no internal-ID abort before any output). Each abort
+    finds its request (no no-op), the ABORT names the engine's ID, every request ends
+    "abort" in the client and FINISHED_ABORTED in the engine, and nothing is left.
+    Not expressed: the pooling runner."""
+    assert [(o.tokens, o.finish_reason) for o in r.requests] == \
+        [(0, "abort"), (0, "abort"), (1, "abort"), (1, "abort")]
+    assert not _events(r, "fe.abort_noop")
+    assert sorted(_abort_ids(r)) == sorted(_external(r))
+    assert _statuses(r) == {f"external-{i}": ["FINISHED_ABORTED"] for i in range(4)}
+    _only_gap_on(r, {f"external-{i}" for i in range(4)})
+
+
+ABORT_ORDER = (0, 8, 3, 1, 6, 4, 2, 5, 7, 9)
+
+
+def check_async_scheduler_abort(r: RunResult, profile: str) -> None:
+    """tests/v1/core/test_async_scheduler.py::test_abort: 10 requests (max_tokens=20), two
+    batches in flight, one aborted before each update_from_output in abort_order; request i
+    ends FINISHED_ABORTED with ``abort_order.index(i)`` output tokens. vLLM calls
+    finish_requests directly; here each client aborts while step k runs, and the engine
+    applies it from aborts_queue just before update_from_output(k) (core.py:792). Checked
+    besides: the client received exactly those tokens. 0.33 only: AsyncScheduler and
+    aborts_queue postdate 0.8."""
+    ext = _external(r)
+    assert [ext[e.request] for e in _events(r, "sched.finish")] == [str(i) for i in ABORT_ORDER]
+    assert _statuses(r) == {str(i): ["FINISHED_ABORTED"] for i in range(10)}
+    applied = Counter(ext[rid] for e in _events(r, "sched.update")
+                      for rid, *_ in e.detail["applied"])
+    for i in range(10):
+        k = ABORT_ORDER.index(i)
+        assert applied[str(i)] == k, (i, applied[str(i)])
+        assert (r.requests[i].tokens, r.requests[i].finish_reason) == (k, "abort")
+    _only_gap_on(r, {str(i) for i in range(10)})
+
+
+def check_abort_during_kv_transfer(r: RunResult, profile: str) -> None:
+    """tests/v1/kv_connector/unit/test_remote_decode_lifecycle.py::test_abort_during_kv_transfer
+    (#25067): a do_remote_decode request finishes LENGTH_CAPPED and stays in
+    ``Scheduler.requests`` with its blocks (delay-free); an ABORT for it is ignored
+    (scheduler.py:2994-2996) and the blocks are freed only by ``finished_sending``. Here the
+    ABORT comes from the client through P's frontend, which still tracked X when it aborted;
+    because the client aborted, the proxy never starts the decode, so ``finished_sending``
+    comes from the hold's end (the connector's timeout/lease expiry, set to 1 s) instead of
+    the mocked notification. Not expressed: ``len(scheduler.requests) == 1`` as a count (the
+    check reads that the hold is released only at its end)."""
+    (fin,) = _events(r, "sched.finish", "prefill")
+    (hold,) = _events(r, "pd.hold", "prefill")
+    (miss,) = _events(r, "sched.abort_miss", "prefill")
+    (release,) = _events(r, "pd.release", "prefill")
+    (free,) = _events(r, "kv.free", "prefill")
+    assert fin.detail["status"] == "FINISHED_LENGTH_CAPPED" and hold.time == fin.time
+    assert hold.time < miss.time < release.time == free.time == hold.detail["expiry"]
+    assert release.detail["cause"] == "timeout"
+    assert free.detail["blocks"] == hold.detail["blocks"] and len(hold.detail["blocks"]) == 3
+    assert not _events(r, "pd.decode") and not _events(r, "sched.finish", "decode")
+    assert (r.requests[0].tokens, r.requests[0].finish_reason) == (0, "abort")
+    _only_gap_on(r, {"X"})
+
+
+MIRRORS: tuple[Mirror, ...] = (
+    Mirror("test_async_llm.py::test_abort", "test_abort.toml", None, {}, ("0.8", "0.33"),
+           check_abort),
+    Mirror("test_async_llm.py::test_multi_abort", "test_multi_abort.toml", None, {},
+           ("0.33",), check_multi_abort),
+    Mirror("test_async_llm.py::test_finished_flag", "test_finished_flag.toml", None, {},
+           ("0.8", "0.33"), check_finished_flag),
+    Mirror("test_async_llm.py::test_abort_final_output", "test_abort_final_output.toml", None,
+           {}, ("0.33",), check_abort_final_output),
+    Mirror("test_abort_final_step.py::test_abort_during_final_step",
+           "test_abort_during_final_step.toml", None, {}, ("0.33",),
+           check_abort_during_final_step),
+    Mirror("test_output_processor.py::test_stop_string", "test_stop_string.toml", None, {},
+           ("0.8", "0.33"), check_stop_string),
+    Mirror("test_output_processor.py::test_abort_requests", "test_abort_requests.toml", None,
+           {}, ("0.8", "0.33"), check_abort_requests),
+    Mirror("test_async_scheduler.py::test_abort", "test_async_scheduler_abort.toml", None, {},
+           ("0.33",), check_async_scheduler_abort),
+    Mirror("test_remote_decode_lifecycle.py::test_abort_during_kv_transfer",
+           "test_abort_during_kv_transfer.toml", None, {}, ("0.8", "0.33"),
+           check_abort_during_kv_transfer),
+)
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for m in MIRRORS:
+        for p in m.profiles:
+            marks = [pytest.mark.xfail(strict=True, reason=m.xfail[p])] if p in m.xfail else []
+            cases.append(pytest.param(m, p, id=f"{m.name}@{p}", marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize(("mirror", "profile"), _cases())
+def test_vllm_mirror(mirror: Mirror, profile: str) -> None:
+    r = run_mirror(mirror, profile)
+    assert r.vllm == profile
+    assert r.schedule == () and r.fixed_delays == (), "a mirror must run with no delay"
+    mirror.check(r, profile)
+
+
+def test_every_fixture_is_mirrored_and_names_its_vllm_test() -> None:
+    files = sorted(p.name for p in FIXTURES.glob("*.toml"))
+    assert files == sorted(m.toml_file for m in MIRRORS)
+    for m in MIRRORS:
+        summary = load_scenario(str(FIXTURES / m.toml_file)).summary
+        test_file, test_name = m.name.split("::")
+        assert f"{test_file}::{test_name}" in summary and "following vllm/" in summary
+        assert all(f"profile{'s' if len(m.profiles) > 1 else ''} " in summary
+                   and p in summary for p in m.profiles), summary
