@@ -13,6 +13,7 @@ from typing import Any
 from engine_model import RunResult
 from engine_model.checker import check_invariant_names
 from engine_model.points import POINTS
+from reports.verdict import verdict
 from scenarios import Scenario, scenario_from_dict
 from sim import Decision, InputError, check_delay
 
@@ -40,6 +41,7 @@ def run_document(scenario: Scenario, policy: str, options: Mapping[str, str],
         "sim_time": result.sim_time,
         "schedule": [d.as_dict() for d in result.schedule],
         "violations": [v.as_dict() for v in result.violations],
+        "verdict": verdict(result.violated),
         "requests": [r.as_dict() for r in result.requests],
     }
 
@@ -76,13 +78,11 @@ class Counterexample:
 
 
 def write_counterexample(path: Path, cx: Counterexample) -> Path:
-    """Write atomically (a temp file, then rename): a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(cx.as_dict(), indent=2, ensure_ascii=False) + "\n",
-                   encoding="utf-8")
-    tmp.replace(path)
-    return path
+    """Write atomically (a temp file, then rename): a crash never leaves half a file. A symlink
+    is written through, a folder or device refused (``reports._io.write_text``)."""
+    from reports._io import write_text
+
+    return write_text(path, json.dumps(cx.as_dict(), indent=2, ensure_ascii=False) + "\n")
 
 
 def _need(data: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], src: str) -> Any:

@@ -131,9 +131,9 @@ def test_explore_cli_json_and_exit_codes(tmp_path: Path) -> None:
 def test_matrix_cells_come_from_running(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "racesim", "matrix", "-s", "multi-frontend",
                            "-p", "buggy", "-p", "internal-id", "--budget", "10", "--workers",
-                           "1", "--out", str(tmp_path), "--json"],
+                           "1", "--out", str(tmp_path), "--json", "--fail-on-race"],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # a racing cell, and --fail-on-race
     cells = {(c["scenario"], c["policy"]): c for c in json.loads(proc.stdout)["cells"]}
     assert "unique-live-id" in cells[("multi-frontend", "buggy")]["invariants"]
     assert cells[("multi-frontend", "internal-id")]["invariants"] == []
