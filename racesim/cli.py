@@ -373,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     except click.UsageError as exc:
         _fail(exc.format_message())
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("racesim: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as exc:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup
 
 from engine_model.checker import INVARIANTS, SAFETY_INVARIANTS
 from engine_model.narrate import describe
@@ -20,6 +21,7 @@ from engine_model.policies import POLICIES
 from engine_model.system import RunResult
 from reports._io import write_text
 from reports.model import TraceModel
+from reports.text import printable
 from reports.overview import build_overview
 from reports.swimlane import (
     ARROW_COLOURS,
@@ -46,11 +48,19 @@ def environment() -> Environment:
     if _env is None:
         _env = Environment(loader=PackageLoader("reports"), autoescape=True,
                            undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                           keep_trailing_newline=True)
+                           keep_trailing_newline=True, finalize=_finalize)
         _env.globals.update(CSP=CSP, ARROW_COLOURS=ARROW_COLOURS, RED=VIOLATION_RED)
         _env.filters["secs"] = _secs
         _env.filters["num"] = _num
     return _env
+
+
+def _finalize(value: Any) -> Any:
+    """Every printed string: control characters escaped (a raw NUL or ESC never reaches the
+    page), before autoescaping."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return printable(value, keep_newlines=True)
+    return value
 
 
 def _secs(value: Any) -> str:
