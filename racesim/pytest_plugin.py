@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from engine_model import RunResult
     from scenarios import Scenario
 
-__all__ = ["RaceSim", "RaceFound", "RaceSimReportWarning", "racesim", "racesim_policy", "pytest_addoption",
-           "pytest_configure", "pytest_generate_tests", "pytest_report_header"]
+__all__ = ["RaceSim", "RaceFound", "RaceSimReportWarning", "racesim", "racesim_policy",
+           "pytest_addoption", "pytest_configure", "pytest_generate_tests", "pytest_report_header"]
 
 MARKER: Final = "racesim_policies"
 POLICY_ARG: Final = "racesim_policy"
