@@ -33,7 +33,7 @@ def _is_dev_null(st: os.stat_result) -> bool:
         null = os.stat(os.devnull)
     except OSError:
         return False
-    return (st.st_dev, st.st_ino, st.st_rdev) == (null.st_dev, null.st_ino, null.st_rdev)
+    return stat.S_ISCHR(null.st_mode) and st.st_rdev == null.st_rdev  # the device, any node
 
 
 def _target(path: Path) -> tuple[Path, os.stat_result | None]:

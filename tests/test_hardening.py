@@ -87,11 +87,27 @@ def test_a_symlink_is_written_through_and_stays_a_link(tmp_path: Path,
     assert target.read_text().startswith("<!DOCTYPE html>")
 
 
-def test_dev_null_is_written_through_not_replaced(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _out, err = cli(capsys, "run", "abort-reuse", "--witness", "--html", os.devnull,
-                          "--trace", os.devnull)
+def _device_like(tmp_path: Path, name: str, like: str) -> Path:
+    """A node in ``tmp_path`` for the same device as ``like`` (so a regression that replaces
+    it harms nothing outside the test); skipped where nodes cannot be made."""
+    st = os.stat(like)
+    if not stat.S_ISCHR(st.st_mode):
+        pytest.skip(f"{like} is not a device here")
+    node = tmp_path / name
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, st.st_rdev)
+    except (PermissionError, OSError):
+        pytest.skip("cannot make device nodes here")
+    return node
+
+
+def test_dev_null_is_written_through_not_replaced(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    null = _device_like(tmp_path, "null", os.devnull)
+    code, _out, err = cli(capsys, "run", "abort-reuse", "--witness", "--html", str(null),
+                          "--trace", str(null))
     assert code == 1, err
-    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
 
 
 def test_a_named_pipe_is_written_through(tmp_path: Path) -> None:
@@ -112,10 +128,10 @@ def test_a_folder_or_a_device_is_refused_before_any_work(
     code, out, err = cli(capsys, "run", "abort-reuse", option, str(tmp_path))
     one_line_error(code, err, str(tmp_path), "folder")
     assert out == ""
-    if Path("/dev/full").exists():
-        code, out, err = cli(capsys, "run", "abort-reuse", option, "/dev/full")
-        one_line_error(code, err, "/dev/full", "device")
-        assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+    full = _device_like(tmp_path, "full", "/dev/full")  # once turned into an HTML file
+    code, out, err = cli(capsys, "run", "abort-reuse", "--witness", option, str(full))
+    one_line_error(code, err, str(full), "device")
+    assert stat.S_ISCHR(os.lstat(full).st_mode) and out == ""
 
 
 def test_a_failed_write_names_the_users_path_not_a_temp_file(
