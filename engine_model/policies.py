@@ -24,6 +24,16 @@ primitives:
   string;
 - ``yield from llm.send_abort(ids, point)``: pass await point ``point``, then send the ABORT.
 
+Which IDs each hook receives:
+
+- ``assign_request_id(llm, request_id)``: the client's *external* ID; it returns the
+  *internal* ID the engine (and every ID-keyed table) will see.
+- ``abort(llm, request_ids)``: *internal* IDs. The frontend has already mapped the ID the
+  client aborted (external, or internal for a proxy's own abort) to every internal ID live
+  under it, children of ``n > 1`` included; IDs it no longer tracks are not passed.
+- ``abort_stop_strings(llm, request_ids)``: *internal* IDs of the requests the output handler
+  just finished on a stop string.
+
 Pass the required points: ``frontend.abort:after_pop`` in ``abort`` and
 ``frontend.output_handler:before_abort_send`` in ``abort_stop_strings``, so that schedules stay
 comparable across policies.

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 from rich.console import Console
@@ -16,62 +14,34 @@ from engine_model import INVARIANTS, POINTS, POLICIES
 from engine_model.checker import check_invariant_names
 from engine_model.policies import policy_spec
 from engine_model.versions import DEFAULT_VLLM, PROFILES, get_profile
+from racesim.cli_support import BUDGET as _BUDGET
+from racesim.cli_support import check_workers as _check_workers
+from racesim.cli_support import console as _console
+from racesim.cli_support import emit_json as _emit_json
+from racesim.cli_support import fail as _fail
+from racesim.cli_support import output_dir as _output_dir
+from racesim.cli_support import output_file as _output_file
+from racesim.cli_support import parse_options as _options
+from racesim.cli_support import warn_accounting as _warn_accounting
 from racesim.documents import read_counterexample, run_document
 from racesim.explore import explore
 from racesim.matrix import run_matrix
+from racesim.progress import ProgressBar
 from racesim.render import print_explore, print_matrix, print_run
-from racesim.runner import parse_delay_option, replay_command, run_command, run_scenario
+from racesim.runner import (
+    import_from_cwd,
+    parse_delay_option,
+    policy_title,
+    replay_command,
+    run_command,
+    run_scenario,
+)
+from reports.verdict import exit_status
 from scenarios import bundled_names, load_scenario
 from sim import InputError, build_info
 from sim.strategies import STRATEGIES
 
 __all__ = ["main", "cli"]
-
-
-def _fail(message: str) -> NoReturn:
-    click.echo(f"racesim: error: {' '.join(str(message).split())}", err=True)
-    sys.exit(2)
-
-
-def _options(pairs: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InputError(f"--policy-opt {pair!r}: expected KEY=VALUE")
-        out[key] = value
-    return out
-
-
-def _output_file(option: str, path: str | None) -> None:
-    """Refuse an output file whose folder does not exist, before any work is done."""
-    if path is None:
-        return
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise InputError(f"{option} {path!r}: folder {str(parent)!r} does not exist")
-    if Path(path).is_dir():
-        raise InputError(f"{option} {path!r}: is a folder, not a file")
-
-
-def _output_dir(option: str, path: str) -> Path:
-    """Create the output folder now, so that a bad one fails before exploring, not after."""
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"{option} {path!r}: cannot create it ({exc.strerror})") from None
-    return Path(path)
-
-
-_BUDGET = click.IntRange(1, 2**31)
-
-
-def _emit_json(doc: Any) -> None:
-    click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
-
-
-def _console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -83,7 +53,11 @@ def cli() -> None:
     Replays, explores and shrinks request-ID races (vLLM #15326, #29355, #20139, #27711)
     against lifecycle policies, checks invariants, and writes HTML race reports.
 
-    Exit status: 0 no violation, 1 a violation was found, 2 bad input.
+    \b
+    Exit status: 0 no race (an accounting-only violation such as metrics-exact is a warning;
+    --strict counts it), 1 a race (a safety or liveness invariant broke), 2 bad input or a
+    user policy that raised, 130 interrupted (after writing what was found). matrix exits 0
+    when it completed, 1 only with --fail-on-race and a racing cell.
     """
 
 
@@ -139,17 +113,32 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
                 console.print(f"      - {b['text']} ({b['source']})", markup=False)
 
 
+@cli.command("show")
+@click.argument("scenario")
+def show_cmd(scenario: str) -> None:
+    """Print SCENARIO's TOML (a bundled name or a path): a start for your own scenario."""
+    from scenarios.loader import scenario_to_toml
+
+    click.echo(scenario_to_toml(load_scenario(scenario)), nl=False)
+
+
 # -- run ----------------------------------------------------------------------------------------
 
 def _run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option("--skip", multiple=True, metavar="INVARIANT",
                      help="Leave an invariant unchecked (repeatable).")(f)
+    f = _strict(f)
     f = click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")(f)
     f = click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
                      help="A policy option (repeatable).")(f)
     f = click.option("-p", "--policy", default="buggy", show_default=True,
                      help="Policy name or package.module:ClassName.")(f)
     return f
+
+
+def _strict(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--strict", is_flag=True,
+                        help="Exit 1 on accounting-only violations (metrics-exact) too.")(f)
 
 
 def _outputs(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -170,7 +159,8 @@ def _outputs(f: Callable[..., Any]) -> Callable[..., Any]:
               help="Delay every occurrence of a point, or only its K-th (from 0).")
 @_outputs
 def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
-            skip: Sequence[str], vllm: str | None, witness: bool, delays: Sequence[str],
+            skip: Sequence[str], vllm: str | None, strict: bool, witness: bool,
+            delays: Sequence[str],
             as_json: bool, html_file: str | None, trace_file: str | None) -> None:
     """Run SCENARIO (bundled name or path) once and check every invariant."""
     scen = load_scenario(scenario).with_vllm(vllm)
@@ -182,12 +172,13 @@ def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
                           delays=plan, skip=skip)
     command = run_command(scenario, policy, options, seed, result.schedule, skip,
                           vllm=result.vllm)
-    _finish_run(scen, policy, options, result, command, skip, as_json, html_file, trace_file)
+    _finish_run(scen, policy, options, result, command, skip, as_json, html_file, trace_file,
+                strict)
 
 
 def _finish_run(scen: Any, policy: str, options: dict[str, str], result: Any, command: str,
                 skip: Sequence[str], as_json: bool, html_file: str | None,
-                trace_file: str | None) -> None:
+                trace_file: str | None, strict: bool) -> None:
     if html_file:
         from reports import write_run_report
         write_run_report(Path(html_file), scen, policy, options, result, command)
@@ -197,8 +188,11 @@ def _finish_run(scen: Any, policy: str, options: dict[str, str], result: Any, co
     if as_json:
         _emit_json(run_document(scen, policy, options, result))
     else:
-        print_run(_console(), f"{scen.name} under {policy}", result, command, skip)
-    sys.exit(1 if result.violations else 0)
+        print_run(_console(), f"{scen.name} under {policy_title(policy)}", result, command,
+                  skip)
+    if not as_json:
+        _warn_accounting(result.violated, strict)
+    sys.exit(exit_status(result.violated, strict=strict))
 
 
 @cli.command("replay")
@@ -206,11 +200,20 @@ def _finish_run(scen: Any, policy: str, options: dict[str, str], result: Any, co
 @click.option("--vllm", type=click.Choice(list(PROFILES)), default=None,
               help="Replay on another vLLM profile [default: the file's; 0.8 for files "
                    "written before profiles].")
+@click.option("--allow-import", is_flag=True,
+              help="Let the file's module:Class policy be imported (it runs that code).")
+@_strict
 @_outputs
-def replay_cmd(counterexample: str, vllm: str | None, as_json: bool, html_file: str | None,
-               trace_file: str | None) -> None:
-    """Replay a counterexample file: the same trace, byte for byte, anywhere."""
+def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, strict: bool,
+               as_json: bool, html_file: str | None, trace_file: str | None) -> None:
+    """Replay a counterexample file: the same trace, byte for byte, anywhere.
+
+    Only built-in policies are loaded unless --allow-import is given: a shared file must not
+    run code on the reader's machine by surprise."""
     cx = read_counterexample(counterexample)
+    if cx.policy not in POLICIES and not allow_import:
+        raise InputError(f"{counterexample}: its policy {cx.policy!r} is not built in; replay "
+                         f"imports a module:Class policy only with --allow-import")
     _output_file("--html", html_file)
     _output_file("--trace", trace_file)
     scen = cx.scenario.with_vllm(vllm)
@@ -225,45 +228,11 @@ def replay_cmd(counterexample: str, vllm: str | None, as_json: bool, html_file: 
         click.echo(f"warning: trace hash {result.trace_hash} differs from the recorded "
                    f"{cx.trace_hash} (the model changed since it was written)", err=True)
     _finish_run(scen, cx.policy, dict(cx.options), result,
-                replay_command(counterexample), cx.skip, as_json, html_file, trace_file)
+                replay_command(counterexample, cx.policy), cx.skip, as_json, html_file,
+                trace_file, strict)
 
 
 # -- explore / matrix ---------------------------------------------------------------------------
-
-class _Bar:
-    """A rich progress bar on stderr that appears only once work has taken over a second."""
-
-    def __init__(self, enabled: bool, label: str) -> None:
-        self.enabled = enabled
-        self.label = label
-        self.started = time.monotonic()
-        self.progress: Any = None
-        self.task: Any = None
-
-    def __call__(self, done: int, total: int, violating: int) -> None:
-        if not self.enabled:
-            return
-        if self.progress is None:
-            if time.monotonic() - self.started < 1.0:
-                return
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                     MofNCompleteColumn(), TextColumn("{task.fields[v]}"),
-                                     console=Console(stderr=True), transient=True)
-            self.progress.start()
-            self.task = self.progress.add_task(self.label, total=total, v="")
-        self.progress.update(self.task, completed=done, total=total,
-                             v=f"{violating} violating")
-
-    def relabel(self, label: str) -> None:
-        self.label = label
-        if self.progress is not None:
-            self.progress.update(self.task, description=label, completed=0)
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
 
 def _explore_options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option("--out", "out_dir", type=click.Path(file_okay=False),
@@ -279,18 +248,20 @@ def _explore_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="How delays are chosen (hypothesis runs in this process).")(f)
     f = click.option("--skip", multiple=True, metavar="INVARIANT",
                      help="Leave an invariant unchecked (repeatable).")(f)
-    return f
+    f = click.option("--time-limit", type=float, default=None,
+                     help="Stop exploring (each cell, in matrix) after this many seconds "
+                          "(shrinking is bounded by runs).")(f)
+    return _strict(f)
 
 
 @cli.command("explore")
 @click.argument("scenario")
-@click.option("-p", "--policy", required=True, help="Policy name or package.module:ClassName.")
+@click.option("-p", "--policy", default="buggy", show_default=True,
+              help="Policy name or package.module:ClassName.")
 @click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
               help="A policy option (repeatable).")
 @click.option("--budget", type=_BUDGET, default=300, show_default=True,
               help="Runs to try (run 0 is the unperturbed baseline).")
-@click.option("--time-limit", type=float, default=None,
-              help="Stop exploring after this many seconds (shrinking is bounded by runs).")
 @click.option("--reach", type=click.Choice(["all", "live"]), default="all", show_default=True,
               help="'live': delay only await points that are live or yield in the vLLM "
                    "profile (races vLLM can hit as released).")
@@ -300,15 +271,21 @@ def _explore_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
               help="Write the HTML explore report.")
 def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: int,
-                time_limit: float | None, reach: str, vllm: str | None, skip: Sequence[str],
-                strategy: str, seed: int, workers: int | None, dask: str | None, out_dir: str,
-                as_json: bool, html_file: str | None) -> None:
+                strict: bool, time_limit: float | None, reach: str, vllm: str | None,
+                skip: Sequence[str], strategy: str, seed: int, workers: int | None,
+                dask: str | None, out_dir: str, as_json: bool, html_file: str | None) -> None:
     """Search SCENARIO's schedules for a race under POLICY (the [witness] is never read)."""
+    from racesim.explore import counterexample_path, unshrunk_path
+
     scen = load_scenario(scenario).with_vllm(vllm)
     options = _options(policy_opts)
     _output_file("--html", html_file)
     out = _output_dir("--out", out_dir)
-    bar = _Bar(not as_json, f"{scen.name} / {policy}")
+    _check_workers(workers, dask)
+    cx_path = counterexample_path(out, scen.name, policy, strategy, seed)
+    _output_file("--out", str(cx_path))
+    _output_file("--out", str(unshrunk_path(cx_path)))
+    bar = ProgressBar(not as_json, f"{scen.name} / {policy}")
     try:
         res = explore(scen, policy, options=options, strategy=strategy, budget=budget,
                       time_limit=time_limit, seed=seed, workers=workers, dask=dask, skip=skip,
@@ -328,10 +305,16 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
         _emit_json(doc)
     else:
         print_explore(_console(), doc, after,
-                      replay_command(res.counterexample_path) if res.counterexample_path else "")
+                      replay_command(res.counterexample_path, policy)
+                      if res.counterexample_path else "")
     if res.interrupted:
-        click.echo("racesim: interrupted; kept what was found", err=True)
-    sys.exit(1 if res.violating_runs else (130 if res.interrupted else 0))
+        click.echo("racesim: interrupted; kept what was found"
+                   + (f" ({res.counterexample_path})" if res.counterexample_path else ""),
+                   err=True)
+        sys.exit(130)
+    if not as_json:
+        _warn_accounting(res.invariants, strict)
+    sys.exit(exit_status(res.invariants, strict=strict))
 
 
 @cli.command("matrix")
@@ -342,22 +325,35 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
 @click.option("--budget", type=_BUDGET, default=100, show_default=True, help="Runs per cell.")
 @_vllm_option
 @_explore_options
+@click.option("--fail-on-race", is_flag=True,
+              help="Exit 1 when a cell races (with --strict, also when one is accounting-only).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
               help="Write the HTML matrix report (and a run report per failing cell).")
 def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: int,
-               vllm: str | None, skip: Sequence[str], strategy: str, seed: int,
-               workers: int | None, dask: str | None, out_dir: str, as_json: bool,
-               html_file: str | None) -> None:
-    """Explore every scenario under every policy on the same seeds: which policy closes what."""
+               vllm: str | None, strict: bool, time_limit: float | None, skip: Sequence[str],
+               strategy: str, seed: int, workers: int | None, dask: str | None, out_dir: str,
+               fail_on_race: bool, as_json: bool, html_file: str | None) -> None:
+    """Explore every scenario under every policy on the same seeds: which policy closes what.
+
+    Exits 0 when it completed, whatever it found; 1 with --fail-on-race and a racing cell."""
     scens = [load_scenario(n).with_vllm(vllm) for n in (scenario_names or bundled_names())]
     pols = list(policies or POLICIES)
     for p in pols:
+        import_from_cwd(p)
         policy_spec(p)
     check_invariant_names(tuple(skip))
+    if time_limit is not None and not time_limit > 0:
+        raise InputError(f"--time-limit must be > 0 seconds, got {time_limit}")
     _output_file("--html", html_file)
+    if html_file:
+        cells_dir = Path(html_file).with_name(Path(html_file).stem + "-cells")
+        if cells_dir.exists() and not cells_dir.is_dir():
+            raise InputError(f"--html {html_file!r}: {str(cells_dir)!r} (its cell reports' "
+                             f"folder) exists and is not a folder")
     out = _output_dir("--out", out_dir)
-    bar = _Bar(not as_json, "matrix")
+    _check_workers(workers, dask)
+    bar = ProgressBar(not as_json, "matrix")
 
     def on_cell(done: int, total: int, res: Any) -> None:
         if res is None:
@@ -366,7 +362,7 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     try:
         result = run_matrix(scens, pols, budget=budget, seed=seed, strategy=strategy,
                             workers=workers, dask=dask, skip=skip, out_dir=out,
-                            on_cell=on_cell, progress=bar)
+                            on_cell=on_cell, progress=bar, time_limit=time_limit)
     finally:
         bar.close()
     doc = result.document()
@@ -379,7 +375,13 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
         print_matrix(_console(), doc)
         if html_file:
             click.echo(f"report: {html_file}")
-    sys.exit(1 if any(c["violating_runs"] for c in doc["cells"]) else 0)
+    if result.errors:
+        _fail(result.errors[0])
+    if result.interrupted:
+        click.echo("racesim: interrupted; kept the cells finished so far", err=True)
+        sys.exit(130)
+    worst = max((exit_status(c["invariants"], strict=strict) for c in doc["cells"]), default=0)
+    sys.exit(worst if fail_on_race else 0)
 
 
 @cli.command("bench")
@@ -411,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     except click.UsageError as exc:
         _fail(exc.format_message())
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("racesim: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as exc:

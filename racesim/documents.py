@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from engine_model import RunResult
-from engine_model.checker import SAFETY_INVARIANTS, check_invariant_names
+from engine_model.checker import check_invariant_names
 from engine_model.points import POINTS
+from reports.verdict import verdict
 from scenarios import Scenario, scenario_from_dict
 from sim import Decision, InputError, check_delay
 
 __all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
-           "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts", "verdict_of",
+           "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts",
            "racesim_version", "LEGACY_VLLM"]
 
 COUNTEREXAMPLE_FORMAT = "racesim-counterexample/1"
@@ -30,15 +31,6 @@ LEGACY_VLLM = "0.8"
 def safe_file_name(text: str) -> str:
     """A file name from scenario/policy/test names (a policy may be ``pkg.mod:Class``)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
-
-
-def verdict_of(invariants: Iterable[str], reach: str | None) -> str:
-    """One word for a run, a counterexample or a matrix cell: "live race", "latent hazard",
-    "accounting gap" (only metrics-exact, a gap vLLM still has) or "safe"."""
-    names = set(invariants)
-    if names & set(SAFETY_INVARIANTS):
-        return "latent hazard" if reach == "latent" else "live race"
-    return "accounting gap" if names else "safe"
 
 
 def violation_dicts(result: RunResult) -> list[dict[str, Any]]:
@@ -64,6 +56,7 @@ def run_document(scenario: Scenario, policy: str, options: Mapping[str, str],
         "sim_time": result.sim_time,
         "schedule": [d.as_dict() for d in result.schedule],
         "violations": violation_dicts(result),
+        "verdict": verdict(result.violated),
         "reach": result.reach().reach if result.violations else None,
         "requests": [r.as_dict() for r in result.requests],
     }
@@ -113,13 +106,11 @@ class Counterexample:
 
 
 def write_counterexample(path: Path, cx: Counterexample) -> Path:
-    """Write atomically (a temp file, then rename): a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(cx.as_dict(), indent=2, ensure_ascii=False) + "\n",
-                   encoding="utf-8")
-    tmp.replace(path)
-    return path
+    """Write atomically (a temp file, then rename): a crash never leaves half a file. A symlink
+    is written through, a folder or device refused (``reports._io.write_text``)."""
+    from reports._io import write_text
+
+    return write_text(path, json.dumps(cx.as_dict(), indent=2, ensure_ascii=False) + "\n")
 
 
 def _need(data: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], src: str) -> Any:

@@ -30,11 +30,13 @@ from racesim.documents import (
 from racesim.parallel import executor, ordered_map
 from racesim.runner import run_scenario
 from racesim.shrink import shrink
+from reports.verdict import verdict
 from scenarios import Scenario
 from sim import Decision, InputError
 from sim.strategies import STRATEGIES, StrategyConfig, make_strategy
 
-__all__ = ["ExploreResult", "RunSummary", "explore", "counterexample_path"]
+__all__ = ["ExploreResult", "RunSummary", "explore", "counterexample_path",
+           "unshrunk_path"]
 
 Progress = Callable[[int, int, int], None]
 
@@ -106,6 +108,8 @@ class ExploreResult:
     reach: str = "all"
     #: the baseline's reach (only the scenario's fixed delays can make it latent)
     baseline_reach: str = "live"
+    #: a user policy raised (one line, file:line); the cell has no verdict
+    error: str | None = None
 
     @property
     def first_violation_run(self) -> int | None:
@@ -130,8 +134,8 @@ class ExploreResult:
             c = self.counterexample
             cx = {"seed": c.seed, "schedule": [d.as_dict() for d in c.schedule],
                   "violations": list(c.violations), "trace_hash": c.trace_hash,
-                  "shrunk_from": c.shrunk_from, "path": self.counterexample_path,
-                  "reach": c.reach,
+                  "shrunk_from": c.shrunk_from, "shrunk": c.shrunk_from is not None,
+                  "path": self.counterexample_path, "reach": c.reach,
                   "requests": len(c.scenario.workload.requests),
                   "found_at_run": self.found_run.run if self.found_run else None}
         return {
@@ -151,10 +155,12 @@ class ExploreResult:
             "baseline_violations": list(self.baseline_violations),
             "baseline_reach": self.baseline_reach,
             "invariants": list(self.invariants),
+            "verdict": verdict(self.invariants),
             "pct": self.strategy_info if self.strategy == "pct" else None,
             "confidence": self.confidence(),
             "counterexample": cx,
             "interrupted": self.interrupted,
+            "error": self.error,
         }
 
 
@@ -162,6 +168,11 @@ def counterexample_path(out_dir: Path, scenario: str, policy: str, strategy: str
                         seed: int) -> Path:
     """One file per (scenario, policy, strategy, seed): explorations never overwrite another's."""
     return out_dir / f"{safe_file_name(f'{scenario}__{policy}__{strategy}__seed{seed}')}.json"
+
+
+def unshrunk_path(path: Path) -> Path:
+    """Where a found, not yet shrunk, counterexample waits: never over a shrunk file."""
+    return path.with_name(path.stem + ".unshrunk.json")
 
 
 def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
@@ -187,8 +198,13 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     skip = tuple(sorted(check_invariant_names(tuple(skip))))
     started = time.monotonic()
     res = ExploreResult(scenario, policy, opts, strategy, seed, skip, reach=reach)
-    baseline = run_scenario(scenario, policy, options=opts, seed=seed, skip=skip,
-                            retain_trace=False)
+    try:
+        baseline = run_scenario(scenario, policy, options=opts, seed=seed, skip=skip,
+                                retain_trace=False)
+    except KeyboardInterrupt:  # nothing found yet: say so rather than unwind the caller
+        res.interrupted = True
+        res.elapsed_s = time.monotonic() - started
+        return res
     res.baseline_violations = baseline.violated
     res.baseline_reach = baseline.reach().reach
     occurrences = baseline.occurrences
@@ -222,7 +238,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             from racesim.hypothesis_search import hypothesis_search
             minimal = hypothesis_search(scenario, policy, opts, seed, skip, config, budget - 1,
                                         standing, record, lambda: _over(started, time_limit),
-                                        progress)
+                                        progress, out_dir)
             if minimal is not None and res.found_run is not None:
                 # hypothesis's own shrunk example replaces the first one it tripped over
                 r = run_scenario(scenario, policy, options=opts, seed=seed, delays=minimal,
@@ -248,21 +264,31 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     res.invariants = tuple(invariants)
     found = res.found_run
     if found is not None and not res.interrupted:
-        target = frozenset(set(found.violated) - standing) or frozenset(found.violated)
-        shrunk = shrink(scenario, policy, opts, seed, found.schedule, skip, target,
-                        max_runs=shrink_runs)
-        res.shrink_runs = shrunk.runs
-        res.final_run = run_scenario(shrunk.scenario, policy, options=opts, seed=seed,
-                                     schedule=shrunk.schedule, skip=skip)
-        res.counterexample = _counterexample(res, shrunk.scenario, res.final_run,
-                                             len(found.schedule), found.run)
-    if found is not None and out_dir is not None:
-        path = counterexample_path(out_dir, scenario.name, policy, strategy, seed)
-        if res.counterexample is not None:
-            write_counterexample(path, res.counterexample)
-        res.counterexample_path = str(path)
+        try:
+            _shrink_found(res, found, standing, shrink_runs, out_dir)
+        except KeyboardInterrupt:  # keep the unshrunk file already written
+            res.interrupted = True
     res.elapsed_s = time.monotonic() - started
     return res
+
+
+def _shrink_found(res: ExploreResult, found: RunSummary, standing: frozenset[str],
+                  shrink_runs: int, out_dir: Path | None) -> None:
+    """Shrink the found run, write ``<stem>.json`` and drop the ``.unshrunk.json`` stand-in."""
+    scenario, policy, opts, seed, skip = res.scenario, res.policy, res.options, res.seed, res.skip
+    target = frozenset(set(found.violated) - standing) or frozenset(found.violated)
+    shrunk = shrink(scenario, policy, opts, seed, found.schedule, skip, target,
+                    max_runs=shrink_runs)
+    res.shrink_runs = shrunk.runs
+    final = run_scenario(shrunk.scenario, policy, options=opts, seed=seed,
+                         schedule=shrunk.schedule, skip=skip)
+    cx = _counterexample(res, shrunk.scenario, final, len(found.schedule), found.run)
+    if out_dir is not None:
+        path = counterexample_path(out_dir, scenario.name, policy, res.strategy, seed)
+        write_counterexample(path, cx)
+        unshrunk_path(path).unlink(missing_ok=True)  # ours, and now superseded
+        res.counterexample_path = str(path)
+    res.final_run, res.counterexample = final, cx
 
 
 def _beyond(s: RunSummary | None, standing: frozenset[str]) -> bool:
@@ -296,5 +322,7 @@ def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: P
                          schedule=s.schedule, skip=res.skip, retain_trace=False)
         s = RunSummary(s.run, r.trace_hash, r.violated, r.schedule)
     cx = _counterexample(res, res.scenario, s, shrunk_from, s.run)
-    write_counterexample(counterexample_path(out_dir, res.scenario.name, res.policy, res.strategy,
-                                            res.seed), cx)
+    path = unshrunk_path(counterexample_path(out_dir, res.scenario.name, res.policy,
+                                             res.strategy, res.seed))
+    write_counterexample(path, cx)
+    res.counterexample, res.counterexample_path = cx, str(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from racesim.runner import run_scenario
 from scenarios import Scenario
@@ -34,9 +35,14 @@ def hypothesis_search(scenario: Scenario, policy: str, options: dict[str, str], 
                       standing: frozenset[str], record: Callable[..., None],
                       over: Callable[[], bool],
                       progress: Callable[[int, int, int], None] | None,
+                      home: Path | None = None,
                       ) -> list[tuple[str, int, float]] | None:
-    """Let hypothesis look for a schedule that violates something beyond the baseline."""
-    from hypothesis import HealthCheck, Phase, find, settings
+    """Let hypothesis look for a schedule that violates something beyond the baseline.
+
+    Hypothesis keeps caches in a ``.hypothesis`` folder; it goes under ``home`` (the explore
+    ``--out`` folder), never into the current folder. No example database is used: a result
+    must not depend on earlier runs."""
+    from hypothesis import HealthCheck, Phase, configuration, find, settings
     from hypothesis.errors import NoSuchExample
 
     from racesim.explore import RunSummary
@@ -56,6 +62,9 @@ def hypothesis_search(scenario: Scenario, policy: str, options: dict[str, str], 
             progress(state["runs"], budget, state["violating"])
         return bool(set(r.violated) - standing)
 
+    before = getattr(configuration, "__hypothesis_home_directory", None)
+    if home is not None:
+        configuration.set_hypothesis_home_dir(home / ".hypothesis")
     try:
         return find(schedule_strategy(config), violates,
              settings=settings(max_examples=budget, database=None, deadline=None,
@@ -64,3 +73,5 @@ def hypothesis_search(scenario: Scenario, policy: str, options: dict[str, str], 
              random=random.Random(seed))
     except NoSuchExample:
         return None
+    finally:
+        configuration.set_hypothesis_home_dir(before)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine_model.checker import SAFETY_INVARIANTS
-from racesim.documents import verdict_of
 from racesim.explore import ExploreResult, explore
+from racesim.runner import PolicyError
+from reports.verdict import reach_label
 from scenarios import Scenario
 
 __all__ = ["MatrixResult", "run_matrix"]
@@ -20,6 +21,16 @@ class MatrixResult:
     scenarios: list[str]
     policies: list[str]
     cells: list[ExploreResult]
+    #: what every cell shared: budget, strategy, seed, skip, time limit, racesim version
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def interrupted(self) -> bool:
+        return any(c.interrupted for c in self.cells)
+
+    @property
+    def errors(self) -> list[str]:
+        return [c.error for c in self.cells if c.error]
 
     @staticmethod
     def _cell(doc: dict[str, Any]) -> dict[str, Any]:
@@ -30,39 +41,55 @@ class MatrixResult:
         cell["reach"] = cx["reach"] if cx is not None else None
         if set(doc["baseline_violations"]) & set(SAFETY_INVARIANTS):
             cell["reach"] = doc["baseline_reach"]  # a race with no delay at all
-        cell["verdict"] = verdict_of(doc["invariants"], cell["reach"])
+        cell["label"] = reach_label(doc["invariants"], cell["reach"])
         return cell
 
     def document(self) -> dict[str, Any]:
         return {
             "scenarios": self.scenarios,
             "policies": self.policies,
+            "parameters": self.parameters,
             "cells": [self._cell(c.document()) for c in self.cells],
         }
 
 
-_CELL_KEYS = ("scenario", "vllm", "policy", "runs", "violating_runs", "invariants",
+_CELL_KEYS = ("scenario", "vllm", "policy", "runs", "violating_runs", "invariants", "verdict",
               "first_violation_run", "baseline_violations", "distinct_traces", "coverage",
-              "confidence", "counterexample")
+              "confidence", "counterexample", "interrupted", "error")
 
 
 def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget: int,
                seed: int, strategy: str, workers: int | None, dask: str | None,
                skip: Sequence[str], out_dir: Path | None,
                on_cell: Callable[[int, int, ExploreResult | None], None] | None = None,
-               progress: Callable[[int, int, int], None] | None = None) -> MatrixResult:
-    cells = []
+               progress: Callable[[int, int, int], None] | None = None,
+               time_limit: float | None = None) -> MatrixResult:
+    """Explore every cell; ``time_limit`` bounds each cell's exploration (seconds). A user
+    policy that raises marks its cells with the error and the matrix goes on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        racesim_version = version("racesim")
+    except PackageNotFoundError:  # a source tree that was never installed
+        racesim_version = "unknown"
+    result = MatrixResult([s.name for s in scenarios], list(policies), [], {
+        "budget": budget, "strategy": strategy, "seed": seed, "skip": sorted(skip),
+        "time_limit": time_limit, "racesim": racesim_version})
     total = len(scenarios) * len(policies)
     for scen in scenarios:
         for policy in policies:
             if on_cell is not None:
-                on_cell(len(cells), total, None)
-            res = explore(scen, policy, strategy=strategy, budget=budget, seed=seed,
-                          workers=workers, dask=dask, skip=skip, out_dir=out_dir,
-                          progress=progress)
-            cells.append(res)
+                on_cell(len(result.cells), total, None)
+            try:
+                res = explore(scen, policy, strategy=strategy, budget=budget, seed=seed,
+                              workers=workers, dask=dask, skip=skip, out_dir=out_dir,
+                              progress=progress, time_limit=time_limit)
+            except PolicyError as exc:
+                res = ExploreResult(scen, policy, {}, strategy, seed, tuple(skip),
+                                    error=str(exc))
+            result.cells.append(res)
             if on_cell is not None:
-                on_cell(len(cells), total, res)
+                on_cell(len(result.cells), total, res)
             if res.interrupted:
-                return MatrixResult([s.name for s in scenarios], list(policies), cells)
-    return MatrixResult([s.name for s in scenarios], list(policies), cells)
+                return result
+    return result

@@ -16,13 +16,29 @@ from typing import Any, TypeVar
 
 from sim import InputError
 
-__all__ = ["ordered_map", "executor", "default_workers"]
+__all__ = ["ordered_map", "executor", "default_workers", "max_workers", "check_workers"]
 
 R = TypeVar("R")
 
 
 def default_workers() -> int:
     return max(1, os.cpu_count() or 1)
+
+
+def max_workers() -> int:
+    """More processes than this only add memory: each run is CPU-bound."""
+    return 4 * default_workers()
+
+
+def check_workers(workers: int | None) -> int:
+    """The worker count to use, or an InputError for one that is not sane."""
+    n = default_workers() if workers is None else workers
+    if n < 1:
+        raise InputError(f"--workers must be >= 1, got {n}")
+    if n > max_workers():
+        raise InputError(f"--workers {n}: at most {max_workers()} on this machine "
+                         f"(4 per core, {default_workers()} cores); runs are CPU-bound")
+    return n
 
 
 def _ignore_sigint() -> None:
@@ -49,9 +65,7 @@ def executor(workers: int | None, dask: str | None) -> Iterator[Executor | None]
         finally:
             client.close()
         return
-    n = default_workers() if workers is None else workers
-    if n < 1:
-        raise InputError(f"--workers must be >= 1, got {n}")
+    n = check_workers(workers)
     if n == 1:
         yield None
         return

@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from engine_model import RunResult
     from scenarios import Scenario
 
-__all__ = ["RaceSim", "RaceSimReportWarning", "racesim", "racesim_policy", "pytest_addoption",
-           "pytest_configure", "pytest_generate_tests", "pytest_report_header"]
+__all__ = ["RaceSim", "RaceFound", "RaceSimReportWarning", "racesim", "racesim_policy",
+           "pytest_addoption", "pytest_configure", "pytest_generate_tests", "pytest_report_header"]
 
 MARKER: Final = "racesim_policies"
 POLICY_ARG: Final = "racesim_policy"
@@ -55,6 +55,20 @@ _MAX_LISTED = 10
 #: ``scenarios.strategies.schedules``), ``(point, occurrence or None, seconds)``, or the
 #: command line's ``"POINT=SECONDS"`` / ``"POINT#K=SECONDS"``.
 DelaySpec = Any
+
+
+class RaceFound(AssertionError):
+    """Raised by :meth:`RaceSim.check` when a run violated an (unskipped) invariant.
+
+    An ``AssertionError``, so ``pytest.raises(AssertionError)`` catches it and hypothesis,
+    inside ``@given``, shrinks and prints its falsifying example. ``result`` is the run,
+    ``counterexample`` the :class:`racesim.documents.Counterexample` that replays it anywhere
+    (``racesim replay`` reads ``counterexample.as_dict()`` written as JSON)."""
+
+    def __init__(self, message: str, result: RunResult, counterexample: Any) -> None:
+        super().__init__(message)
+        self.result = result
+        self.counterexample = counterexample
 
 
 class RaceSimReportWarning(UserWarning):
@@ -185,11 +199,20 @@ class RaceSim:
               *, options: Mapping[str, str] | None = None, witness: bool = False,
               delays: Iterable[DelaySpec] | Mapping[str, float] = (), skip: Iterable[str] = (),
               seed: int | None = None, vllm: str | None = None) -> RunResult:
-        """:meth:`run`, then fail the test if any (unskipped) invariant was violated, with the
-        violations and the one command that replays the run."""
-        result, failed = self._run(scenario, policy, options, witness, delays, skip, seed, vllm)
+        """:meth:`run`, then fail the test if any (unskipped) invariant was violated: raise
+        :class:`RaceFound` (an ``AssertionError``) with the violations, the one command that
+        replays the run, and the counterexample."""
+        __tracebackhide__ = True
+        skipped = (skip,) if isinstance(skip, str) else tuple(skip)
+        scen = _load(scenario)[0].with_vllm(vllm)
+        result, failed = self._run(scen, policy, options, witness, delays, skipped, seed, vllm)
         if failed:
-            pytest.fail(failed, pytrace=False)
+            from racesim.documents import Counterexample
+
+            cx = Counterexample(scen, policy, _options(options), result.seed, result.schedule,
+                                skipped, tuple(v.as_dict() for v in result.violations),
+                                result.trace_hash, None, {"pytest": self._test})
+            raise RaceFound(failed, result, cx)
         return result
 
     def _run(self, scenario: object, policy: str, options: Mapping[str, str] | None,

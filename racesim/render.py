@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from engine_model import SAFETY_INVARIANTS, RunResult
+from engine_model import RunResult
 from engine_model.narrate import KEY_KINDS, describe
+from reports.text import printable
+from reports.verdict import ACCOUNTING, RACE, verdict
 from sim.trace import TraceEvent
 
 __all__ = ["print_run", "timeline_events"]
@@ -55,14 +58,26 @@ def _marked(result: RunResult) -> set[int]:
     return {v.event for v in result.violations}
 
 
+_VERDICT_TEXT = {RACE: ("RACE", "bold red"), ACCOUNTING: ("ACCOUNTING ONLY", "bold yellow")}
+
+
+def _verdict_text(invariants: Sequence[str]) -> Text:
+    label, style = _VERDICT_TEXT.get(verdict(invariants), ("no violation", "bold green"))
+    return Text(label, style=style)
+
+
+def print_command(console: Console, label: str, command: str) -> None:
+    """A command to copy: one line, never wrapped, whatever the terminal's width."""
+    console.print(Text(f"{label}: {printable(command)}"), soft_wrap=True)
+
+
 def print_run(console: Console, title: str, result: RunResult, command: str,
               skip: Sequence[str] = ()) -> None:
-    verdict = (Text("VIOLATION", style="bold red") if result.violations
-               else Text("no violation", style="bold green"))
-    console.print(Text.assemble(verdict, f"  {title}  vLLM {result.vllm}  seed={result.seed}  "
+    console.print(Text.assemble(_verdict_text(result.violated),
+                                f"  {printable(title)}  vLLM {result.vllm}  seed={result.seed}  "
                                 f"events={result.events}  sim_time={result.sim_time:.4f}s"))
     console.print(f"trace hash {result.trace_hash}")
-    if set(result.violated) & set(SAFETY_INVARIANTS):
+    if verdict(result.violated) == RACE:
         reach = result.reach()
         console.print(Text(reach.describe(result.vllm),
                            style="bold red" if reach.reach == "live" else "bold yellow"))
@@ -75,64 +90,68 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
     for i, r in enumerate(result.requests):
         reason = r.finish_reason or "never finished"
         style = "red" if r.finish_reason in (None, "error") else ""
-        req.add_row(str(i), Text(r.id), str(r.frontend), str(r.tokens), Text(reason, style=style))
+        req.add_row(str(i), Text(printable(r.id)), str(r.frontend), str(r.tokens),
+                    Text(reason, style=style))
     console.print(req)
     if result.violations:
         vt = Table(title="violations", title_justify="left")
-        for col in ("invariant", "reach", "t (s)", "request", "first event", "what broke"):
-            vt.add_column(col, overflow="fold")
+        vt.add_column("invariant", no_wrap=True)
+        vt.add_column("reach", no_wrap=True)
+        vt.add_column("t (s)", no_wrap=True)
+        vt.add_column("request", overflow="fold", max_width=16)
+        vt.add_column("event", no_wrap=True)
+        vt.add_column("what broke", overflow="fold", ratio=1)
         for v in result.violations:
-            vt.add_row(Text(v.invariant, style="red"), result.reach(v).reach, f"{v.time:.4f}",
-                       Text(v.request if v.request is not None else "-"),
-                       str(v.event) if v.event >= 0 else "end", Text(v.detail))
+            vt.add_row(Text(v.invariant, style="red" if verdict([v.invariant]) == RACE
+                            else "yellow"), result.reach(v).reach, f"{v.time:.4f}",
+                       Text(printable(v.request) if v.request is not None else "-"),
+                       str(v.event) if v.event >= 0 else "end", Text(printable(v.detail)))
         console.print(vt)
     events = timeline_events(result)
     if events and result.trace:
         marked = _marked(result)
         tl = Table(title="timeline (key events around the first violation)", title_justify="left")
-        for col in ("seq", "t (s)", "component", "inc", "what happened"):
-            tl.add_column(col, overflow="fold")
+        for col in ("seq", "t (s)", "component", "inc"):
+            tl.add_column(col, no_wrap=col != "component", overflow="fold")
+        tl.add_column("what happened", overflow="fold", ratio=1)
         for e in events:
-            text = Text(describe(e))
+            text = Text(printable(describe(e)))
             if e.seq in marked:
                 text.stylize("bold red")
                 text.append("   <-- violation", style="bold red")
             elif e.kind in ("delay",):
                 text.stylize("bold yellow")
-            tl.add_row(str(e.seq), f"{e.time:.4f}", Text(e.component, style=_style(e.component)),
+            tl.add_row(str(e.seq), f"{e.time:.4f}",
+                       Text(printable(e.component), style=_style(e.component)),
                        str(e.inc) if e.inc else "", text)
         console.print(tl)
     if skip:
         console.print(f"not checked: {', '.join(skip)}")
-    console.print(f"reproduce: {command}")
+    print_command(console, "reproduce", command)
 
 
-def print_explore(console: Console, doc: dict[str, object], after: RunResult | None,
-                  replay: str) -> None:
-    """Summary of an exploration, then the shrunk counterexample's timeline."""
-    t = Table(title=f"explore {doc['scenario']} under {doc['policy']} ({doc['strategy']}, "
-                    f"vLLM {doc['vllm']}, {doc['reach']} points)",
-              title_justify="left", show_header=False)
-    t.add_column("what")
-    t.add_column("value", overflow="fold")
-    conf = doc["confidence"]
-    assert isinstance(conf, dict)
+def _explore_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    runs, violating = doc["runs"], doc["violating_runs"]
+    baseline = list(doc["baseline_violations"])
+    first = doc["first_violation_run"]
     rows: list[tuple[str, str]] = [
-        ("runs", f"{doc['runs']} ({doc['distinct_traces']} distinct traces, "
-                 f"{doc['elapsed_s']} s)"),
-        ("violating runs", str(doc["violating_runs"])),
-        ("first violating run", str(doc["first_violation_run"])),
-        ("invariants violated", ", ".join(doc["invariants"]) or "none"),  # type: ignore[arg-type]
-        ("violated with no delay", ", ".join(doc["baseline_violations"]) or "none"),  # type: ignore[arg-type]
+        ("runs", f"{runs} ({doc['distinct_traces']} distinct traces, {doc['elapsed_s']} s)"),
+        ("violating runs", f"{violating} of {runs}" + (
+            f" (the unperturbed run 0 already violates {', '.join(baseline)})"
+            if baseline else "")),
+        ("first run violating more than run 0" if baseline else "first violating run",
+         "none" if first is None else str(first)),
+        ("invariants violated", ", ".join(doc["invariants"]) or "none"),
+        ("verdict", verdict(doc["invariants"])),
         ("points perturbed (runs)", ", ".join(f"{p} ({n})" for p, n in
-                                             doc["coverage"].items()) or "none"),  # type: ignore[union-attr]
+                                             doc["coverage"].items()) or "none"),
     ]
-    pct = doc.get("pct")
+    pct, conf = doc.get("pct"), doc["confidence"]
     if isinstance(pct, dict):
         rows.append(("PCT", f"n={pct['n']} points, k={pct['k']}, d={pct['d']}: each run finds a "
                             f"depth-{pct['d']} bug with p >= {pct['bound']:.3g}"))
     if conf.get("rule_of_three") is not None:
-        rows.append(("confidence", f"no violation in {doc['runs']} runs: failure probability "
+        rows.append(("confidence", f"no violation in {runs} runs: failure probability "
                                    f"per run < {conf['rule_of_three']:.3g} at 95 % (rule of three)"
                      + (f"; PCT: a depth-{pct['d']} bug would have been found with probability "
                         f"{conf['pct_confidence']:.3f}" if isinstance(pct, dict)
@@ -141,40 +160,74 @@ def print_explore(console: Console, doc: dict[str, object], after: RunResult | N
     if isinstance(cx, dict):
         sched = ", ".join(f"{d['point']}#{d['occurrence']}={d['delay']:g}s"
                           for d in cx["schedule"]) or "(no delay needed)"
-        rows.append(("counterexample", f"{sched}  [shrunk from {cx['shrunk_from']} delays, "
-                                       f"{cx['requests']} request(s)]"))
+        how = (f"shrunk from {cx['shrunk_from']} delays, {cx['requests']} request(s)"
+               if cx.get("shrunk") else "NOT shrunk: interrupted before shrinking")
+        rows.append(("counterexample", f"{sched}  [{how}]"))
         if cx.get("reach"):
             rows.append(("reach", "live race (vLLM as released)" if cx["reach"] == "live"
                          else "latent hazard (needs a delay where vLLM never yields)"))
-        rows.append(("written to", str(cx["path"])))
-    for what, value in rows:
-        t.add_row(what, Text(value))
+    else:
+        rows.append(("counterexample", "none"))
+    if doc.get("interrupted"):
+        rows.append(("interrupted", "yes: these figures cover the runs made before Ctrl-C"))
+    return rows
+
+
+def print_explore(console: Console, doc: dict[str, Any], after: RunResult | None,
+                  replay: str) -> None:
+    """Summary of an exploration, then the shrunk counterexample's timeline."""
+    t = Table(title=printable(f"explore {doc['scenario']} under {doc['policy']} "
+                              f"({doc['strategy']}, vLLM {doc['vllm']}, {doc['reach']} points)"),
+              title_justify="left", show_header=False)
+    t.add_column("what", no_wrap=True)
+    t.add_column("value", overflow="fold", ratio=1)
+    for what, value in _explore_rows(doc):
+        t.add_row(what, Text(printable(value)))
     console.print(t)
+    cx = doc["counterexample"]
+    if isinstance(cx, dict) and cx.get("path"):
+        print_command(console, "written to", str(cx["path"]))
     if after is not None:
         print_run(console, f"counterexample of {doc['scenario']} under {doc['policy']}", after,
                   replay)
+    elif replay:
+        print_command(console, "replay", replay)
 
 
-def print_matrix(console: Console, doc: dict[str, object]) -> None:
-    scenarios = doc["scenarios"]
-    policies = doc["policies"]
-    cells = {(c["scenario"], c["policy"]): c for c in doc["cells"]}  # type: ignore[union-attr]
-    t = Table(title="policy x scenario (violating runs / runs; invariants)", title_justify="left")
-    t.add_column("scenario")
-    for p in policies:  # type: ignore[union-attr]
-        t.add_column(p, overflow="fold")
-    for s in scenarios:  # type: ignore[union-attr]
-        row: list[Text] = [Text(s)]
-        for p in policies:  # type: ignore[union-attr]
+_CELL_STYLE = {RACE: "red", ACCOUNTING: "yellow"}
+
+
+def print_matrix(console: Console, doc: dict[str, Any]) -> None:
+    """One row per cell under its scenario, invariants one per line: readable at 80 columns."""
+    cells = {(c["scenario"], c["policy"]): c for c in doc["cells"]}
+    t = Table(title="policy x scenario", title_justify="left")
+    t.add_column("scenario / policy", no_wrap=True)
+    t.add_column("verdict", no_wrap=True)
+    t.add_column("violating/runs", no_wrap=True, justify="right")
+    t.add_column("invariants violated", overflow="fold")
+    for s in doc["scenarios"]:
+        t.add_row(Text(printable(s), style="bold"), "", "", "")
+        for p in doc["policies"]:
             c = cells.get((s, p))
             if c is None:
-                row.append(Text("-"))
+                t.add_row(Text("  " + printable(p)), Text("not run", style="dim"), "", "")
                 continue
-            inv = [i for i in c["invariants"]]
-            label = c["verdict"]
-            style = {"live race": "red", "latent hazard": "magenta",
-                     "accounting gap": "yellow"}.get(label, "green")
-            row.append(Text(f"{label} {c['violating_runs']}/{c['runs']}\n"
-                            + (", ".join(inv) if inv else ""), style=style))
-        t.add_row(*row)
+            if c.get("error"):
+                t.add_row(Text("  " + printable(p)), Text("error", style="bold red"), "",
+                          Text(printable(c["error"])))
+                continue
+            v = verdict(c["invariants"])
+            t.add_row(Text("  " + printable(p)),
+                      Text(c.get("label") or v,
+                           style="magenta" if c.get("label") == "latent hazard"
+                           else _CELL_STYLE.get(v, "green")),
+                      f"{c['violating_runs']}/{c['runs']}", "\n".join(c["invariants"]))
+        if s != doc["scenarios"][-1]:
+            t.add_section()
     console.print(t)
+    params = doc.get("parameters") or {}
+    if params:
+        console.print(Text(printable(", ".join(f"{k} {v}" for k, v in params.items()
+                                               if v not in (None, [])))), style="dim")
+    console.print("race: a safety or liveness invariant broke; accounting: only metrics-exact "
+                  "(a stats gap vLLM still has); safe: nothing broke.", style="dim")

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import inspect
+import os
 import shlex
+import sys
+import traceback
 from collections.abc import Iterable, Mapping, Sequence
 
-from engine_model import RunResult, load_policy, run_workload
+from engine_model import POLICIES, RunResult, load_policy, run_workload
 from engine_model.checker import check_invariant_names
 from engine_model.points import POINTS
+from engine_model.policies import LifecyclePolicy, policy_spec
 from scenarios import Scenario
 from sim import Decider, Decision, DelayPlan, InputError, check_delay, parse_point_key
 
-__all__ = ["run_scenario", "parse_delay_option", "replay_command", "run_command", "PlanEntry"]
+__all__ = ["run_scenario", "parse_delay_option", "replay_command", "run_command", "PlanEntry",
+           "PolicyError", "policy_title", "import_from_cwd"]
 
 PlanEntry = tuple[str, int | None, float]
 
@@ -38,18 +44,79 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
     skip_set = check_invariant_names(tuple(skip))
     overrides: list[PlanEntry] = []
     if witness:
+        if not (scenario.witness or scenario.has_witness):
+            raise InputError(f"--witness: scenario {scenario.name!r} has no [witness] table")
         overrides.extend(scenario.witness)
     overrides.extend(delays)
     if schedule is not None:
         overrides.extend((d.point, d.occurrence, d.delay) for d in schedule)
     plan = DelayPlan(environment=scenario.delays, overrides=overrides, decider=decider)
-    return run_workload(scenario.workload, load_policy(policy, options), seed=seed, plan=plan,
-                        skip=skip_set, retain_trace=retain_trace, hash_trace=hash_trace)
+    import_from_cwd(policy)
+    try:
+        loaded = load_policy(policy, options)
+        return run_workload(scenario.workload, loaded, seed=seed, plan=plan, skip=skip_set,
+                            retain_trace=retain_trace, hash_trace=hash_trace)
+    except InputError:
+        raise
+    except Exception as exc:
+        if policy in POLICIES:  # a built-in policy failing is racesim's bug: keep the traceback
+            raise
+        raise PolicyError.of(policy, exc) from None
 
 
-def replay_command(path: str) -> str:
-    """The one command that replays a counterexample file."""
-    return f"racesim replay {shlex.quote(path)}"
+class PolicyError(InputError):
+    """A user's policy raised: one line naming the policy, its method and file:line."""
+
+    @classmethod
+    def of(cls, policy: str, exc: BaseException) -> PolicyError:
+        try:
+            own = os.path.realpath(inspect.getfile(policy_spec(policy)))
+        except (TypeError, OSError, InputError):
+            own = ""
+        chain: list[BaseException] = []
+        e: BaseException | None = exc
+        while e is not None and e not in chain:  # simpy re-raises a copy: the cause is ours
+            chain.append(e)
+            e = e.__cause__ or e.__context__
+        where = None
+        for e in chain:  # the innermost frame in the policy's own file, else the innermost
+            frames = traceback.extract_tb(e.__traceback__)
+            mine = [f for f in frames if os.path.realpath(f.filename) == own]
+            where = mine[-1] if mine else where or (frames[-1] if frames else None)
+        at = f" in {where.name}() at {where.filename}:{where.lineno}" if where else ""
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        text = text if len(text) <= 200 else text[:199] + "…"
+        return cls(f"policy {policy!r} raised {type(exc).__name__}{at}"
+                   + (f": {text!r}" if text else ""))
+
+
+def import_from_cwd(policy: str) -> None:
+    """Let ``-p mymod:MyPolicy`` find ``mymod.py`` in the current folder, as ``python -m`` does.
+
+    Only for a ``module:Class`` spec; the folder goes last, so it never shadows an installed
+    module (``sim``, ``hypothesis``...)."""
+    if ":" in policy and policy not in POLICIES:
+        cwd = os.getcwd()
+        if cwd not in sys.path and "" not in sys.path:
+            sys.path.append(cwd)
+
+
+def policy_title(policy: str) -> str:
+    """``buggy`` or ``mymod:Mine (mine)``, then the policy's summary: for run headers."""
+    try:
+        import_from_cwd(policy)
+        cls: type[LifecyclePolicy] = policy_spec(policy)
+    except InputError:
+        return policy
+    name = policy if cls.name == policy else f"{policy} ({cls.name})"
+    return f"{name}: {cls.summary}" if cls.summary else name
+
+
+def replay_command(path: str, policy: str = "") -> str:
+    """The one command that replays a counterexample file (``--allow-import`` when its policy
+    is the user's own ``module:Class``: replay imports code only when asked to)."""
+    allow = " --allow-import" if policy and policy not in POLICIES else ""
+    return f"racesim replay {shlex.quote(path)}{allow}"
 
 
 def run_command(scenario: str, policy: str, options: Mapping[str, str], seed: int,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup
 
 from engine_model.checker import INVARIANTS, SAFETY_INVARIANTS
 from engine_model.narrate import describe
@@ -28,6 +29,8 @@ from reports.swimlane import (
     clip,
     race_span,
 )
+from reports.text import printable
+from reports.verdict import verdict
 
 __all__ = ["render_run_report", "write_run_report", "render_explore_report",
            "write_explore_report", "render_matrix_report", "write_matrix_report",
@@ -46,11 +49,19 @@ def environment() -> Environment:
     if _env is None:
         _env = Environment(loader=PackageLoader("reports"), autoescape=True,
                            undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                           keep_trailing_newline=True)
+                           keep_trailing_newline=True, finalize=_finalize)
         _env.globals.update(CSP=CSP, ARROW_COLOURS=ARROW_COLOURS, RED=VIOLATION_RED)
         _env.filters["secs"] = _secs
         _env.filters["num"] = _num
     return _env
+
+
+def _finalize(value: Any) -> Any:
+    """Every printed string: control characters escaped (a raw NUL or ESC never reaches the
+    page), before autoescaping."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return printable(value, keep_newlines=True)
+    return value
 
 
 def _secs(value: Any) -> str:
@@ -92,18 +103,31 @@ def _log_pages(result: RunResult, model: TraceModel, keep: set[int],
             omitted += len(chunk)
             continue
         rows = [{"seq": e.seq, "time": e.time, "component": e.component, "kind": e.kind,
-                 "request": e.request, "inc": e.inc,
-                 "colour": model.colour_of(model.incs_of(e)), "text": clip(describe(e), 240),
+                 "request": e.request, "inc": model.number(e.inc) if e.inc else 0,
+                 "colour": model.colour_of(model.incs_of(e)),
+                 "text": clip(model.relabel(describe(e)), 240),
                  "violations": viol.get(e.seq, [])} for e in chunk]
         pages.append({"first": chunk[0].seq, "last": chunk[-1].seq, "rows": rows,
                       "open": False})
     return pages, omitted
 
 
+def _policy_summary(policy: str) -> str:
+    """A policy's ``name`` (when not the spec itself) and ``summary``, for the header."""
+    from engine_model.policies import policy_spec
+    from sim import InputError
+
+    try:
+        cls = policy_spec(policy)
+    except InputError:
+        return ""
+    return (f"({cls.name}) " if cls.name != policy else "") + cls.summary
+
+
 def _opener_text(model: TraceModel, opener: Any) -> str:
     if opener is None:
         return ""
-    text = describe(opener)
+    text = model.relabel(describe(opener))
     owner = model.delay_owner.get(opener.seq)
     if owner is not None:
         incs = ", ".join(model.incarnations[i].label for i in owner[1] if i in model.incarnations)
@@ -120,9 +144,10 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
     for v in result.violations:
         viol.setdefault(v.event, []).append(v.invariant)
     violations = [{"invariant": v.invariant, "time": v.time, "request": v.request,
-                   "event": v.event, "detail": v.detail,
+                   "event": v.event, "detail": model.relabel(v.detail),
                    "meaning": INVARIANTS.get(v.invariant, ""),
-                   "what": (f"{by_seq[v.event].component}: {describe(by_seq[v.event])}"
+                   "what": (f"{by_seq[v.event].component}: "
+                            f"{model.relabel(describe(by_seq[v.event]))}"
                             if v.event in by_seq else "end-of-run check")}
                   for v in result.violations]
     first = min((v for v in result.violations if v.event in by_seq), key=lambda v: v.event,
@@ -146,8 +171,10 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
     return {
         "scenario": scenario, "policy": policy, "options": dict(options), "result": result,
         "command": command, "violated": [(n, INVARIANTS.get(n, "")) for n in result.violated],
-        "violations": violations, "first": first,
+        "violations": violations, "first": first, "verdict": verdict(result.violated),
+        "policy_summary": _policy_summary(policy),
         "first_what": violations[result.violations.index(first)]["what"] if first else "",
+        "first_detail": model.relabel(first.detail) if first else "",
         "opener": opener, "opener_text": _opener_text(model, opener),
         "diagrams": diagrams, "overview": (build_overview(model, result.violations,
                                                           result.sim_time, diagrams, race)
@@ -243,16 +270,18 @@ def render_matrix_report(doc: Mapping[str, Any],
             invariants = list(c.get("invariants") or []) if c is not None else []
             row.append(None if c is None else {
                 "runs": c.get("runs", 0), "violating": c.get("violating_runs", 0),
-                "invariants": invariants,
-                # only the standing metrics gap (vLLM never counts frontend aborts): no race
-                "gap_only": bool(invariants) and not set(invariants) & set(SAFETY_INVARIANTS),
+                "invariants": invariants, "verdict": verdict(invariants),
+                "error": c.get("error"), "safety": [i in SAFETY_INVARIANTS for i in invariants],
                 "href": _safe_href(links.get((s, p))), "cx": c.get("counterexample")})
         table.append((s, row))
-    failing = sum(1 for c in cells.values()
-                  if set(c.get("invariants") or []) & set(SAFETY_INVARIANTS))
-    summaries = {p: POLICIES[p].summary if p in POLICIES else "" for p in policies}
+    failing = sum(1 for c in cells.values() if verdict(c.get("invariants") or []) == "race")
+    summaries = {p: POLICIES[p].summary if p in POLICIES else _policy_summary(p)
+                 for p in policies}
+    seen = {i for c in cells.values() for i in c.get("invariants") or []}
+    legend = [(n, m, n in SAFETY_INVARIANTS) for n, m in INVARIANTS.items() if n in seen]
     ctx = {"title": "racesim matrix", "policies": policies, "table": table,
-           "failing": failing, "total": len(cells), "doc": doc, "summaries": summaries}
+           "failing": failing, "total": len(cells), "doc": doc, "summaries": summaries,
+           "parameters": dict(doc.get("parameters") or {}), "legend": legend}
     return environment().get_template("matrix.j2").render(ctx)
 
 

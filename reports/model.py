@@ -30,6 +30,7 @@ _PROXY = re.compile(r"proxy(\d+)\Z")
 _FRONTEND = re.compile(r"(?:([PD])\.)?frontend(\d+)\Z")
 _ENGINE = re.compile(r"(.+)\.(input|core|scheduler|kv|runner|connector)\Z")
 _CHANNEL = re.compile(r"(ipc|nixl):(.+)->(.+)\Z")
+_INC_REF = re.compile(r"\binc (\d+)\b")
 _MAX_CLIENT_LANES = 4
 _MAX_PROXY_LANES = 2
 
@@ -54,10 +55,12 @@ class Incarnation:
     uid: int
     frontend: str
     colour: str
+    #: 1, 2, 3... in order of first appearance: what a reader sees (``inc`` is the model's)
+    number: int = 0
 
     @property
     def label(self) -> str:
-        return f"{self.request} #{self.inc}"
+        return f"{self.request} #{self.number or self.inc}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +218,8 @@ class TraceModel:
                 colour = PALETTE[len(self.incarnations) % len(PALETTE)]
                 self.incarnations[e.inc] = Incarnation(e.inc, e.request,
                                                        client_of_uid.get(uid, ""), uid,
-                                                       frontend, colour)
+                                                       frontend, colour,
+                                                       len(self.incarnations) + 1)
                 if uid:
                     self._uid_inc.setdefault(uid, e.inc)
 
@@ -235,6 +239,15 @@ class TraceModel:
                     if o.request is not None:
                         self.delay_owner[e.seq] = (o.request, self.incs_of(o))
                     break
+
+    def number(self, inc: int) -> int:
+        """The reader's number of incarnation ``inc`` (itself when unknown)."""
+        known = self.incarnations.get(inc)
+        return known.number if known is not None else inc
+
+    def relabel(self, text: str) -> str:
+        """``text`` (a narration or a violation detail) with "inc N" in the reader's numbers."""
+        return _INC_REF.sub(lambda m: f"inc {self.number(int(m.group(1)))}", text)
 
     def incs_of(self, event: TraceEvent) -> tuple[int, ...]:
         """The incarnations an event is about (client events map through their client uid)."""

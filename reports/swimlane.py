@@ -19,13 +19,15 @@ from dataclasses import dataclass, field
 from engine_model.checker import Violation
 from engine_model.narrate import KEY_KINDS, describe
 from reports.focus import KEY, priorities, race_span, select
+from reports.lane_layout import LaneBox, lay_out_lanes, used_lanes
 from reports.model import PALETTE, Incarnation, TraceModel
 from sim.trace import TraceEvent
 
 __all__ = ["Diagram", "Row", "Arrow", "Bar", "LaneBox", "build_diagrams", "race_span",
            "ARROW_COLOURS", "VIOLATION_RED", "clip"]
 
-ROW_H, GAP_H, HEAD_H, LEFT_W, TEXT_W = 22, 20, 56, 118, 540
+ROW_H, GAP_H, HEAD_H, TEXT_W = 22, 20, 56, 540
+LEFT_W = 118.0
 VIOLATION_RED = "#d62728"
 GREY = "#7a7a7a"
 #: One arrowhead marker per colour an arrow can have (index = marker id suffix).
@@ -35,17 +37,6 @@ ARROW_COLOURS = (*PALETTE, GREY, VIOLATION_RED)
 def clip(text: str, n: int) -> str:
     """``text`` cut to ``n`` characters with an ellipsis."""
     return text if len(text) <= n else text[: max(n - 1, 1)] + "…"
-
-
-@dataclass(slots=True)
-class LaneBox:
-    key: str
-    title: str
-    group_title: str
-    x: float  # centre
-    x0: float
-    w: float
-    group_start: bool
 
 
 @dataclass(slots=True)
@@ -110,6 +101,7 @@ class Diagram:
     shown: int
     folded: int
     text_x: float
+    body_x: float = 0.0  # where the "what happened" text starts (after the component column)
     t_range: tuple[float, float] = (0.0, 0.0)
     seqs: frozenset[int] = field(default_factory=frozenset)
     more_incarnations: int = 0
@@ -121,26 +113,6 @@ class Diagram:
     @property
     def has_violation(self) -> bool:
         return any(r.violations for r in self.rows)
-
-
-def _lanes(model: TraceModel) -> tuple[list[LaneBox], list[tuple[str, float, float]], float]:
-    n = max(len(model.lanes), 1)
-    lane_w = 80.0 if n <= 8 else 72.0 if n <= 10 else 62.0
-    boxes: list[LaneBox] = []
-    groups: list[tuple[str, float, float]] = []
-    prev_group = None
-    for i, lane in enumerate(model.lanes):
-        x0 = LEFT_W + i * lane_w
-        start = lane.group != prev_group
-        if start:
-            groups.append((lane.group_title, x0, lane_w))
-        else:
-            title, gx, gw = groups[-1]
-            groups[-1] = (title, gx, gw + lane_w)
-        prev_group = lane.group
-        boxes.append(LaneBox(lane.key, lane.title, lane.group_title, x0 + lane_w / 2, x0,
-                             lane_w, start))
-    return boxes, groups, LEFT_W + n * lane_w + 14
 
 
 def _gap_text(events: Sequence[TraceEvent]) -> str:
@@ -164,7 +136,11 @@ class _Page:
         self.viol = viol
         self.end_viol = end_viol
         self.sim_time = sim_time
-        self.lanes, self.groups, self.text_x = _lanes(model)
+        self._layout(None)
+
+    def _layout(self, keys: set[str] | None) -> None:
+        """Lanes for this page: only those it draws something in (all, before rows exist)."""
+        self.lanes, self.groups, self.text_x = lay_out_lanes(self.model, keys, LEFT_W)
         self.lane_x = {b.key: b.x for b in self.lanes}
 
     def _event_row(self, ev: TraceEvent, y: float, stripe: bool) -> Row:
@@ -174,7 +150,7 @@ class _Page:
         incs = model.incs_of(ev)
         inc_label = ", ".join(model.incarnations[i].label for i in incs[:2]
                               if i in model.incarnations) + (" …" if len(incs) > 2 else "")
-        text = describe(ev)
+        text = model.relabel(describe(ev))
         names = tuple(self.viol.get(ev.seq, ()))
         who = ev.component
         if msg is not None:
@@ -230,6 +206,7 @@ class _Page:
     def build(self, title: str, chosen: list[int], shade_span: tuple[int, int] | None,
               with_end: bool) -> Diagram:
         events = self.model.events
+        self._layout(used_lanes(self.model, [events[i] for i in chosen]))
         rows: list[Row] = []
         y = float(HEAD_H)
         prev = -1
@@ -271,9 +248,12 @@ class _Page:
         incs = self._legend(chosen)
         ev_rows = [r for r in rows if r.kind == "event"]
         t_range = (ev_rows[0].t0, ev_rows[-1].t1) if ev_rows else (0.0, 0.0)
-        return Diagram(title, self.text_x + TEXT_W, height, self.lanes, self.groups, rows,
+        who_w = max((len(r.who) for r in ev_rows), default=9) * 6.3 + 14
+        body_x = self.text_x + max(who_w, 80.0)
+        return Diagram(title, body_x + TEXT_W, height, self.lanes, self.groups, rows,
                        arrows, bars, shade, incs, len(ev_rows), len(events) - len(ev_rows),
-                       self.text_x, t_range, frozenset(r.seq for r in ev_rows), self.more_incs)
+                       self.text_x, body_x, t_range, frozenset(r.seq for r in ev_rows),
+                       self.more_incs)
 
     def _legend(self, chosen: list[int], cap: int = 12) -> list[Incarnation]:
         """The incarnations to name above a page: those of the violated IDs first."""
@@ -389,9 +369,10 @@ def build_diagrams(model: TraceModel, violations: Sequence[Violation], sim_time:
     pending = viol_idx + [i for i in fatal if i not in viol]
     pending.sort(key=lambda i: (i < start, abs(i - first)))
     taken = [i for i in pending[: max(room - len(must_first), 1)]]
-    pages = [page.build("the race: from the window opening to the first violation",
-                        select(prio, (start, first), must_first | set(taken), budget),
-                        (events[start].seq, events[first].seq), True)]
+    chosen = select(prio, (start, first), must_first | set(taken), budget)
+    title = ("the race: from the window opening to the first violation"
+             + (", and what followed" if chosen and chosen[-1] > first else ""))
+    pages = [page.build(title, chosen, (events[start].seq, events[first].seq), True)]
     rest = sorted(set(pending) - set(taken))
     while rest and len(pages) < max_pages:
         chunk, rest = rest[:room], rest[room:]

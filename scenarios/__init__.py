@@ -6,10 +6,10 @@ validated on load; every mistake is a one-line :class:`sim.errors.InputError`.
 
 from __future__ import annotations
 
+from scenarios.files import bundled_names, load_scenario
 from scenarios.loader import (
+    MAX_REQUEST_ID,
     Scenario,
-    bundled_names,
-    load_scenario,
     parse_scenario,
     scenario_from_dict,
     scenario_to_toml,
@@ -17,6 +17,7 @@ from scenarios.loader import (
 
 __all__ = [
     "Scenario",
+    "MAX_REQUEST_ID",
     "bundled_names",
     "load_scenario",
     "parse_scenario",

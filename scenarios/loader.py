@@ -13,8 +13,6 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from engine_model.config import (
@@ -34,8 +32,7 @@ from sim.points import plan_entries
 
 __all__ = [
     "Scenario",
-    "bundled_names",
-    "load_scenario",
+    "MAX_REQUEST_ID",
     "parse_scenario",
     "scenario_from_dict",
     "scenario_to_toml",
@@ -61,8 +58,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": 
                                         "engine.vllm": tuple(PROFILES)}
 _REQUEST_ALWAYS = ("id", "at", "prompt_tokens", "max_tokens")  # written even when default
 _INT_LIMIT = 2**63 - 1  # TOML integers are 64-bit
-_MAX_FILE_BYTES = 16 * 2**20
-_BUNDLED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: The longest request ID a scenario may use (README "Scenario files").
+MAX_REQUEST_ID = 256
 _NO_VALUE = object()
 
 
@@ -76,6 +73,8 @@ class Scenario:
     delays: tuple[PlanEntry, ...]
     witness: tuple[PlanEntry, ...]
     source: str = field(default="<dict>", compare=False)
+    #: a ``[witness]`` table was given (it may be empty: a race that needs no delay)
+    has_witness: bool = field(default=False, compare=False)
 
     @property
     def vllm(self) -> str:
@@ -105,7 +104,7 @@ class Scenario:
             out["pd"] = _fields_of(w.pd)
         out["request"] = [_request_dict(r) for r in w.requests]
         for key, entries in (("delays", self.delays), ("witness", self.witness)):
-            if entries:
+            if entries or (key == "witness" and self.has_witness):
                 out[key] = {p if k is None else f"{p}#{k}": d for p, k, d in entries}
         return out
 
@@ -229,7 +228,7 @@ def _table(data: object, path: KeyPath, cls: type, rule: str) -> dict[str, Any]:
     return out
 
 
-def _requests(data: object, frontends: int) -> tuple[RequestSpec, ...]:
+def _requests(data: object, frontends: int, horizon: float) -> tuple[RequestSpec, ...]:
     if data is None:
         raise _Bad(("request",), "at least one [[request]] is required")
     if isinstance(data, (str, bytes)) or not isinstance(data, (list, tuple)):
@@ -241,6 +240,12 @@ def _requests(data: object, frontends: int) -> tuple[RequestSpec, ...]:
         spec = RequestSpec(**_table(item, ("request", i), RequestSpec, "request"))
         if not spec.id:
             raise _Bad(("request", i, "id"), "must be a non-empty string", spec.id)
+        if len(spec.id) > MAX_REQUEST_ID:
+            raise _Bad(("request", i, "id"), f"is {len(spec.id)} characters long, more than "
+                       f"{MAX_REQUEST_ID} (vLLM clients send UUIDs and short strings)")
+        if spec.at >= horizon:
+            raise _Bad(("request", i, "at"), f"must be before the horizon ({horizon!r} s): the "
+                       f"request would never be sent", spec.at)
         if spec.abort_at is not None and spec.abort_at < spec.at:
             raise _Bad(("request", i, "abort_at"), f"must be >= at ({spec.at!r})", spec.abort_at)
         if spec.frontend >= frontends:
@@ -306,13 +311,15 @@ def _build(data: object, source: str) -> Scenario:
                            for k, kind in _TOP_KINDS.items() if k in data}
     frontends = int(top.get("frontends", 1))
     tables = {k: cls(**_table(data.get(k, {}), (k,), cls, k)) for k, cls in _TABLES.items()}
+    horizon = float(top.get("horizon", 30.0))
     workload = Workload(topology=str(top.get("topology", "single")), frontends=frontends,
-                        horizon=float(top.get("horizon", 30.0)),
-                        requests=_requests(data.get("request"), frontends), **tables)
+                        horizon=horizon, requests=_requests(data.get("request"), frontends,
+                                                            horizon), **tables)
     _fits(workload)
     return Scenario(name=str(top["name"]), summary=str(top.get("summary", "")),
                     workload=workload, delays=_plan(data.get("delays"), "delays"),
-                    witness=_plan(data.get("witness"), "witness"), source=source)
+                    witness=_plan(data.get("witness"), "witness"), source=source,
+                    has_witness="witness" in data)
 
 
 def _checked(data: object, source: str, text: str | None) -> Scenario:
@@ -345,74 +352,3 @@ def parse_scenario(text: str, source: str) -> Scenario:
     except Exception as e:
         raise InputError(f"{source}: invalid TOML: {_show(str(e))}") from None
     return _checked(data, source, text)
-
-
-# --------------------------------------------------------------------------- finding files
-
-def _bundled_dir() -> Any:
-    return resources.files(__package__ or "scenarios").joinpath("bundled")
-
-
-def bundled_names() -> tuple[str, ...]:
-    """Sorted names of the bundled scenarios (``scenarios/bundled/*.toml``)."""
-    try:
-        return tuple(sorted(e.name[:-5] for e in _bundled_dir().iterdir()
-                            if e.name.endswith(".toml") and e.is_file()))
-    except (OSError, ModuleNotFoundError):
-        return ()
-
-
-def _read(path: Path, source: str) -> str:
-    """A scenario file's text; any reason it cannot be read is an InputError."""
-    try:
-        problem = ("no such scenario file" if not path.exists()
-                   else "is a directory, not a scenario file" if path.is_dir()
-                   else "not a regular file" if not path.is_file()
-                   else "too large for a scenario file" if path.stat().st_size > _MAX_FILE_BYTES
-                   else None)
-        raw = b"" if problem else path.read_bytes()
-    except (OSError, ValueError) as e:
-        problem = f"cannot read: {getattr(e, 'strerror', None) or e}"
-    if problem:
-        raise InputError(f"{source}: {problem}")
-    return _decode(raw, source)
-
-
-def _decode(raw: bytes, source: str) -> str:
-    try:
-        return raw.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{source}: not a UTF-8 text file (bad byte at offset {e.start})") \
-            from None
-
-
-def load_scenario(name_or_path: str) -> Scenario:
-    """A bundled scenario by name, or a scenario file by path.
-
-    A string containing ``/`` or ending in ``.toml`` is a path; any other is tried as a
-    bundled name first, then as a path.
-    """
-    if not isinstance(name_or_path, str) or not name_or_path:
-        raise InputError(f"scenario name or path must be a non-empty string "
-                         f"(got {_show(name_or_path)})")
-    is_path = "/" in name_or_path or name_or_path.endswith(".toml")
-    if not is_path and _BUNDLED_NAME.fullmatch(name_or_path):
-        source = f"<bundled {name_or_path}>"
-        try:
-            entry = _bundled_dir().joinpath(f"{name_or_path}.toml")
-            raw = entry.read_bytes() if entry.is_file() else None
-        except (OSError, ModuleNotFoundError) as e:
-            raise InputError(f"{source}: cannot read: {e}") from None
-        if raw is not None:
-            return parse_scenario(_decode(raw, source), source)
-    path = Path(name_or_path)
-    if not is_path:
-        try:
-            exists = path.exists()
-        except (OSError, ValueError):
-            exists = False
-        if not exists:
-            known = ", ".join(bundled_names()) or "none"
-            raise InputError(f"unknown scenario {name_or_path!r}: not a bundled name "
-                             f"(bundled: {known}) and no such file")
-    return parse_scenario(_read(path, name_or_path), name_or_path)

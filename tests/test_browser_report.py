@@ -149,3 +149,93 @@ def test_screenshot_is_not_blank(browser: str, report: Path, tmp_path: Path) -> 
     assert white < 0.97 * len(sample), "the page is (almost) all white"
     reds = sum(1 for r, g, b in sample if r > 180 and g < 90 and b < 90)
     assert reds > 0, "no red: the verdict badge or the violation marks did not render"
+
+
+# -- issue 14: nothing clipped at 1000-1400 px, true titles, the matrix's own page ----------------
+
+def _band_rows(rows: list[bytes], bpp: int) -> list[int]:
+    """Rows of the screenshot crossing the race window's solid orange left bar (#e08a1e)."""
+    out = []
+    for y, row in enumerate(rows):
+        run = 0
+        for x in range(0, min(len(row), 200 * bpp), bpp):
+            r, g, b = row[x], row[x + 1], row[x + 2]
+            run = run + 1 if (abs(r - 0xE0) < 24 and abs(g - 0x8A) < 24 and b < 80) else 0
+            if run >= 4:
+                out.append(y)
+                break
+    return out
+
+
+@pytest.fixture(scope="module")
+def pd_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    scen = load_scenario("pd-reuse")
+    result = run_scenario(scen, "buggy", witness=True)
+    path = tmp_path_factory.mktemp("pd") / "pd.html"
+    write_run_report(path, scen, "buggy", {}, result,
+                     run_command(scen.name, "buggy", {}, result.seed, result.schedule))
+    return path
+
+
+@pytest.mark.parametrize("width", [1000, 1400])
+def test_the_race_window_is_seen_whole_at_common_widths(browser: str, pd_report: Path,
+                                                        tmp_path: Path, width: int) -> None:
+    """The window's frame spans the diagram's full width: its right edge (dashed orange)
+    is on screen only if the diagram is not cut off on the right."""
+    shot = tmp_path / "shot.png"
+    proc = _run(browser, tmp_path / "profile", f"--screenshot={shot}",
+                f"--window-size={width},1400", pd_report.as_uri())
+    assert proc.returncode == 0 and shot.exists(), proc.stderr[-2000:]
+    w, _h, bpp, rows = _png_pixels(shot.read_bytes())
+    band = _band_rows(rows, bpp)
+    assert band, "no race window on screen"
+    edges: dict[int, int] = {}  # x of the rightmost orange pixel per band row -> rows
+    for y in band:
+        row = rows[y]
+        for x in range(w - 1, w // 2, -1):
+            r, g, b = row[x * bpp], row[x * bpp + 1], row[x * bpp + 2]
+            if abs(r - 0xE0) < 40 and abs(g - 0x8A) < 50 and b < 120:
+                edges[x // 3] = edges.get(x // 3, 0) + 1
+                break
+    column, hits = max(edges.items(), key=lambda kv: kv[1], default=(0, 0))
+    right_edge = column * 3
+    # a frame, not text: the same column is orange down much of the window
+    assert hits >= 0.3 * len(band) and right_edge > w * 0.8, \
+        "the right end of the diagram is cut off"
+    assert right_edge < w - 8, "the diagram runs past the page's margin"
+
+
+def test_lane_labels_and_titles_are_whole(browser: str, pd_report: Path, tmp_path: Path) -> None:
+    dom = _dump_dom(browser, pd_report, tmp_path / "profile")
+    assert "API serv…" not in dom and "…</text>" not in dom.split("The whole run")[0]
+    for lane in ("API server", "P.frontend0", "D.frontend0", "prefill engine", "decode engine"):
+        assert f">{lane}</text>" in dom, lane
+    assert ">sockets</text>" not in dom, "an empty lane is drawn"
+    assert "to the first violation, and what followed" in dom
+    assert "X #1" in dom and "X #3" in dom and "X #4" not in dom
+
+
+def test_matrix_report_shows_parameters_legend_and_accounting_style(
+        browser: str, tmp_path: Path) -> None:
+    from racesim.matrix import run_matrix
+    from reports import write_matrix_report
+
+    result = run_matrix([load_scenario("abort-reuse"), load_scenario("multi-frontend")],
+                        ["internal-id", "buggy"], budget=4, seed=0, strategy="random",
+                        workers=1, dask=None, skip=(), out_dir=None)
+    page = write_matrix_report(tmp_path / "m.html", result.document(), {})
+    dom = _dump_dom(browser, page, tmp_path / "profile")
+    for text in ("budget", "4 runs per cell", "strategy", "random", "seed", "racesim"):
+        assert text in dom, text
+    assert "<h2>Invariants</h2>" in dom and "accounting only" in dom
+    assert 'class="gap"' in dom and 'class="chip acct"' in dom   # amber, not red
+    assert 'class="fail"' in dom and 'class="chip inv"' in dom
+    shot = tmp_path / "m.png"
+    proc = _run(browser, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1000,900",
+                page.as_uri())
+    assert proc.returncode == 0
+    _w, _h, bpp, rows = _png_pixels(shot.read_bytes())
+    sample = list(_pixels(rows, bpp, 2))
+    amber = sum(1 for r, g, b in sample if (r, g, b) == (0xFF, 0xF8, 0xE6))
+    pink = sum(1 for r, g, b in sample if (r, g, b) == (0xFF, 0xF0, 0xF0))
+    assert amber > 50 and pink > 50, "accounting-only and racing cells look alike"

@@ -132,15 +132,15 @@ def test_explore_cli_json_and_exit_codes(tmp_path: Path) -> None:
 def test_matrix_cells_come_from_running(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "racesim", "matrix", "-s", "multi-frontend",
                            "-p", "buggy", "-p", "internal-id", "--budget", "10", "--workers",
-                           "1", "--out", str(tmp_path), "--json"],
+                           "1", "--out", str(tmp_path), "--json", "--fail-on-race"],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # a racing cell, and --fail-on-race
     cells = {(c["scenario"], c["policy"]): c for c in json.loads(proc.stdout)["cells"]}
     # vLLM 0.33 (the default): the second API server's duplicate ADD fails the scheduler's
     # "duplicate request id" assert with no delay at all, a live race.
     buggy = cells[("multi-frontend", "buggy")]
     assert "engine-alive" in buggy["invariants"] and buggy["vllm"] == "0.33"
-    assert (buggy["reach"], buggy["verdict"]) == ("live", "live race")
+    assert (buggy["reach"], buggy["verdict"], buggy["label"]) == ("live", "race", "live race")
     assert cells[("multi-frontend", "internal-id")]["invariants"] == []
-    assert cells[("multi-frontend", "internal-id")]["verdict"] == "safe"
+    assert cells[("multi-frontend", "internal-id")]["label"] == "safe"
     assert cells[("multi-frontend", "internal-id")]["runs"] == 10

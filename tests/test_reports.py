@@ -25,6 +25,7 @@ from reports import (
     write_matrix_report,
     write_run_report,
 )
+from reports.model import TraceModel
 from scenarios import Scenario, load_scenario, scenario_from_dict
 
 SCRIPT_ID = "<script>alert(1)</script>"
@@ -76,28 +77,33 @@ def _assert_self_contained(html: str) -> None:
 def test_run_report_verdict_lanes_violation_schedule_and_command(abort_reuse: Any) -> None:
     _scen, result, command, html = abort_reuse
     _assert_self_contained(html)
-    assert "VIOLATION" in html and "abort-reuse" in html and "buggy" in html
+    assert "RACE" in html and "abort-reuse" in html and "buggy" in html
     assert result.trace_hash in html and f"seed <span class=\"mono\">{result.seed}<" in html
     for name in result.violated:
         assert f'<span class="chip inv" title="{escape(INVARIANTS[name])}">{name}</span>' in html
     # one lane per component group, under its group header
-    for lane in ("client0", "client1", "frontend0", "sockets", "input thread", "busy loop",
+    for lane in ("client0", "client1", "frontend0", "input thread", "busy loop",
                  "scheduler", "KV cache", "runner", "EngineCore", "API server"):
         assert f">{lane}</text>" in html, lane
+    # a lane nothing is drawn in is dropped (messages start in their sender's lane)
+    assert ">sockets</text>" not in html and ">IPC / sockets</text>" in html
     # every violating event is marked in the diagram (red ring and a labelled row)
     assert html.count('stroke="#d62728" stroke-width="2.6"') >= len(
         {v.event for v in result.violations if v.event >= 0})
     assert "✖ no-crosstalk · </tspan>" in html
     assert "race window" in html
     # the violations table carries the state that broke
-    for v in result.violations:
-        assert str(escape(v.detail)) in html
+    model = TraceModel(result.trace)
+    for v in result.violations:  # incarnations in the reader's numbers
+        assert str(escape(model.relabel(v.detail))) in html
     # the schedule and the one command that replays it
     assert "frontend.abort:after_pop" in html and "#0</td>" in html
     assert f'<pre class="cmd">{escape(command)}</pre>' in html
     # messages are arrows; incarnations are told apart
     assert html.count("<line") >= 10
-    assert "X #3" in html and "X #4" in html
+    assert "X #1" in html and "X #2" in html, "incarnations numbered 1, 2... as they appear"
+    numbers = sorted(inc.number for inc in model.incarnations.values())
+    assert numbers == list(range(1, len(numbers) + 1))
     # the full event log, folded away
     assert "<details>" in html and "Full event log (119 events" in html
 
@@ -327,7 +333,7 @@ def test_pd_report_has_proxy_prefill_and_decode_lanes() -> None:
     scen = load_scenario("pd-reuse").with_vllm("0.8")
     result, command = _run(scen)
     html = render_run_report(scen, "buggy", {}, result, command)
-    for lane in ("proxy", "P.frontend0", "D.frontend0", "prefill engine", "decode engine",
+    for lane in ("P.frontend0", "D.frontend0", "prefill engine", "decode engine",
                  "busy loop", "sched + KV", "connector"):
         assert f">{lane}</text>" in html, lane
     assert "KV done X" in html  # the NIXL notice is an arrow too

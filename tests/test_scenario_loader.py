@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from engine_model.config import EngineConfig, PDConfig, RequestSpec, Workload
 from scenarios import (
+    MAX_REQUEST_ID,
     Scenario,
     bundled_names,
     load_scenario,
@@ -24,6 +25,7 @@ from scenarios import (
     scenario_from_dict,
     scenario_to_toml,
 )
+from scenarios import files as scenario_files
 from scenarios._toml_writer import dumps, toml_string
 from sim.errors import InputError
 
@@ -156,7 +158,7 @@ def test_round_trip_full_scenario_and_exact_floats() -> None:
     assert parse_scenario(scenario_to_toml(s), "y") == s
     odd = [0.1 + 0.2, 1e-300, 5e-324, 1 / 3, 1e16, 123456789.123456789, 2.0**60]
     requests = tuple(RequestSpec(id=str(i), at=v) for i, v in enumerate(odd))
-    t = Scenario("floats", "", Workload(horizon=odd[0], requests=requests),
+    t = Scenario("floats", "", Workload(horizon=2.0**61, requests=requests),
                  (("engine.step:execute", 3, odd[3]),), (), "<test>")
     back = parse_scenario(scenario_to_toml(t), "z")
     assert [r.at for r in back.workload.requests] == odd and back.delays[0][2] == odd[3]
@@ -187,12 +189,12 @@ def test_toml_string_escapes_everything_tomllib_needs() -> None:
 
 
 @settings(max_examples=60, deadline=None, database=None)
-@given(ids=st.lists(st.text(st.characters(codec="utf-8"), min_size=1),
+@given(ids=st.lists(st.text(st.characters(codec="utf-8"), min_size=1, max_size=MAX_REQUEST_ID),
                     min_size=1, max_size=4),
        at=st.floats(min_value=0, max_value=1e12, allow_nan=False),
        summary=st.text(st.characters(codec="utf-8")))
 def test_round_trip_property(ids: list[str], at: float, summary: str) -> None:
-    s = scenario_from_dict({"name": summary, "summary": summary,
+    s = scenario_from_dict({"name": summary, "summary": summary, "horizon": at + 1.0,
                             "request": [{"id": i, "at": at} for i in ids]})
     assert parse_scenario(scenario_to_toml(s), "h") == s
     assert scenario_from_dict(s.to_dict()) == s
@@ -438,7 +440,7 @@ def test_load_path_names_the_file_in_errors(tmp_path: Path,
 
 
 def test_bundled_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loader, "_bundled_dir", lambda: tmp_path)
+    monkeypatch.setattr(scenario_files, "_bundled_dir", lambda: tmp_path)
     assert bundled_names() == ()
     (tmp_path / "beta.toml").write_text(BASE)
     (tmp_path / "alpha.toml").write_text(BASE.replace('"base"', '"alpha"'))
@@ -448,7 +450,7 @@ def test_bundled_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert s.name == "alpha" and s.source == "<bundled alpha>"
     with pytest.raises(InputError, match=r"unknown scenario 'gamma'.*alpha, beta"):
         load_scenario("gamma")
-    monkeypatch.setattr(loader, "_bundled_dir", lambda: tmp_path / "absent")
+    monkeypatch.setattr(scenario_files, "_bundled_dir", lambda: tmp_path / "absent")
     assert bundled_names() == ()
 
 

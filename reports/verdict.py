@@ -1,0 +1,54 @@
+"""What a set of violated invariants means to a reader: a race, accounting only, or safe.
+
+The one verdict shared by the terminal, the HTML reports and the exit status, so a cell the
+terminal calls "accounting" is never red on the page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final, Literal
+
+from engine_model.invariants import INVARIANTS, SAFETY_INVARIANTS
+
+__all__ = ["Verdict", "RACE", "ACCOUNTING", "SAFE", "verdict", "reach_label",
+           "accounting_warning", "exit_status"]
+
+Verdict = Literal["race", "accounting", "safe"]
+RACE: Final = "race"
+ACCOUNTING: Final = "accounting"
+SAFE: Final = "safe"
+
+
+def verdict(invariants: Iterable[str]) -> Verdict:
+    """``race`` when a safety or liveness invariant broke, ``accounting`` when only
+    bookkeeping ones did (``metrics-exact``: a stats gap vLLM still has), else ``safe``."""
+    names = set(invariants)
+    if names & set(SAFETY_INVARIANTS):
+        return RACE
+    return ACCOUNTING if names else SAFE
+
+
+def reach_label(invariants: Iterable[str], reach: str | None) -> str:
+    """The verdict with its reach, as a matrix cell reads: "live race" (reachable in vLLM as
+    released), "latent hazard" (needs a delay where that release never yields), "accounting
+    gap" or "safe"."""
+    v = verdict(invariants)
+    if v == RACE:
+        return "latent hazard" if reach == "latent" else "live race"
+    return "accounting gap" if v == ACCOUNTING else "safe"
+
+
+def accounting_warning(invariants: Iterable[str]) -> str:
+    """The one warning line for an accounting-only result."""
+    names = [n for n in dict.fromkeys(invariants) if n in INVARIANTS
+             and n not in SAFETY_INVARIANTS]
+    return (f"warning: accounting only, not a race: {', '.join(names)} violated "
+            f"(vLLM does not count frontend-initiated aborts in its stats; --strict fails on it,"
+            f" --skip {names[0] if names else 'metrics-exact'} hides it)")
+
+
+def exit_status(invariants: Iterable[str], *, strict: bool = False) -> int:
+    """DESIGN's exit status: 1 for a race (or, with ``strict``, any violation), else 0."""
+    v = verdict(invariants)
+    return 1 if v == RACE or (strict and v == ACCOUNTING) else 0
