@@ -1,8 +1,8 @@
 """The vLLM V1 request-lifecycle model: frontend, sockets, engine core, P/D, policies, checker."""
 
-import sim  # noqa: F401  # isort: skip  # first: decides compiled or source (sim._native)
-from engine_model.checker import INVARIANTS, SAFETY_INVARIANTS, Checker, Violation
-from engine_model.config import (
+from racesim import sim  # noqa: F401  # isort: skip  # first: decides compiled or source (racesim.sim._native)
+from racesim.engine_model.checker import INVARIANTS, SAFETY_INVARIANTS, Checker, Violation
+from racesim.engine_model.config import (
     EngineConfig,
     FrontendConfig,
     IpcConfig,
@@ -10,9 +10,9 @@ from engine_model.config import (
     RequestSpec,
     Workload,
 )
-from engine_model.points import POINTS
-from engine_model.policies import POLICIES, LifecyclePolicy, load_policy, policy_spec
-from engine_model.system import RequestOutcome, RunResult, System, run_workload
+from racesim.engine_model.points import POINTS
+from racesim.engine_model.policies import POLICIES, LifecyclePolicy, load_policy, policy_spec
+from racesim.engine_model.system import RequestOutcome, RunResult, System, run_workload
 
 __all__ = [
     "Checker",

@@ -10,17 +10,17 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from engine_model.invariants import (
+from racesim.engine_model.invariants import (
     INVARIANTS,
     SAFETY_INVARIANTS,
     Violation,
     check_invariant_names,
 )
-from sim.trace import TraceEvent, TraceListener
-from sim.world import World
+from racesim.sim.trace import TraceEvent, TraceListener
+from racesim.sim.world import World
 
 if TYPE_CHECKING:
-    from engine_model.system import System
+    from racesim.engine_model.system import System
 
 __all__ = ["INVARIANTS", "SAFETY_INVARIANTS", "Violation", "Checker", "check_invariant_names"]
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine_model.kv_cache import KVCacheManager
-from engine_model.messages import KVTransferParams
-from engine_model.request import Request, RequestStatus
-from sim.world import World
+from racesim.engine_model.kv_cache import KVCacheManager
+from racesim.engine_model.messages import KVTransferParams
+from racesim.engine_model.request import Request, RequestStatus
+from racesim.sim.world import World
 
 __all__ = ["ConnectorScheduler"]
 

@@ -134,7 +134,7 @@ def bare_simpy(pairs: int, rounds: int) -> tuple[int, float]:
     step, peek, horizon = env.step, env.peek, 1e12
     steps = 0
     started = time.perf_counter()
-    while peek() <= horizon:  # the loop of engine_model.system.run_workload
+    while peek() <= horizon:  # the loop of racesim.engine_model.system.run_workload
         step()
         steps += 1
     return steps, time.perf_counter() - started
@@ -167,8 +167,8 @@ def parallel_capacity(n: int) -> tuple[float, float]:
 
 def _model_events(runs: int, progress: Progress) -> dict[str, Any]:
     from racesim.runner import run_scenario
-    from scenarios import load_scenario
-    from sim.strategies import StrategyConfig, make_strategy
+    from racesim.scenarios import load_scenario
+    from racesim.sim.strategies import StrategyConfig, make_strategy
 
     total_steps = 0
     total_s = 0.0
@@ -196,7 +196,7 @@ def _model_events(runs: int, progress: Progress) -> dict[str, Any]:
 def _explore_timed(name: str, strategy: str, budget: int, workers: int,
                    time_limit: float | None = None) -> tuple[Any, float, list[float]]:
     from racesim.explore import explore
-    from scenarios import load_scenario
+    from racesim.scenarios import load_scenario
 
     scenario = load_scenario(name)
     stamps: list[float] = []
@@ -212,7 +212,7 @@ def _explore_timed(name: str, strategy: str, budget: int, workers: int,
 
 
 def _first_bug(name: str, strategy: str, sizes: _Sizes) -> dict[str, Any]:
-    from engine_model import SAFETY_INVARIANTS
+    from racesim.engine_model import SAFETY_INVARIANTS
 
     res, seconds, stamps = _explore_timed(name, strategy, sizes.first_bug_budget, 1,
                                           sizes.first_bug_time_limit)
@@ -229,7 +229,7 @@ def _first_bug(name: str, strategy: str, sizes: _Sizes) -> dict[str, Any]:
 
 def _baseline_seconds(name: str) -> float:
     from racesim.runner import run_scenario
-    from scenarios import load_scenario
+    from racesim.scenarios import load_scenario
 
     scenario = load_scenario(name)
     started = time.perf_counter()
@@ -240,11 +240,11 @@ def _baseline_seconds(name: str) -> float:
 # -- scale --------------------------------------------------------------------------------------
 
 def storm_workload(n: int, seed: int = 0, *, id_pool: int = 64, gap: float = 0.005) -> Any:
-    """An abort-storm-like :class:`engine_model.Workload` of ``n`` requests: IDs drawn from a
+    """An abort-storm-like :class:`racesim.engine_model.Workload` of ``n`` requests: IDs drawn from a
     pool of ``id_pool`` (so IDs are reused, sometimes while still live), arrivals every ``gap``
     seconds on average; a quarter abort explicitly, a fifth disconnect after a few tokens, a
     fifth stop at EOS. The engine is sized to keep up, so the load is steady at any ``n``."""
-    from engine_model import EngineConfig, RequestSpec, Workload
+    from racesim.engine_model import EngineConfig, RequestSpec, Workload
 
     rng = random.Random(seed)
     ids = [f"r{i}" for i in range(id_pool)]
@@ -276,7 +276,7 @@ def _scale_child(n: int) -> dict[str, Any]:
     """One size in a fresh process: wall seconds and ru_maxrss around the run."""
     import resource
 
-    from engine_model import load_policy, run_workload
+    from racesim.engine_model import load_policy, run_workload
 
     workload = storm_workload(n)
     policy = load_policy(_SCALE_POLICY)
@@ -342,7 +342,7 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
     """Measure everything side by side; ``quick`` shrinks every size (for tests)."""
     import simpy
 
-    import sim
+    from racesim import sim
 
     say: Progress = progress if progress is not None else (lambda _msg: None)
     sizes = _QUICK if quick else _FULL

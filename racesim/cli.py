@@ -12,17 +12,17 @@ from typing import Any, NoReturn
 import click
 from rich.console import Console
 
-from engine_model import INVARIANTS, POINTS, POLICIES
-from engine_model.checker import check_invariant_names
-from engine_model.policies import policy_spec
 from racesim.documents import read_counterexample, run_document
+from racesim.engine_model import INVARIANTS, POINTS, POLICIES
+from racesim.engine_model.checker import check_invariant_names
+from racesim.engine_model.policies import policy_spec
 from racesim.explore import explore
 from racesim.matrix import run_matrix
 from racesim.render import print_explore, print_matrix, print_run
 from racesim.runner import parse_delay_option, replay_command, run_command, run_scenario
-from scenarios import bundled_names, load_scenario
-from sim import InputError, build_info
-from sim.strategies import STRATEGIES
+from racesim.scenarios import bundled_names, load_scenario
+from racesim.sim import InputError, build_info
+from racesim.sim.strategies import STRATEGIES
 
 __all__ = ["main", "cli"]
 
@@ -164,10 +164,10 @@ def _finish_run(scen: Any, policy: str, options: dict[str, str], result: Any, co
                 skip: Sequence[str], as_json: bool, html_file: str | None,
                 trace_file: str | None) -> None:
     if html_file:
-        from reports import write_run_report
+        from racesim.reports import write_run_report
         write_run_report(Path(html_file), scen, policy, options, result, command)
     if trace_file:
-        from reports import write_chrome_trace
+        from racesim.reports import write_chrome_trace
         write_chrome_trace(Path(trace_file), result)
     if as_json:
         _emit_json(run_document(scen, policy, options, result))
@@ -284,7 +284,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
         before = run_scenario(scen, policy, options=options, seed=seed,
                               schedule=res.found_run.schedule, skip=res.skip)
     if html_file:
-        from reports import write_explore_report
+        from racesim.reports import write_explore_report
         write_explore_report(Path(html_file), doc, scen, before, after)
     if as_json:
         _emit_json(doc)

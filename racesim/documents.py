@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine_model import RunResult
-from engine_model.checker import check_invariant_names
-from engine_model.points import POINTS
-from scenarios import Scenario, scenario_from_dict
-from sim import Decision, InputError, check_delay
+from racesim.engine_model import RunResult
+from racesim.engine_model.checker import check_invariant_names
+from racesim.engine_model.points import POINTS
+from racesim.scenarios import Scenario, scenario_from_dict
+from racesim.sim import Decision, InputError, check_delay
 
 __all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
            "COUNTEREXAMPLE_FORMAT", "safe_file_name"]

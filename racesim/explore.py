@@ -17,16 +17,16 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from engine_model import RunResult
-from engine_model.checker import check_invariant_names
-from engine_model.policies import policy_spec
 from racesim.documents import Counterexample, safe_file_name, write_counterexample
+from racesim.engine_model import RunResult
+from racesim.engine_model.checker import check_invariant_names
+from racesim.engine_model.policies import policy_spec
 from racesim.parallel import executor, ordered_map
 from racesim.runner import run_scenario
+from racesim.scenarios import Scenario
 from racesim.shrink import shrink
-from scenarios import Scenario
-from sim import Decision, InputError
-from sim.strategies import STRATEGIES, StrategyConfig, make_strategy
+from racesim.sim import Decision, InputError
+from racesim.sim.strategies import STRATEGIES, StrategyConfig, make_strategy
 
 __all__ = ["ExploreResult", "RunSummary", "explore", "counterexample_path"]
 

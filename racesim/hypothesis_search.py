@@ -6,8 +6,8 @@ import random
 from collections.abc import Callable, Sequence
 
 from racesim.runner import run_scenario
-from scenarios import Scenario
-from sim.strategies import StrategyConfig
+from racesim.scenarios import Scenario
+from racesim.sim.strategies import StrategyConfig
 
 __all__ = ["hypothesis_search", "schedule_strategy"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from racesim.explore import ExploreResult, explore
-from scenarios import Scenario
+from racesim.scenarios import Scenario
 
 __all__ = ["MatrixResult", "run_matrix"]
 

@@ -8,9 +8,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from engine_model import SAFETY_INVARIANTS, RunResult
-from engine_model.narrate import KEY_KINDS, describe
-from sim.trace import TraceEvent
+from racesim.engine_model import SAFETY_INVARIANTS, RunResult
+from racesim.engine_model.narrate import KEY_KINDS, describe
+from racesim.sim.trace import TraceEvent
 
 __all__ = ["print_run", "timeline_events"]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
-from engine_model import RunResult, load_policy, run_workload
-from engine_model.checker import check_invariant_names
-from engine_model.points import POINTS
-from scenarios import Scenario
-from sim import Decider, Decision, DelayPlan, InputError, check_delay, parse_point_key
+from racesim.engine_model import RunResult, load_policy, run_workload
+from racesim.engine_model.checker import check_invariant_names
+from racesim.engine_model.points import POINTS
+from racesim.scenarios import Scenario
+from racesim.sim import Decider, Decision, DelayPlan, InputError, check_delay, parse_point_key
 
 __all__ = ["run_scenario", "parse_delay_option", "replay_command", "run_command", "PlanEntry"]
 

@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from racesim.runner import run_scenario
-from scenarios import Scenario
-from sim import Decision
+from racesim.scenarios import Scenario
+from racesim.sim import Decision
 
 __all__ = ["ShrinkResult", "shrink"]
 

@@ -13,15 +13,15 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from engine_model.checker import INVARIANTS, SAFETY_INVARIANTS
-from engine_model.narrate import describe
-from engine_model.points import POINTS
-from engine_model.policies import POLICIES
-from engine_model.system import RunResult
-from reports._io import write_text
-from reports.model import TraceModel
-from reports.overview import build_overview
-from reports.swimlane import (
+from racesim.engine_model.checker import INVARIANTS, SAFETY_INVARIANTS
+from racesim.engine_model.narrate import describe
+from racesim.engine_model.points import POINTS
+from racesim.engine_model.policies import POLICIES
+from racesim.engine_model.system import RunResult
+from racesim.reports._io import write_text
+from racesim.reports.model import TraceModel
+from racesim.reports.overview import build_overview
+from racesim.reports.swimlane import (
     ARROW_COLOURS,
     VIOLATION_RED,
     build_diagrams,

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from racesim.reports import write_run_report
 from racesim.runner import run_command, run_scenario
-from reports import write_run_report
-from scenarios import load_scenario, scenario_from_dict
+from racesim.scenarios import load_scenario, scenario_from_dict
 
 TIMEOUT = 120
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

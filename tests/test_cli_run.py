@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from engine_model import INVARIANTS, POINTS, POLICIES
 from racesim.cli import main
-from scenarios import bundled_names, load_scenario
+from racesim.engine_model import INVARIANTS, POINTS, POLICIES
+from racesim.scenarios import bundled_names, load_scenario
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BUNDLED = resources.files("scenarios") / "bundled" / "abort-reuse.toml"

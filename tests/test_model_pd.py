@@ -3,8 +3,15 @@ until the decode side has read them, or until the hold times out."""
 
 from __future__ import annotations
 
-from engine_model import PDConfig, RequestSpec, RunResult, Workload, load_policy, run_workload
-from sim import DelayPlan
+from racesim.engine_model import (
+    PDConfig,
+    RequestSpec,
+    RunResult,
+    Workload,
+    load_policy,
+    run_workload,
+)
+from racesim.sim import DelayPlan
 
 
 def _pd(hold_timeout: float = 480.0, read: float | None = None) -> RunResult:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-import sim
-from sim._native import GUARDED, SourceFinder, decide
+from racesim import sim
+from racesim.sim._native import GUARDED, SourceFinder, decide
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,11 +108,11 @@ def test_the_source_finder_loads_py_files(tmp_path: Path) -> None:
 # that an int against a float, 0 against 0.0, is a difference).
 _PROBE = """
 import importlib, json, sys
-import engine_model.scheduler  # first, before anything imports sim by name
-import sim
+import racesim.engine_model.scheduler  # first, before anything imports sim by name
+from racesim import sim
 from racesim.runner import run_scenario
-from scenarios import load_scenario
-from sim.strategies import StrategyConfig, make_strategy
+from racesim.scenarios import load_scenario
+from racesim.sim.strategies import StrategyConfig, make_strategy
 names = sys.argv[1:]
 files = {n: importlib.import_module(n).__file__ for n in names}
 print(json.dumps({"native": sim.NATIVE, "files": files}))
@@ -179,10 +179,15 @@ def test_compiled_frozen_records_pickle_and_copy() -> None:
     import copy
     import pickle
 
-    from engine_model.messages import AbortMessage, EngineDead, KVDoneNotice, KVTransferParams
-    from engine_model.points import POINTS
-    from sim import Decision
-    from sim.strategies import StrategyConfig
+    from racesim.engine_model.messages import (
+        AbortMessage,
+        EngineDead,
+        KVDoneNotice,
+        KVTransferParams,
+    )
+    from racesim.engine_model.points import POINTS
+    from racesim.sim import Decision
+    from racesim.sim.strategies import StrategyConfig
 
     records = [KVTransferParams(do_remote_decode=True, remote_block_ids=(1, 2)),
                AbortMessage(("X",), 3), EngineDead(0, "gone"), KVDoneNotice("X", 2),

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from racesim.runner import run_scenario
-from scenarios import scenario_to_toml
-from scenarios.strategies import scenarios, schedules
-from sim.rng import SEED_SOURCE
+from racesim.scenarios import scenario_to_toml
+from racesim.scenarios.strategies import scenarios, schedules
+from racesim.sim.rng import SEED_SOURCE
 
 POLICIES = st.sampled_from(["buggy", "abort-scope", "engine-final", "internal-id"])
 

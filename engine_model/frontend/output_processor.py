@@ -10,12 +10,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine_model.frontend.outputs import CompletionOutput, RequestOutput, RequestOutputCollector
-from engine_model.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, Token
-from sim.world import World
+from racesim.engine_model.frontend.outputs import (
+    CompletionOutput,
+    RequestOutput,
+    RequestOutputCollector,
+)
+from racesim.engine_model.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, Token
+from racesim.sim.world import World
 
 if TYPE_CHECKING:
-    from engine_model.policies import LifecyclePolicy
+    from racesim.engine_model.policies import LifecyclePolicy
 
 __all__ = ["OutputProcessor", "RequestState", "ParentRequest", "AlreadyRunning"]
 
