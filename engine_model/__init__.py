@@ -1,6 +1,7 @@
 """The vLLM V1 request-lifecycle model: frontend, sockets, engine core, P/D, policies, checker."""
 
-from racesim import sim  # noqa: F401  # isort: skip  # first: decides compiled or source (racesim.sim._native)
+# First: racesim.sim._native decides compiled or source before any model module loads.
+from racesim import sim  # noqa: F401  # isort: skip
 from racesim.engine_model.checker import INVARIANTS, SAFETY_INVARIANTS, Checker, Violation
 from racesim.engine_model.config import (
     EngineConfig,

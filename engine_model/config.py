@@ -1,9 +1,9 @@
 """The workload a run simulates: topology, engine and IPC settings, and the scripted clients.
 
 These are plain frozen records; ``scenarios`` loads them from TOML and validates them, and
-``racesim.engine_model.system`` builds the modelled system from them. Times given as ints (a workload
-built in Python) are stored as floats: the compiled build keeps every time as a C double, so
-an int would otherwise reach the trace as ``1`` from source and ``1.0`` compiled.
+``racesim.engine_model.system`` builds the modelled system from them. Times given as ints (a
+workload built in Python) are stored as floats: the compiled build keeps every time as a C
+double, so an int would otherwise reach the trace as ``1`` from source and ``1.0`` compiled.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def environment() -> Environment:
     """The one Jinja2 environment: package templates, autoescape on for every template."""
     global _env
     if _env is None:
-        _env = Environment(loader=PackageLoader("reports"), autoescape=True,
+        _env = Environment(loader=PackageLoader("racesim.reports"), autoescape=True,
                            undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                            keep_trailing_newline=True)
         _env.globals.update(CSP=CSP, ARROW_COLOURS=ARROW_COLOURS, RED=VIOLATION_RED)

@@ -331,7 +331,7 @@ def parse_scenario(text: str, source: str) -> Scenario:
 # --------------------------------------------------------------------------- finding files
 
 def _bundled_dir() -> Any:
-    return resources.files(__package__ or "scenarios").joinpath("bundled")
+    return resources.files(__package__ or "racesim.scenarios").joinpath("bundled")
 
 
 def bundled_names() -> tuple[str, ...]:

@@ -231,7 +231,8 @@ def schedules(scenario: Scenario, *, max_delays: int = 4, policy: str = "buggy",
     towards 0).
     """
     _check(isinstance(scenario, Scenario),
-           f"scenario={scenario!r} must be a racesim.scenarios.Scenario (draw one from scenarios())")
+           f"scenario={scenario!r} must be a racesim.scenarios.Scenario "
+           "(draw one from scenarios())")
     _check_int("max_delays", max_delays, 0)
     _check(isinstance(policy, str), f"policy={policy!r} must be a policy name")
     _check(isinstance(seed, int) and not isinstance(seed, bool), f"seed={seed!r} must be an int")

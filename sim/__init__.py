@@ -3,7 +3,8 @@
 It knows nothing about vLLM; ``engine_model`` builds the serving-engine model on top of it.
 """
 
-# First, before any other module of sim or engine_model loads: compiled or source (racesim.sim._native).
+# First, before any other module of sim or engine_model loads: compiled or source
+# (racesim.sim._native).
 from racesim.sim._native import NATIVE, build_info  # isort: skip
 from racesim.sim.errors import InputError
 from racesim.sim.points import (
