@@ -241,8 +241,8 @@ def _baseline_seconds(name: str) -> float:
 
 def storm_workload(n: int, seed: int = 0, *, id_pool: int = 64, gap: float = 0.005) -> Any:
     """An abort-storm-like :class:`racesim.engine_model.Workload` of ``n`` requests: IDs drawn
-    from a pool of ``id_pool`` (so IDs are reused, sometimes while still live), arrivals every ``gap``
-    seconds on average; a quarter abort explicitly, a fifth disconnect after a few tokens, a
+    from a pool of ``id_pool`` (so IDs are reused, sometimes while still live), arrivals every
+    ``gap`` seconds on average; a quarter abort explicitly, a fifth disconnect after a few tokens, a
     fifth stop at EOS. The engine is sized to keep up, so the load is steady at any ``n``."""
     from racesim.engine_model import EngineConfig, RequestSpec, Workload
 

@@ -1,8 +1,9 @@
 """Exploration strategies: how each run of an exploration picks its delays.
 
 A strategy turns ``(base seed, run index)`` into a :class:`~racesim.sim.points.Decider` for
-that run, so run *i* is the same whichever worker runs it and in whatever order. It knows await points only
-by name and by how often a baseline run passed them; nothing here knows about vLLM.
+that run, so run *i* is the same whichever worker runs it and in whatever order. It knows
+await points only by name and by how often a baseline run passed them; nothing here knows
+about vLLM.
 """
 
 from __future__ import annotations
