@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
 from racesim.engine_model import RunResult, load_policy, run_workload
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.points import POINTS
+from racesim.reports.commands import replay_command, run_command
 from racesim.scenarios import Scenario
 from racesim.sim import Decider, Decision, DelayPlan, InputError, check_delay, parse_point_key
 
@@ -45,22 +45,3 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
     plan = DelayPlan(environment=scenario.delays, overrides=overrides, decider=decider)
     return run_workload(scenario.workload, load_policy(policy, options), seed=seed, plan=plan,
                         skip=skip_set, retain_trace=retain_trace, hash_trace=hash_trace)
-
-
-def replay_command(path: str) -> str:
-    """The one command that replays a counterexample file."""
-    return f"racesim replay {shlex.quote(path)}"
-
-
-def run_command(scenario: str, policy: str, options: Mapping[str, str], seed: int,
-                schedule: Sequence[Decision], skip: Iterable[str] = ()) -> str:
-    """The one ``racesim run`` command that reproduces a run (its schedule as exact delays)."""
-    words = ["racesim", "run", scenario, "-p", policy]
-    for k, v in options.items():
-        words += ["--policy-opt", f"{k}={v}"]
-    words += ["--seed", str(seed)]
-    for d in schedule:
-        words += ["--delay", f"{d.point}#{d.occurrence}={d.delay!r}"]
-    for s in skip:
-        words += ["--skip", s]
-    return " ".join(shlex.quote(w) for w in words)

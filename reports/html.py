@@ -19,6 +19,7 @@ from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import POLICIES
 from racesim.engine_model.system import RunResult
 from racesim.reports._io import write_text
+from racesim.reports.commands import replay_command
 from racesim.reports.model import TraceModel
 from racesim.reports.overview import build_overview
 from racesim.reports.swimlane import (
@@ -196,7 +197,6 @@ def render_explore_report(doc: Mapping[str, Any], scenario: Any, before: RunResu
     cx = doc.get("counterexample") or None
     replay = ""
     if cx and cx.get("path"):
-        from racesim.runner import replay_command
         replay = replay_command(str(cx["path"]))
     coverage = sorted((doc.get("coverage") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
     runs = int(doc.get("runs") or 0)
