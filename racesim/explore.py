@@ -22,6 +22,7 @@ from racesim.engine_model import RunResult
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.policies import policy_spec
 from racesim.parallel import executor, ordered_map
+from racesim.run_summary import RunSummary
 from racesim.runner import run_scenario
 from racesim.scenarios import Scenario
 from racesim.shrink import shrink
@@ -47,17 +48,6 @@ class _Context:
     strategy: str
     skip: tuple[str, ...]
     config: StrategyConfig
-
-
-@dataclass(frozen=True, slots=True)
-class RunSummary:
-    """One exploration run. ``trace_hash`` is "" for runs made without hashing: their delays
-    are trace events, so the schedule alone tells two traces apart."""
-
-    run: int
-    trace_hash: str
-    violated: tuple[str, ...]
-    schedule: tuple[Decision, ...]
 
 
 def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
+from racesim.run_summary import RunSummary
 from racesim.runner import run_scenario
 from racesim.scenarios import Scenario
 from racesim.sim.strategies import StrategyConfig
@@ -38,8 +39,6 @@ def hypothesis_search(scenario: Scenario, policy: str, options: dict[str, str], 
     """Let hypothesis look for a schedule that violates something beyond the baseline."""
     from hypothesis import HealthCheck, Phase, find, settings
     from hypothesis.errors import NoSuchExample
-
-    from racesim.explore import RunSummary
 
     state = {"runs": 0, "violating": 0}
 
