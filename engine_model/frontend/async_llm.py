@@ -27,7 +27,7 @@ from racesim.engine_model.messages import (
 from racesim.sim.world import World
 
 if TYPE_CHECKING:
-    from racesim.engine_model.policies import LifecyclePolicy
+    from racesim.engine_model.frontend.hooks import LifecycleHooks
 
 __all__ = ["AsyncLLM"]
 
@@ -38,7 +38,7 @@ class AsyncLLM:
     """One API server's engine client, bound to one engine."""
 
     def __init__(self, world: World, index: int, name: str, engine: int,
-                 policy: LifecyclePolicy, config: FrontendConfig,
+                 policy: LifecycleHooks, config: FrontendConfig,
                  next_inc: Callable[[], int]) -> None:
         self.world = world
         self.index = index

@@ -19,7 +19,7 @@ from racesim.engine_model.messages import EngineCoreOutput, EngineCoreRequest, F
 from racesim.sim.world import World
 
 if TYPE_CHECKING:
-    from racesim.engine_model.policies import LifecyclePolicy
+    from racesim.engine_model.frontend.hooks import LifecycleHooks
 
 __all__ = ["OutputProcessor", "RequestState", "ParentRequest", "AlreadyRunning"]
 
@@ -56,7 +56,7 @@ class RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, world: World, component: str, policy: LifecyclePolicy) -> None:
+    def __init__(self, world: World, component: str, policy: LifecycleHooks) -> None:
         self.world = world
         self.component = component
         self.policy = policy
