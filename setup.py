@@ -112,6 +112,7 @@ def _stage() -> list[str]:
     package = stage / "racesim"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("", encoding="utf-8")
+    shutil.copy2(ROOT / "pyproject.toml", stage)  # mypy's settings ([tool.mypy] strict)
     for folder in _FOLDERS:
         shutil.copytree(ROOT / folder, package / folder,
                         ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd", "*.json"))
