@@ -92,3 +92,20 @@ def test_no_generic_name_is_installed() -> None:
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
                          timeout=60, check=True, cwd="/").stdout
     assert json.loads(out) == []
+
+
+def test_every_package_folder_is_installed() -> None:
+    """pyproject lists packages by name (the folders are mapped): a new subpackage must be
+    added there, or a wheel would silently leave it out."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    setuptools = config["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    found = set()
+    for package, folder in setuptools["package-dir"].items():
+        for init in (root / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(root / folder).parts
+            found.add(".".join((package, *parts)))
+    assert found == listed
