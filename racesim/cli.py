@@ -347,7 +347,8 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def bench_cmd(quick: bool, as_json: bool) -> None:
     """Measure simulation speed against bare simpy, time to first bug, scaling and speedup."""
-    from racesim.bench import print_bench, run_bench
+    from racesim.bench import run_bench
+    from racesim.bench_render import print_bench
 
     console = Console(stderr=True)
     if as_json:

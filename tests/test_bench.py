@@ -13,10 +13,10 @@ from racesim.bench import (
     STRATEGIES,
     TARGETS,
     bare_simpy,
-    print_bench,
     run_bench,
     storm_workload,
 )
+from racesim.bench_render import print_bench
 
 
 @pytest.fixture(scope="module")
