@@ -100,8 +100,8 @@ def _write_manifest(dirs: list[Path], complete: bool) -> None:
 
 def _stage() -> list[str]:
     """Copies of the compiled packages under STAGE/racesim/, so that mypyc names each module
-    as it is installed (racesim.sim.points, not sim.points); the paths of COMPILED there,
-    relative to STAGE.
+    as it is installed (racesim.sim.points, not after the bare folder); the paths of COMPILED
+    there, relative to STAGE.
 
     Copies, not symlinks: mypy names modules by the path it is given, and a copy also works
     where symlinks do not. Whole folders, since mypy type-checks what the modules import. The

@@ -38,7 +38,7 @@ def test_import_hypothesis_loads_no_racesim_and_leaves_the_users_sim(tmp_path: P
     doc = _run(project, """
 import hypothesis
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("racesim", "simpy"))
-import sim
+import sim  # the user's package (ns-rename: skip)
 print(json.dumps({"loaded": loaded, "marker": getattr(sim, "MARKER", None),
                   "sim_file": sim.__file__}))
 """)
@@ -52,7 +52,7 @@ def test_racesim_in_use_still_leaves_the_users_sim(tmp_path: Path) -> None:
     doc = _run(project, """
 import importlib.util
 import racesim.sim, racesim.engine_model, racesim.scenarios, racesim.reports
-import sim
+import sim  # the user's package (ns-rename: skip)
 generic = {n: importlib.util.find_spec(n) is not None
            for n in ("engine_model", "scenarios", "reports")}
 print(json.dumps({"marker": getattr(sim, "MARKER", None), "generic": generic,
