@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,14 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+#: The manifest, relative to the folder that holds sim/ (the repository, or site-packages/racesim).
 MANIFEST = Path("sim", "_native.json")
-GROUP = "racesim_native"  # mypyc's shared library: racesim_native__mypyc.<suffix>
+#: mypyc's shared library, racesim.sim._compiled__mypyc: inside the sim package, so an install
+#: adds no top-level name, and it sits beside the modules in both kinds of install.
+GROUP = "racesim.sim._compiled"
+#: Where the sources are staged for mypyc, which names a module after its path up to the last
+#: folder without an __init__.py: racesim/sim/points.py compiles as racesim.sim.points.
+STAGE = Path("build", "mypyc-src")
 #: setup.py commands that build (or install) code: only these need mypyc. pip asks for metadata
 #: first (egg_info, dist_info), and an sdist holds sources only.
 _BUILDS = ("build", "bdist", "editable_wheel", "develop", "install")
@@ -30,24 +37,31 @@ _BUILDS = ("build", "bdist", "editable_wheel", "develop", "install")
 #: included. Not compiled: the policies (third-party ones subclass LifecyclePolicy), System
 #: (tests subclass it), configuration, loading, and everything outside a run.
 COMPILED = (
-    "sim/points.py",
-    "sim/trace.py",
-    "sim/world.py",
-    "sim/strategies.py",
-    "engine_model/messages.py",
-    "engine_model/request.py",
-    "engine_model/kv_cache.py",
-    "engine_model/kv_connector.py",
-    "engine_model/scheduler.py",
-    "engine_model/runner.py",
-    "engine_model/ipc.py",
-    "engine_model/engine_core.py",
-    "engine_model/checker.py",
-    "engine_model/client.py",
-    "engine_model/frontend/outputs.py",
-    "engine_model/frontend/output_processor.py",
-    "engine_model/frontend/async_llm.py",
+    "racesim.sim.points",
+    "racesim.sim.trace",
+    "racesim.sim.world",
+    "racesim.sim.strategies",
+    "racesim.engine_model.messages",
+    "racesim.engine_model.request",
+    "racesim.engine_model.kv_cache",
+    "racesim.engine_model.kv_connector",
+    "racesim.engine_model.scheduler",
+    "racesim.engine_model.runner",
+    "racesim.engine_model.ipc",
+    "racesim.engine_model.engine_core",
+    "racesim.engine_model.checker",
+    "racesim.engine_model.client",
+    "racesim.engine_model.frontend.outputs",
+    "racesim.engine_model.frontend.output_processor",
+    "racesim.engine_model.frontend.async_llm",
 )
+#: The top-level folders the compiled modules live in (package-dir in pyproject.toml).
+_FOLDERS = sorted({name.split(".")[1] for name in COMPILED})
+
+
+def _source(module: str) -> str:
+    """A module's source, relative to the repository: racesim.sim.points -> sim/points.py."""
+    return module.removeprefix("racesim.").replace(".", "/") + ".py"
 
 
 def _say(message: str) -> None:
@@ -61,8 +75,8 @@ def _pure_requested() -> bool:
 def _sources() -> dict[str, dict[str, str]]:
     """Each compiled module's source and its SHA-256, read before mypyc reads them."""
     modules = {}
-    for source in COMPILED:
-        name = source.removesuffix(".py").replace("/", ".")
+    for name in COMPILED:
+        source = _source(name)
         digest = hashlib.sha256((ROOT / source).read_bytes()).hexdigest()
         modules[name] = {"source": source, "sha256": digest}
     return modules
@@ -72,9 +86,10 @@ _SOURCES = _sources()
 
 
 def _write_manifest(dirs: list[Path], complete: bool) -> None:
-    """``sim/_native.json`` in each of ``dirs`` (written whole or not at all): until it says
-    the build completed, sim/_native.py loads every module from source."""
-    text = json.dumps({"compiler": "mypyc", "complete": complete, "shared": f"{GROUP}__mypyc",
+    """``sim/_native.json`` in each of ``dirs`` (the folders holding sim/; written whole or not
+    at all): until it says the build completed, sim/_native.py loads every module from source."""
+    shared = Path(_source(f"{GROUP}__mypyc")).with_suffix("").as_posix()
+    text = json.dumps({"compiler": "mypyc", "complete": complete, "shared": shared,
                        "modules": _SOURCES}, indent=1, sort_keys=True) + "\n"
     for d in dirs:
         if (d / "sim").is_dir():
@@ -83,11 +98,48 @@ def _write_manifest(dirs: list[Path], complete: bool) -> None:
             os.replace(tmp, d / MANIFEST)
 
 
+def _stage() -> list[str]:
+    """Copies of the compiled packages under STAGE/racesim/, so that mypyc names each module
+    as it is installed (racesim.sim.points, not after the bare folder); the paths of COMPILED
+    there, relative to STAGE.
+
+    Copies, not symlinks: mypy names modules by the path it is given, and a copy also works
+    where symlinks do not. Whole folders, since mypy type-checks what the modules import. The
+    staged racesim/__init__.py is empty: compiled code never imports the app layer.
+    """
+    stage = ROOT / STAGE
+    shutil.rmtree(stage, ignore_errors=True)
+    package = stage / "racesim"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    shutil.copy2(ROOT / "pyproject.toml", stage)  # mypy's settings ([tool.mypy] strict)
+    for folder in _FOLDERS:
+        shutil.copytree(ROOT / folder, package / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd", "*.json"))
+    return [(Path("racesim") / _source(name)).as_posix() for name in COMPILED]
+
+
+def _mypycify() -> list[Any]:
+    """mypyc's extensions, compiled from the staged copies. mypyc runs inside the stage, so
+    each module is found by its installed name first, and tracebacks name the source as
+    racesim/sim/points.py, which resolves against site-packages. Its C files go to build/."""
+    from mypyc.build import mypycify
+
+    sources = _stage()
+    here = os.getcwd()
+    os.chdir(ROOT / STAGE)
+    try:
+        return list(mypycify(sources, opt_level="3", group_name=GROUP,
+                             target_dir=str(ROOT / "build")))
+    finally:
+        os.chdir(here)
+
+
 class OptionalBuildExt(build_ext):
     """Compile if possible; a failure leaves a pure-Python install, never a failed one."""
 
     def run(self) -> None:
-        targets = [Path(self.build_lib)]
+        targets = [Path(self.build_lib, "racesim")]
         if self.inplace or getattr(self, "editable_mode", False):
             targets.append(ROOT)
         # Until this build completes, compiled files left by an earlier one stay unused.
@@ -108,9 +160,7 @@ def _ext_modules() -> list[Any]:
         reason = "RACESIM_PURE is set"
     else:
         try:
-            from mypyc.build import mypycify
-
-            return list(mypycify(list(COMPILED), opt_level="3", group_name=GROUP))
+            return _mypycify()
         except (Exception, SystemExit) as exc:  # no mypyc, or its type check failed
             reason = f"mypyc is unavailable or failed ({exc!r})"
     _say(f"{reason}; installing pure Python")

@@ -1,8 +1,9 @@
 """The vLLM V1 request-lifecycle model: frontend, sockets, engine core, P/D, policies, checker."""
 
-import sim  # noqa: F401  # isort: skip  # first: decides compiled or source (sim._native)
-from engine_model.checker import INVARIANTS, SAFETY_INVARIANTS, Checker, Violation
-from engine_model.config import (
+# First: racesim.sim._native decides compiled or source before any model module loads.
+from racesim import sim  # noqa: F401  # isort: skip
+from racesim.engine_model.checker import INVARIANTS, SAFETY_INVARIANTS, Checker, Violation
+from racesim.engine_model.config import (
     EngineConfig,
     FrontendConfig,
     IpcConfig,
@@ -10,9 +11,9 @@ from engine_model.config import (
     RequestSpec,
     Workload,
 )
-from engine_model.points import POINTS
-from engine_model.policies import POLICIES, LifecyclePolicy, load_policy, policy_spec
-from engine_model.system import RequestOutcome, RunResult, System, run_workload
+from racesim.engine_model.points import POINTS
+from racesim.engine_model.policies import POLICIES, LifecyclePolicy, load_policy, policy_spec
+from racesim.engine_model.system import RequestOutcome, RunResult, System, run_workload
 
 __all__ = [
     "Checker",

@@ -10,17 +10,17 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from engine_model.invariants import (
+from racesim.engine_model.invariants import (
     INVARIANTS,
     SAFETY_INVARIANTS,
     Violation,
     check_invariant_names,
 )
-from sim.trace import TraceEvent, TraceListener
-from sim.world import World
+from racesim.sim.trace import TraceEvent, TraceListener
+from racesim.sim.world import World
 
 if TYPE_CHECKING:
-    from engine_model.system import System
+    from racesim.engine_model.system_view import SystemView
 
 __all__ = ["INVARIANTS", "SAFETY_INVARIANTS", "Violation", "Checker", "check_invariant_names"]
 
@@ -87,7 +87,7 @@ class Checker(TraceListener):
         self._channel_fe: dict[str, str] = {}
         self._engine_names: list[str] = []
         self._engines_by_component: dict[str, str] = {}
-        self._system: System | None = None
+        self._system: SystemView | None = None
         self._handlers = {
             "fe.add": self._fe_add, "fe.pop": self._fe_pop, "fe.stats": self._fe_stats,
             "fe.abort_issue": self._fe_abort_issue, "ipc.send": self._ipc_send,
@@ -101,7 +101,7 @@ class Checker(TraceListener):
         }
         world.trace.attach(self)
 
-    def attach(self, system: System) -> None:
+    def attach(self, system: SystemView) -> None:
         self._system = system
         self._engine_names = [e.name for e in system.engines]
         for fe in system.frontends:
@@ -462,7 +462,7 @@ class Checker(TraceListener):
                       f"{where} still holds {rid!r} ({self._who(inc)}) at the end"
                       + (f"; added at event {i.add_seq}" if i is not None else ""), time=now)
 
-    def _check_leaks(self, system: System, now: float | int) -> None:
+    def _check_leaks(self, system: SystemView, now: float | int) -> None:
         for engine in system.engines:
             if engine.dead is not None:
                 continue

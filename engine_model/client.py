@@ -12,15 +12,15 @@ from typing import Any, Protocol
 
 import simpy
 
-from engine_model.config import PDConfig, RequestSpec
-from engine_model.frontend.async_llm import AsyncLLM
-from engine_model.frontend.outputs import (
+from racesim.engine_model.config import PDConfig, RequestSpec
+from racesim.engine_model.frontend.async_llm import AsyncLLM
+from racesim.engine_model.frontend.outputs import (
     CompletionOutput,
     RequestOutput,
     RequestOutputCollector,
 )
-from engine_model.messages import FinishReason, KVTransferParams
-from sim.world import World
+from racesim.engine_model.messages import FinishReason, KVTransferParams
+from racesim.sim.world import World
 
 __all__ = ["Client", "Gateway", "Proxy"]
 

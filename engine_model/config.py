@@ -1,9 +1,9 @@
 """The workload a run simulates: topology, engine and IPC settings, and the scripted clients.
 
 These are plain frozen records; ``scenarios`` loads them from TOML and validates them, and
-``engine_model.system`` builds the modelled system from them. Times given as ints (a workload
-built in Python) are stored as floats: the compiled build keeps every time as a C double, so
-an int would otherwise reach the trace as ``1`` from source and ``1.0`` compiled.
+``racesim.engine_model.system`` builds the modelled system from them. Times given as ints (a
+workload built in Python) are stored as floats: the compiled build keeps every time as a C
+double, so an int would otherwise reach the trace as ``1`` from source and ``1.0`` compiled.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class EngineConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
     step_time: float = 0.01
-    #: None: the vLLM profile's default (engine_model.versions).
+    #: None: the vLLM profile's default (racesim.engine_model.versions).
     async_scheduling: bool | None = None
     #: vLLM #29987: ABORTs also go to an ``aborts_queue`` applied just before update_from_output.
     #: None: the vLLM profile's default.

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from engine_model.config import EngineConfig
-from engine_model.fatal import EngineFatal
-from engine_model.ipc import Channel
-from engine_model.kv_cache import KVCacheManager
-from engine_model.kv_connector import ConnectorScheduler
-from engine_model.messages import (
+from racesim.engine_model.config import EngineConfig
+from racesim.engine_model.fatal import EngineFatal
+from racesim.engine_model.ipc import Channel
+from racesim.engine_model.kv_cache import KVCacheManager
+from racesim.engine_model.kv_connector import ConnectorScheduler
+from racesim.engine_model.messages import (
     AbortMessage,
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -29,14 +29,14 @@ from engine_model.messages import (
     KVHeartbeat,
     Token,
 )
-from engine_model.request import Request, RequestStatus
-from engine_model.runner import ModelRunner
-from engine_model.scheduler import Scheduler, SchedulerOutput
-from engine_model.versions import VllmProfile
-from sim.world import World
+from racesim.engine_model.request import Request, RequestStatus
+from racesim.engine_model.runner import ModelRunner
+from racesim.engine_model.scheduler import Scheduler, SchedulerOutput
+from racesim.engine_model.versions import VllmProfile
+from racesim.sim.world import World
 
 if TYPE_CHECKING:
-    from engine_model.policies import LifecyclePolicy
+    from racesim.engine_model.policies import LifecyclePolicy
 
 __all__ = ["EngineCore"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sim.errors import InputError
+from racesim.sim.errors import InputError
 
 __all__ = ["INVARIANTS", "SAFETY_INVARIANTS", "Violation", "check_invariant_names"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sim.world import World
+from racesim.sim.world import World
 
 __all__ = ["Channel", "message_kind"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
-from engine_model.request import Request
-from sim.world import World
+from racesim.engine_model.request import Request
+from racesim.sim.world import World
 
 __all__ = ["KVCacheManager"]
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from engine_model.kv_cache import KVCacheManager
-from engine_model.messages import KVTransferParams
-from engine_model.request import Request, RequestStatus
-from engine_model.versions import VllmProfile
-from sim.world import World
+from racesim.engine_model.kv_cache import KVCacheManager
+from racesim.engine_model.messages import KVTransferParams
+from racesim.engine_model.request import Request, RequestStatus
+from racesim.engine_model.versions import VllmProfile
+from racesim.sim.world import World
 
 __all__ = ["ConnectorScheduler"]
 

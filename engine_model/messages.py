@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
-from sim.points import reduce_by_fields
+from racesim.sim.points import reduce_by_fields
 
 __all__ = ["FinishReason", "Token", "KVTransferParams", "EngineCoreRequest", "AbortMessage",
            "EngineCoreOutput", "EngineCoreOutputs", "EngineDead", "KVHeartbeat", "KVDoneNotice"]

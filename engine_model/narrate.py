@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sim.trace import TraceEvent
+from racesim.sim.trace import TraceEvent
 
 __all__ = ["describe", "KEY_KINDS", "MESSAGE_NAMES"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.points import AwaitPoint, PointCatalogue
+from racesim.sim.points import AwaitPoint, PointCatalogue
 
 __all__ = ["POINTS"]
 

@@ -14,7 +14,8 @@ Writing your own
 Subclass :class:`LifecyclePolicy`, set ``name`` and ``summary``, override what differs and run
 ``racesim run SCENARIO --policy package.module:ClassName``. Options given as
 ``--policy-opt KEY=VALUE`` reach ``__init__`` as keyword arguments (strings); declare them in
-``options`` (name -> help) and validate them, raising :class:`sim.InputError` on a bad value.
+``options`` (name -> help) and validate them, raising :class:`racesim.sim.InputError` on a bad
+value.
 ``abort`` and ``abort_stop_strings`` are simpy process generators; build them from the frontend's
 primitives:
 
@@ -51,10 +52,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import simpy
 
-from sim.errors import InputError
+from racesim.sim.errors import InputError
 
 if TYPE_CHECKING:
-    from engine_model.frontend.async_llm import AsyncLLM
+    from racesim.engine_model.frontend.async_llm import AsyncLLM
 
 __all__ = ["LifecyclePolicy", "Buggy", "AbortScope", "EngineFinal", "InternalId", "POLICIES",
            "load_policy", "policy_spec"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Final
 
-from engine_model.messages import EngineCoreRequest, KVTransferParams, Token
+from racesim.engine_model.messages import EngineCoreRequest, KVTransferParams, Token
 
 __all__ = ["Request", "RequestStatus"]
 

@@ -9,10 +9,10 @@ request that reuses an ID can be fed the old one's token (§3).
 
 from __future__ import annotations
 
-from engine_model.fatal import EngineFatal
-from engine_model.messages import Token
-from engine_model.scheduler import SchedulerOutput
-from sim.world import World
+from racesim.engine_model.fatal import EngineFatal
+from racesim.engine_model.messages import Token
+from racesim.engine_model.scheduler import SchedulerOutput
+from racesim.sim.world import World
 
 __all__ = ["ModelRunner", "CachedRequestState"]
 

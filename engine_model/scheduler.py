@@ -11,16 +11,16 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from engine_model.config import EngineConfig
-from engine_model.fatal import EngineFatal, checked_del, checked_get
-from engine_model.kv_cache import KVCacheManager
-from engine_model.messages import EngineCoreOutput, KVTransferParams, Token
-from engine_model.request import Request, RequestStatus
-from engine_model.versions import VllmProfile, get_profile
-from sim.world import World
+from racesim.engine_model.config import EngineConfig
+from racesim.engine_model.fatal import EngineFatal, checked_del, checked_get
+from racesim.engine_model.kv_cache import KVCacheManager
+from racesim.engine_model.messages import EngineCoreOutput, KVTransferParams, Token
+from racesim.engine_model.request import Request, RequestStatus
+from racesim.engine_model.versions import VllmProfile, get_profile
+from racesim.sim.world import World
 
 if TYPE_CHECKING:
-    from engine_model.kv_connector import ConnectorScheduler
+    from racesim.engine_model.kv_connector import ConnectorScheduler
 
 __all__ = ["Scheduler", "SchedulerOutput", "NewRequestData"]
 

@@ -7,18 +7,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from engine_model.checker import Checker, Violation
-from engine_model.client import Client, Gateway, Proxy
-from engine_model.config import Workload
-from engine_model.engine_core import EngineCore
-from engine_model.frontend.async_llm import AsyncLLM
-from engine_model.ipc import Channel
-from engine_model.points import POINTS
-from engine_model.policies import LifecyclePolicy
-from engine_model.versions import Reach, VllmProfile, get_profile, reach_of, resolve_workload
-from sim.points import Decision, DelayPlan
-from sim.trace import TraceEvent
-from sim.world import World
+from racesim.engine_model.checker import Checker, Violation
+from racesim.engine_model.client import Client, Gateway, Proxy
+from racesim.engine_model.config import Workload
+from racesim.engine_model.engine_core import EngineCore
+from racesim.engine_model.frontend.async_llm import AsyncLLM
+from racesim.engine_model.ipc import Channel
+from racesim.engine_model.points import POINTS
+from racesim.engine_model.policies import LifecyclePolicy
+from racesim.engine_model.versions import (
+    Reach,
+    VllmProfile,
+    get_profile,
+    reach_of,
+    resolve_workload,
+)
+from racesim.sim.points import Decision, DelayPlan
+from racesim.sim.trace import TraceEvent
+from racesim.sim.world import World
 
 __all__ = ["System", "RunResult", "RequestOutcome", "run_workload"]
 
@@ -150,7 +156,7 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     """Simulate ``workload`` under ``policy`` until quiescence or the horizon, and check it.
 
     ``hash_trace=False`` leaves ``trace_hash`` empty (exploration's inner runs, see
-    :class:`sim.trace.TraceRecorder`)."""
+    :class:`racesim.sim.trace.TraceRecorder`)."""
     world = World(seed, plan, retain_trace=retain_trace, hash_trace=hash_trace,
                   always_yield=_YIELDING)
     checker = Checker(world, frozenset(skip))

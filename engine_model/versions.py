@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from engine_model.config import Workload
-from engine_model.points import POINTS
-from sim.errors import InputError
+from racesim.engine_model.config import Workload
+from racesim.engine_model.points import POINTS
+from racesim.sim.errors import InputError
 
 __all__ = ["Behaviour", "VllmProfile", "PROFILES", "DEFAULT_VLLM", "WIDTHS", "Reach",
            "get_profile", "reach_of", "resolve_workload"]

@@ -48,31 +48,22 @@ returns:
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import platform
-import random
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-__all__ = ["run_bench", "print_bench", "storm_workload", "bare_simpy", "parallel_capacity",
+from racesim.bench_scale import BENCH_VLLM, in_fresh_process, measure_scale, storm_workload
+
+__all__ = ["run_bench", "storm_workload", "bare_simpy", "parallel_capacity",
            "RACE_SCENARIOS", "STRATEGIES", "TARGETS"]
 
 RACE_SCENARIOS = ("abort-reuse", "stop-string-reuse", "async-sched-reuse", "pd-reuse",
                   "multi-frontend", "parallel-sampling-abort", "abort-storm", "stale-abort-reuse")
 STRATEGIES = ("random", "pct", "grid", "hypothesis")
 _POLICY = "buggy"
-#: The vLLM profile every bench figure is measured on: 0.8, the model the figures have always
-#: measured, so that a change to the model's speed shows up against earlier runs rather than
-#: being mixed with a change of semantics.
-BENCH_VLLM = "0.8"
-_SCALE_POLICY = "engine-final"
 _SCHEDULES_SCENARIO = "abort-reuse"
 
 #: Issue 7's targets: (figure, comparison, bound). Measured and reported, never asserted.
@@ -138,7 +129,7 @@ def bare_simpy(pairs: int, rounds: int) -> tuple[int, float]:
     step, peek, horizon = env.step, env.peek, 1e12
     steps = 0
     started = time.perf_counter()
-    while peek() <= horizon:  # the loop of engine_model.system.run_workload
+    while peek() <= horizon:  # the loop of racesim.engine_model.system.run_workload
         step()
         steps += 1
     return steps, time.perf_counter() - started
@@ -171,8 +162,8 @@ def parallel_capacity(n: int) -> tuple[float, float]:
 
 def _model_events(runs: int, progress: Progress) -> dict[str, Any]:
     from racesim.runner import run_scenario
-    from scenarios import load_scenario
-    from sim.strategies import StrategyConfig, make_strategy
+    from racesim.scenarios import load_scenario
+    from racesim.sim.strategies import StrategyConfig, make_strategy
 
     total_steps = 0
     total_s = 0.0
@@ -200,7 +191,7 @@ def _model_events(runs: int, progress: Progress) -> dict[str, Any]:
 def _explore_timed(name: str, strategy: str, budget: int, workers: int,
                    time_limit: float | None = None) -> tuple[Any, float, list[float]]:
     from racesim.explore import explore
-    from scenarios import load_scenario
+    from racesim.scenarios import load_scenario
 
     scenario = load_scenario(name).with_vllm(BENCH_VLLM)
     stamps: list[float] = []
@@ -216,7 +207,7 @@ def _explore_timed(name: str, strategy: str, budget: int, workers: int,
 
 
 def _first_bug(name: str, strategy: str, sizes: _Sizes) -> dict[str, Any]:
-    from engine_model import SAFETY_INVARIANTS
+    from racesim.engine_model import SAFETY_INVARIANTS
 
     res, seconds, stamps = _explore_timed(name, strategy, sizes.first_bug_budget, 1,
                                           sizes.first_bug_time_limit)
@@ -233,90 +224,12 @@ def _first_bug(name: str, strategy: str, sizes: _Sizes) -> dict[str, Any]:
 
 def _baseline_seconds(name: str) -> float:
     from racesim.runner import run_scenario
-    from scenarios import load_scenario
+    from racesim.scenarios import load_scenario
 
     scenario = load_scenario(name).with_vllm(BENCH_VLLM)
     started = time.perf_counter()
     run_scenario(scenario, _POLICY, retain_trace=False)
     return time.perf_counter() - started
-
-
-# -- scale --------------------------------------------------------------------------------------
-
-def storm_workload(n: int, seed: int = 0, *, id_pool: int = 64, gap: float = 0.005) -> Any:
-    """An abort-storm-like :class:`engine_model.Workload` of ``n`` requests: IDs drawn from a
-    pool of ``id_pool`` (so IDs are reused, sometimes while still live), arrivals every ``gap``
-    seconds on average; a quarter abort explicitly, a fifth disconnect after a few tokens, a
-    fifth stop at EOS. The engine is sized to keep up, so the load is steady at any ``n``."""
-    from engine_model import EngineConfig, RequestSpec, Workload
-
-    rng = random.Random(seed)
-    ids = [f"r{i}" for i in range(id_pool)]
-    requests = []
-    t = 0.0
-    for _ in range(n):
-        t += rng.uniform(0.0, 2 * gap)
-        at = round(t, 4)
-        kind = rng.random()
-        extra: dict[str, Any] = {}
-        if kind < 0.25:
-            extra["abort_at"] = round(at + rng.uniform(0.01, 0.15), 4)
-        elif kind < 0.45:
-            extra["disconnect_after_tokens"] = rng.choice((2, 4, 6))
-        elif kind < 0.65:
-            extra["eos_at"] = rng.choice((3, 5, 8))
-        requests.append(RequestSpec(rng.choice(ids), at, rng.choice((16, 32, 48)),
-                                    rng.choice((10, 20, 30)), **extra))
-    engine = EngineConfig(num_blocks=2048, block_size=16, max_num_seqs=128,
-                          max_num_batched_tokens=8192, step_time=0.01, vllm=BENCH_VLLM)
-    return Workload(horizon=t + 60.0, engine=engine, requests=tuple(requests))
-
-
-def _rss_mb(maxrss: int) -> float:
-    return maxrss / (1024 * 1024) if sys.platform == "darwin" else maxrss / 1024
-
-
-def _scale_child(n: int) -> dict[str, Any]:
-    """One size in a fresh process: wall seconds and ru_maxrss around the run."""
-    import resource
-
-    from engine_model import load_policy, run_workload
-
-    workload = storm_workload(n)
-    policy = load_policy(_SCALE_POLICY)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    started = time.perf_counter()
-    r = run_workload(workload, policy, retain_trace=False)
-    seconds = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"requests": n, "seconds": round(seconds, 3), "peak_rss_mb": round(_rss_mb(peak), 1),
-            "run_rss_mb": round(_rss_mb(peak - before), 1),
-            "run_kb_per_request": round(_rss_mb(peak - before) * 1024 / n, 2),
-            "events": r.events, "steps": r.steps, "sim_time": round(r.sim_time, 3),
-            "violated": list(r.violated)}
-
-
-def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
-    lx = [math.log(x) for x in xs]
-    ly = [math.log(y) for y in ys]
-    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
-    den = sum((x - mx) ** 2 for x in lx)
-    return sum((x - mx) * (y - my) for x, y in zip(lx, ly, strict=True)) / den if den else 0.0
-
-
-_CHILD = "import json, sys; import racesim.bench as bench; " \
-         "print(json.dumps(getattr(bench, sys.argv[1])(*map(int, sys.argv[2:]))))"
-
-
-def _in_fresh_process(function: str, *args: int) -> dict[str, Any]:
-    """``function(*args)`` of this module in a fresh Python process (its JSON answer)."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])  # this racesim, whatever sys.path says
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    out = subprocess.run([sys.executable, "-c", _CHILD, function, *map(str, args)], env=env,
-                         check=True, capture_output=True, text=True)
-    row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return row
 
 
 def _explore_child(budget: int, workers: int) -> dict[str, Any]:
@@ -328,25 +241,13 @@ def _explore_child(budget: int, workers: int) -> dict[str, Any]:
             "distinct_traces": res.distinct_traces}
 
 
-def _scale(sizes: Sequence[int], progress: Progress) -> dict[str, Any]:
-    rows = []
-    for n in sizes:
-        progress(f"scale: {n} requests")
-        rows.append(_in_fresh_process("_scale_child", n))
-    secs = [max(r["seconds"], 1e-6) for r in rows]
-    return {"policy": _SCALE_POLICY, "sizes": rows,
-            "growth_exponent": round(_slope([r["requests"] for r in rows], secs), 3),
-            "memory": "resource.getrusage(RUSAGE_SELF).ru_maxrss of a fresh Python process: "
-                      "peak_rss_mb is the process's peak, run_rss_mb its growth during the run"}
-
-
 # -- the bench ----------------------------------------------------------------------------------
 
 def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     """Measure everything side by side; ``quick`` shrinks every size (for tests)."""
     import simpy
 
-    import sim
+    from racesim import sim
 
     say: Progress = progress if progress is not None else (lambda _msg: None)
     sizes = _QUICK if quick else _FULL
@@ -367,9 +268,9 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
     burns: list[tuple[float, float]] = []
     for i in repeats:
         say(f"explore {_SCHEDULES_SCENARIO}: 1 worker ({i + 1}/{sizes.repeats})")
-        ones.append(_in_fresh_process("_explore_child", sizes.explore_budget, 1))
+        ones.append(in_fresh_process(__name__, "_explore_child", sizes.explore_budget, 1))
         say(f"explore {_SCHEDULES_SCENARIO}: 2 workers ({i + 1}/{sizes.repeats})")
-        twos.append(_in_fresh_process("_explore_child", sizes.explore_budget, 2))
+        twos.append(in_fresh_process(__name__, "_explore_child", sizes.explore_budget, 2))
         say(f"parallel capacity ({i + 1}/{sizes.repeats})")
         burns.append(parallel_capacity(sizes.burn))
     one = min(ones, key=lambda sample: sample["seconds"])
@@ -385,7 +286,7 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
             say(f"first bug: {name} / {strategy}")
             first_bug[name][strategy] = _first_bug(name, strategy, sizes)
 
-    scale = _scale(sizes.scale, say)
+    scale = measure_scale(sizes.scale, say)
 
     best: dict[str, int | None] = {
         name: min((c["runs"] for c in cells.values() if c["runs"] is not None), default=None)
@@ -459,72 +360,3 @@ def _met(value: float | None, op: str, bound: float) -> bool:
     if value is None:
         return False
     return value <= bound if op == "<=" else value >= bound
-
-
-# -- rendering ----------------------------------------------------------------------------------
-
-def print_bench(console: Any, doc: dict[str, Any]) -> None:
-    """Render a :func:`run_bench` document as rich tables on ``console``."""
-    from rich.table import Table
-
-    def mark(ok: bool) -> str:
-        return "[green]yes[/]" if ok else "[red]no[/]"
-
-    summary = Table(title="racesim bench" + (" (quick)" if doc.get("quick") else "")
-                    + f", {doc['build']}")
-    summary.add_column("figure")
-    summary.add_column("measured", justify="right")
-    summary.add_column("target", justify="right")
-    summary.add_column("met")
-    targets = doc["targets"]
-    rows = [
-        ("simpy_events_per_s", f"{doc['simpy_events_per_s']:,}", None),
-        ("model_events_per_s", f"{doc['model_events_per_s']:,}", None),
-        ("overhead_ratio", f"{doc['overhead_ratio']:g}", "overhead_ratio"),
-        ("schedules_per_s", f"{doc['schedules_per_s']:,}", "schedules_per_s"),
-        ("first bug, worst scenario's best runs", _fmt(targets["first_bug_best_runs"]["value"]),
-         "first_bug_best_runs"),
-        ("growth_exponent", f"{doc['scale']['growth_exponent']:g}", "growth_exponent"),
-        ("parallel_speedup", f"{doc['parallel_speedup']:g}", "parallel_speedup"),
-        ("  two processes' limit now (CPU burn)", f"{doc['parallel']['capacity']:g}", None),
-    ]
-    for label, value, key in rows:
-        if key is None:
-            summary.add_row(label, value, "", "")
-        else:
-            summary.add_row(label, value, targets[key]["target"], mark(targets[key]["met"]))
-    console.print(summary)
-
-    fb = Table(title=f"runs / seconds to the first violation under {_POLICY} "
-                     f"(budget {doc['first_bug_budget']['runs']})")
-    fb.add_column("scenario")
-    strategies = list(next(iter(doc["first_bug"].values()), {}))
-    for s in strategies:
-        fb.add_column(s, justify="right")
-    for name, cells in doc["first_bug"].items():
-        fb.add_row(name, *(("-" if c["runs"] is None else f"{c['runs']} / {c['seconds']:.2f}s")
-                           for c in (cells[s] for s in strategies)))
-    console.print(fb)
-
-    sc = Table(title=f"scale: abort-storm-like load under {doc['scale']['policy']} "
-                     f"(growth exponent {doc['scale']['growth_exponent']:g})")
-    for col in ("requests", "seconds", "peak RSS MB", "run RSS MB", "KB/request", "events",
-                "simpy events"):
-        sc.add_column(col, justify="right")
-    for r in doc["scale"]["sizes"]:
-        sc.add_row(f"{r['requests']:,}", f"{r['seconds']:.2f}", f"{r['peak_rss_mb']:.1f}",
-                   f"{r['run_rss_mb']:.1f}", f"{r['run_kb_per_request']:.2f}", f"{r['events']:,}",
-                   f"{r['steps']:,}")
-    console.print(sc)
-    par = doc["parallel"]
-    console.print(f"timed figures: best of {doc['repeats']}. "
-                  f"parallel: {par['runs']} runs of {par['scenario']} in {par['workers_1_s']}s "
-                  f"(1 worker) vs {par['workers_2_s']}s (2 workers); same result: "
-                  f"{par['identical']}; two processes could gain at most {par['capacity']}x "
-                  f"(CPU burn). machine: {doc['machine']['cpus']} CPUs, Python "
-                  f"{doc['machine']['python']}, simpy {doc['machine']['simpy']}, load average "
-                  f"{doc['machine']['loadavg_1m']}; bench took {doc['elapsed_s']}s")
-
-
-def _fmt(v: Any) -> str:
-    return "-" if v is None else f"{v}"

@@ -10,10 +10,6 @@ from typing import Any
 import click
 from rich.console import Console
 
-from engine_model import INVARIANTS, POINTS, POLICIES
-from engine_model.checker import check_invariant_names
-from engine_model.policies import policy_spec
-from engine_model.versions import DEFAULT_VLLM, PROFILES, get_profile
 from racesim.cli_support import BUDGET as _BUDGET
 from racesim.cli_support import check_workers as _check_workers
 from racesim.cli_support import console as _console
@@ -24,10 +20,15 @@ from racesim.cli_support import output_file as _output_file
 from racesim.cli_support import parse_options as _options
 from racesim.cli_support import warn_accounting as _warn_accounting
 from racesim.documents import read_counterexample, run_document
+from racesim.engine_model import INVARIANTS, POINTS, POLICIES
+from racesim.engine_model.checker import check_invariant_names
+from racesim.engine_model.policies import policy_spec
+from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES, get_profile
 from racesim.explore import explore
 from racesim.matrix import run_matrix
 from racesim.progress import ProgressBar
 from racesim.render import print_explore, print_matrix, print_run
+from racesim.reports.verdict import exit_status
 from racesim.runner import (
     import_from_cwd,
     parse_delay_option,
@@ -36,10 +37,9 @@ from racesim.runner import (
     run_command,
     run_scenario,
 )
-from reports.verdict import exit_status
-from scenarios import bundled_names, load_scenario
-from sim import InputError, build_info
-from sim.strategies import STRATEGIES
+from racesim.scenarios import bundled_names, load_scenario
+from racesim.sim import InputError, build_info
+from racesim.sim.strategies import STRATEGIES
 
 __all__ = ["main", "cli"]
 
@@ -117,7 +117,7 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
 @click.argument("scenario")
 def show_cmd(scenario: str) -> None:
     """Print SCENARIO's TOML (a bundled name or a path): a start for your own scenario."""
-    from scenarios.loader import scenario_to_toml
+    from racesim.scenarios.loader import scenario_to_toml
 
     click.echo(scenario_to_toml(load_scenario(scenario)), nl=False)
 
@@ -180,10 +180,10 @@ def _finish_run(scen: Any, policy: str, options: dict[str, str], result: Any, co
                 skip: Sequence[str], as_json: bool, html_file: str | None,
                 trace_file: str | None, strict: bool) -> None:
     if html_file:
-        from reports import write_run_report
+        from racesim.reports import write_run_report
         write_run_report(Path(html_file), scen, policy, options, result, command)
     if trace_file:
-        from reports import write_chrome_trace
+        from racesim.reports import write_chrome_trace
         write_chrome_trace(Path(trace_file), result)
     if as_json:
         _emit_json(run_document(scen, policy, options, result))
@@ -299,7 +299,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
         before = run_scenario(scen, policy, options=options, seed=seed,
                               schedule=res.found_run.schedule, skip=res.skip)
     if html_file:
-        from reports import write_explore_report
+        from racesim.reports import write_explore_report
         write_explore_report(Path(html_file), doc, scen, before, after)
     if as_json:
         _emit_json(doc)
@@ -389,7 +389,8 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def bench_cmd(quick: bool, as_json: bool) -> None:
     """Measure simulation speed against bare simpy, time to first bug, scaling and speedup."""
-    from racesim.bench import print_bench, run_bench
+    from racesim.bench import run_bench
+    from racesim.bench_render import print_bench
 
     console = Console(stderr=True)
     if as_json:

@@ -10,10 +10,10 @@ from typing import Any, NoReturn
 import click
 from rich.console import Console
 
-from reports._io import check_output_dir, check_output_file
-from reports.text import printable
-from reports.verdict import ACCOUNTING, accounting_warning, verdict
-from sim import InputError
+from racesim.reports._io import check_output_dir, check_output_file
+from racesim.reports.text import printable
+from racesim.reports.verdict import ACCOUNTING, accounting_warning, verdict
+from racesim.sim import InputError
 
 __all__ = ["fail", "parse_options", "output_file", "output_dir", "warn_accounting", "BUDGET",
            "emit_json", "console", "check_workers"]

@@ -11,12 +11,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engine_model import RunResult
-from engine_model.checker import check_invariant_names
-from engine_model.points import POINTS
-from reports.verdict import verdict
-from scenarios import Scenario, scenario_from_dict
-from sim import Decision, InputError, check_delay
+from racesim.engine_model import RunResult
+from racesim.engine_model.checker import check_invariant_names
+from racesim.engine_model.points import POINTS
+from racesim.reports.verdict import verdict
+from racesim.scenarios import Scenario, scenario_from_dict
+from racesim.sim import Decision, InputError, check_delay
 
 __all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
            "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts",
@@ -107,8 +107,8 @@ class Counterexample:
 
 def write_counterexample(path: Path, cx: Counterexample) -> Path:
     """Write atomically (a temp file, then rename): a crash never leaves half a file. A symlink
-    is written through, a folder or device refused (``reports._io.write_text``)."""
-    from reports._io import write_text
+    is written through, a folder or device refused (``racesim.reports._io.write_text``)."""
+    from racesim.reports._io import write_text
 
     return write_text(path, json.dumps(cx.as_dict(), indent=2, ensure_ascii=False) + "\n")
 

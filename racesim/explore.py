@@ -17,23 +17,24 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from engine_model import RunResult
-from engine_model.checker import check_invariant_names
-from engine_model.policies import policy_spec
-from engine_model.versions import get_profile, reach_of
 from racesim.documents import (
     Counterexample,
     safe_file_name,
     violation_dicts,
     write_counterexample,
 )
+from racesim.engine_model import RunResult
+from racesim.engine_model.checker import check_invariant_names
+from racesim.engine_model.policies import policy_spec
+from racesim.engine_model.versions import get_profile, reach_of
 from racesim.parallel import executor, ordered_map
+from racesim.reports.verdict import verdict
+from racesim.run_summary import RunSummary
 from racesim.runner import run_scenario
+from racesim.scenarios import Scenario
 from racesim.shrink import shrink
-from reports.verdict import verdict
-from scenarios import Scenario
-from sim import Decision, InputError
-from sim.strategies import STRATEGIES, StrategyConfig, make_strategy
+from racesim.sim import Decision, InputError
+from racesim.sim.strategies import STRATEGIES, StrategyConfig, make_strategy
 
 __all__ = ["ExploreResult", "RunSummary", "explore", "counterexample_path",
            "unshrunk_path"]
@@ -55,17 +56,6 @@ class _Context:
     strategy: str
     skip: tuple[str, ...]
     config: StrategyConfig
-
-
-@dataclass(frozen=True, slots=True)
-class RunSummary:
-    """One exploration run. ``trace_hash`` is "" for runs made without hashing: their delays
-    are trace events, so the schedule alone tells two traces apart."""
-
-    run: int
-    trace_hash: str
-    violated: tuple[str, ...]
-    schedule: tuple[Decision, ...]
 
 
 def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:

@@ -6,9 +6,10 @@ import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from racesim.run_summary import RunSummary
 from racesim.runner import run_scenario
-from scenarios import Scenario
-from sim.strategies import StrategyConfig
+from racesim.scenarios import Scenario
+from racesim.sim.strategies import StrategyConfig
 
 __all__ = ["hypothesis_search", "schedule_strategy"]
 
@@ -44,8 +45,6 @@ def hypothesis_search(scenario: Scenario, policy: str, options: dict[str, str], 
     must not depend on earlier runs."""
     from hypothesis import HealthCheck, Phase, configuration, find, settings
     from hypothesis.errors import NoSuchExample
-
-    from racesim.explore import RunSummary
 
     state = {"runs": 0, "violating": 0}
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine_model.checker import SAFETY_INVARIANTS
+from racesim.engine_model.checker import SAFETY_INVARIANTS
 from racesim.explore import ExploreResult, explore
+from racesim.reports.verdict import reach_label
 from racesim.runner import PolicyError
-from reports.verdict import reach_label
-from scenarios import Scenario
+from racesim.scenarios import Scenario
 
 __all__ = ["MatrixResult", "run_matrix"]
 

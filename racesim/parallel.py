@@ -14,7 +14,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from sim import InputError
+from racesim.sim import InputError
 
 __all__ = ["ordered_map", "executor", "default_workers", "max_workers", "check_workers"]
 

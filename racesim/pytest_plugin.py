@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Final, final
 import pytest
 
 if TYPE_CHECKING:
-    from engine_model import RunResult
-    from scenarios import Scenario
+    from racesim.engine_model import RunResult
+    from racesim.scenarios import Scenario
 
 __all__ = ["RaceSim", "RaceFound", "RaceSimReportWarning", "racesim", "racesim_policy",
            "pytest_addoption", "pytest_configure", "pytest_generate_tests", "pytest_report_header"]
@@ -51,8 +51,8 @@ _SEED = pytest.StashKey[int]()
 _REPORT_DIR = pytest.StashKey["Path | None"]()
 _MAX_LISTED = 10
 
-#: A delay given to :meth:`RaceSim.run`: a ``sim.Decision`` (say, from
-#: ``scenarios.strategies.schedules``), ``(point, occurrence or None, seconds)``, or the
+#: A delay given to :meth:`RaceSim.run`: a ``racesim.sim.Decision`` (say, from
+#: ``racesim.scenarios.strategies.schedules``), ``(point, occurrence or None, seconds)``, or the
 #: command line's ``"POINT=SECONDS"`` / ``"POINT#K=SECONDS"``.
 DelaySpec = Any
 
@@ -111,9 +111,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker(MARKER)
     if marker is None:
         return
-    from engine_model import POLICIES
-    from engine_model.policies import policy_spec
-    from sim import InputError
+    from racesim.engine_model import POLICIES
+    from racesim.engine_model.policies import policy_spec
+    from racesim.sim import InputError
 
     where = f"@pytest.mark.{MARKER} on {metafunc.definition.nodeid}"
     if marker.kwargs:
@@ -187,12 +187,12 @@ class RaceSim:
             options: Mapping[str, str] | None = None, witness: bool = False,
             delays: Iterable[DelaySpec] | Mapping[str, float] = (), skip: Iterable[str] = (),
             seed: int | None = None, vllm: str | None = None) -> RunResult:
-        """Run ``scenario`` (a bundled name, a path or a :class:`scenarios.Scenario`) under
+        """Run ``scenario`` (a bundled name, a path or a :class:`racesim.scenarios.Scenario`) under
         ``policy`` once and return its result; violations do not fail the test (see
         :meth:`check`). ``witness`` applies the scenario's ``[witness]`` schedule, ``delays``
         exact delays on top, ``skip`` leaves invariants unchecked, ``vllm`` picks the vLLM
         profile (default: the scenario's, else the newest). Bad input raises
-        ``sim.InputError``."""
+        ``racesim.sim.InputError``."""
         return self._run(scenario, policy, options, witness, delays, skip, seed, vllm)[0]
 
     def check(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id",
@@ -289,7 +289,7 @@ class RaceSim:
         command = self._command(scen, replay_name, policy, opts, skipped, result) or ""
         html = stem.with_name(stem.name + ".html")
         try:
-            from reports import write_run_report
+            from racesim.reports import write_run_report
 
             written.append(write_run_report(html, scen, policy, opts, result, command))
         except Exception as exc:  # a report must never hide the test's verdict
@@ -309,7 +309,7 @@ class RaceSim:
 
 def _load(scenario: object) -> tuple[Scenario, str | None]:
     """The Scenario, and the name or path ``racesim run`` would find it by (None: no file)."""
-    from scenarios import Scenario, load_scenario
+    from racesim.scenarios import Scenario, load_scenario
 
     if isinstance(scenario, Scenario):
         source = scenario.source
@@ -325,12 +325,12 @@ def _load(scenario: object) -> tuple[Scenario, str | None]:
         return load_scenario(path), path
     if isinstance(scenario, str):
         return load_scenario(scenario), scenario
-    raise TypeError(f"scenario must be a bundled name, a path or a scenarios.Scenario, "
+    raise TypeError(f"scenario must be a bundled name, a path or a racesim.scenarios.Scenario, "
                     f"got {scenario!r}")
 
 
 def _options(options: Mapping[str, str] | None) -> dict[str, str]:
-    from sim import InputError
+    from racesim.sim import InputError
 
     out = dict(options or {})
     for k, v in out.items():
@@ -341,9 +341,9 @@ def _options(options: Mapping[str, str] | None) -> dict[str, str]:
 
 def _plan(delays: Iterable[DelaySpec] | Mapping[str, float]) -> list[tuple[str, int | None,
                                                                         float]]:
-    from engine_model.points import POINTS
+    from racesim.engine_model.points import POINTS
     from racesim.runner import parse_delay_option
-    from sim import Decision, InputError, check_delay, plan_entries
+    from racesim.sim import Decision, InputError, check_delay, plan_entries
 
     if isinstance(delays, Mapping):
         return plan_entries(delays, POINTS, "delays")
@@ -363,6 +363,6 @@ def _plan(delays: Iterable[DelaySpec] | Mapping[str, float]) -> list[tuple[str, 
                 raise InputError(f"delay {d!r}: occurrence must be None or a whole number >= 0")
             out.append((point, k, check_delay(seconds, f"delay {d!r}")))
         else:
-            raise InputError(f"delay {d!r}: expected a sim.Decision, (point, occurrence, "
+            raise InputError(f"delay {d!r}: expected a racesim.sim.Decision, (point, occurrence, "
                              f"seconds) or 'POINT[#K]=SECONDS'")
     return out

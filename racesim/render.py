@@ -9,11 +9,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from engine_model import RunResult
-from engine_model.narrate import KEY_KINDS, describe
-from reports.text import printable
-from reports.verdict import ACCOUNTING, RACE, verdict
-from sim.trace import TraceEvent
+from racesim.engine_model import RunResult
+from racesim.engine_model.narrate import KEY_KINDS, describe
+from racesim.reports.text import printable
+from racesim.reports.verdict import ACCOUNTING, RACE, verdict
+from racesim.sim.trace import TraceEvent
 
 __all__ = ["print_run", "timeline_events"]
 

@@ -13,7 +13,7 @@ __all__ = ["write_matrix_reports"]
 
 def write_matrix_reports(path: Path, doc: dict[str, object], result: MatrixResult) -> Path:
     """``path`` gets the matrix; ``<stem>-cells/<scenario>__<policy>.html`` each failing cell."""
-    from reports import write_matrix_report, write_run_report
+    from racesim.reports import write_matrix_report, write_run_report
 
     cell_dir = path.with_name(path.stem + "-cells")
     links: dict[tuple[str, str], str] = {}

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import inspect
 import os
-import shlex
 import sys
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
 
-from engine_model import POLICIES, RunResult, load_policy, run_workload
-from engine_model.checker import check_invariant_names
-from engine_model.points import POINTS
-from engine_model.policies import LifecyclePolicy, policy_spec
-from scenarios import Scenario
-from sim import Decider, Decision, DelayPlan, InputError, check_delay, parse_point_key
+from racesim.engine_model import POLICIES, RunResult, load_policy, run_workload
+from racesim.engine_model.checker import check_invariant_names
+from racesim.engine_model.points import POINTS
+from racesim.engine_model.policies import LifecyclePolicy, policy_spec
+from racesim.reports.commands import replay_command, run_command
+from racesim.scenarios import Scenario
+from racesim.sim import Decider, Decision, DelayPlan, InputError, check_delay, parse_point_key
 
 __all__ = ["run_scenario", "parse_delay_option", "replay_command", "run_command", "PlanEntry",
            "PolicyError", "policy_title", "import_from_cwd"]
@@ -110,27 +110,3 @@ def policy_title(policy: str) -> str:
         return policy
     name = policy if cls.name == policy else f"{policy} ({cls.name})"
     return f"{name}: {cls.summary}" if cls.summary else name
-
-
-def replay_command(path: str, policy: str = "") -> str:
-    """The one command that replays a counterexample file (``--allow-import`` when its policy
-    is the user's own ``module:Class``: replay imports code only when asked to)."""
-    allow = " --allow-import" if policy and policy not in POLICIES else ""
-    return f"racesim replay {shlex.quote(path)}{allow}"
-
-
-def run_command(scenario: str, policy: str, options: Mapping[str, str], seed: int,
-                schedule: Sequence[Decision], skip: Iterable[str] = (),
-                vllm: str | None = None) -> str:
-    """The one ``racesim run`` command that reproduces a run (its schedule as exact delays)."""
-    words = ["racesim", "run", scenario, "-p", policy]
-    if vllm:
-        words += ["--vllm", vllm]
-    for k, v in options.items():
-        words += ["--policy-opt", f"{k}={v}"]
-    words += ["--seed", str(seed)]
-    for d in schedule:
-        words += ["--delay", f"{d.point}#{d.occurrence}={d.delay!r}"]
-    for s in skip:
-        words += ["--skip", s]
-    return " ".join(shlex.quote(w) for w in words)

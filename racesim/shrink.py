@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from engine_model.versions import get_profile
+from racesim.engine_model.versions import get_profile
 from racesim.runner import run_scenario
-from scenarios import Scenario
-from sim import Decision
+from racesim.scenarios import Scenario
+from racesim.sim import Decision
 
 __all__ = ["ShrinkResult", "shrink"]
 

@@ -4,7 +4,7 @@ Every report is one self-contained HTML file: inline CSS and SVG, no script and 
 the network, rendered from package templates with autoescaping on (request IDs are user input).
 """
 
-from reports.html import (
+from racesim.reports.html import (
     render_explore_report,
     render_matrix_report,
     render_run_report,
@@ -12,7 +12,7 @@ from reports.html import (
     write_matrix_report,
     write_run_report,
 )
-from reports.trace_export import chrome_trace, write_chrome_trace
+from racesim.reports.trace_export import chrome_trace, write_chrome_trace
 
 __all__ = [
     "chrome_trace",

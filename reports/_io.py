@@ -14,7 +14,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from sim.errors import InputError
+from racesim.sim.errors import InputError
 
 __all__ = ["write_text", "check_output_file", "check_output_dir"]
 
@@ -120,7 +120,7 @@ def _replace(real: Path, text: str) -> None:
 def write_text(path: Path, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` as the module docstring says; returns ``path``.
 
-    Any failure is an :class:`~sim.errors.InputError` naming ``path``.
+    Any failure is an :class:`~racesim.sim.errors.InputError` naming ``path``.
     """
     path = Path(path)
     shown = os.fspath(path)

@@ -1,16 +1,16 @@
 """Which events a diagram page shows: the race window, the violations and what led to them.
 
-Pure selection over trace indices; the layout lives in :mod:`reports.swimlane`.
+Pure selection over trace indices; the layout lives in :mod:`racesim.reports.swimlane`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine_model.checker import Violation
-from engine_model.narrate import KEY_KINDS
-from reports.model import TraceModel
-from sim.trace import TraceEvent
+from racesim.engine_model.checker import Violation
+from racesim.engine_model.narrate import KEY_KINDS
+from racesim.reports.model import TraceModel
+from racesim.sim.trace import TraceEvent
 
 __all__ = ["MUST", "FOCUS", "KEY", "FILLER", "BOOKKEEPING", "priorities", "select", "race_span"]
 

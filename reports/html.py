@@ -14,23 +14,24 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
-from engine_model.checker import INVARIANTS, SAFETY_INVARIANTS
-from engine_model.narrate import describe
-from engine_model.points import POINTS
-from engine_model.policies import POLICIES
-from engine_model.system import RunResult
-from reports._io import write_text
-from reports.model import TraceModel
-from reports.overview import build_overview
-from reports.swimlane import (
+from racesim.engine_model.checker import INVARIANTS, SAFETY_INVARIANTS
+from racesim.engine_model.narrate import describe
+from racesim.engine_model.points import POINTS
+from racesim.engine_model.policies import POLICIES
+from racesim.engine_model.system import RunResult
+from racesim.reports._io import write_text
+from racesim.reports.commands import replay_command
+from racesim.reports.model import TraceModel
+from racesim.reports.overview import build_overview
+from racesim.reports.swimlane import (
     ARROW_COLOURS,
     VIOLATION_RED,
     build_diagrams,
     clip,
     race_span,
 )
-from reports.text import printable
-from reports.verdict import verdict
+from racesim.reports.text import printable
+from racesim.reports.verdict import verdict
 
 __all__ = ["render_run_report", "write_run_report", "render_explore_report",
            "write_explore_report", "render_matrix_report", "write_matrix_report",
@@ -47,7 +48,7 @@ def environment() -> Environment:
     """The one Jinja2 environment: package templates, autoescape on for every template."""
     global _env
     if _env is None:
-        _env = Environment(loader=PackageLoader("reports"), autoescape=True,
+        _env = Environment(loader=PackageLoader("racesim.reports"), autoescape=True,
                            undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                            keep_trailing_newline=True, finalize=_finalize)
         _env.globals.update(CSP=CSP, ARROW_COLOURS=ARROW_COLOURS, RED=VIOLATION_RED)
@@ -114,8 +115,8 @@ def _log_pages(result: RunResult, model: TraceModel, keep: set[int],
 
 def _policy_summary(policy: str) -> str:
     """A policy's ``name`` (when not the spec itself) and ``summary``, for the header."""
-    from engine_model.policies import policy_spec
-    from sim import InputError
+    from racesim.engine_model.policies import policy_spec
+    from racesim.sim import InputError
 
     try:
         cls = policy_spec(policy)
@@ -223,7 +224,6 @@ def render_explore_report(doc: Mapping[str, Any], scenario: Any, before: RunResu
     cx = doc.get("counterexample") or None
     replay = ""
     if cx and cx.get("path"):
-        from racesim.runner import replay_command
         replay = replay_command(str(cx["path"]))
     coverage = sorted((doc.get("coverage") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
     runs = int(doc.get("runs") or 0)

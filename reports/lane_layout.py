@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reports.model import TraceModel
-from sim.trace import TraceEvent
+from racesim.reports.model import TraceModel
+from racesim.sim.trace import TraceEvent
 
 __all__ = ["LaneBox", "lay_out_lanes", "used_lanes"]
 

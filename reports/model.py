@@ -10,8 +10,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine_model.narrate import MESSAGE_NAMES
-from sim.trace import TraceEvent
+from racesim.engine_model.narrate import MESSAGE_NAMES
+from racesim.sim.trace import TraceEvent
 
 __all__ = ["Lane", "Incarnation", "Message", "TraceModel", "PALETTE", "MSG_SHORT"]
 

@@ -11,9 +11,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine_model.checker import Violation
-from reports.model import TraceModel
-from reports.swimlane import Diagram
+from racesim.engine_model.checker import Violation
+from racesim.reports.model import TraceModel
+from racesim.reports.swimlane import Diagram
 
 __all__ = ["Overview", "build_overview"]
 

@@ -16,12 +16,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine_model.checker import Violation
-from engine_model.narrate import KEY_KINDS, describe
-from reports.focus import KEY, priorities, race_span, select
-from reports.lane_layout import LaneBox, lay_out_lanes, used_lanes
-from reports.model import PALETTE, Incarnation, TraceModel
-from sim.trace import TraceEvent
+from racesim.engine_model.checker import Violation
+from racesim.engine_model.narrate import KEY_KINDS, describe
+from racesim.reports.focus import KEY, priorities, race_span, select
+from racesim.reports.lane_layout import LaneBox, lay_out_lanes, used_lanes
+from racesim.reports.model import PALETTE, Incarnation, TraceModel
+from racesim.sim.trace import TraceEvent
 
 __all__ = ["Diagram", "Row", "Arrow", "Bar", "LaneBox", "build_diagrams", "race_span",
            "ARROW_COLOURS", "VIOLATION_RED", "clip"]

@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine_model.narrate import KEY_KINDS, describe
-from engine_model.system import RunResult
-from reports._io import write_text
-from reports.model import TraceModel
+from racesim.engine_model.narrate import KEY_KINDS, describe
+from racesim.engine_model.system import RunResult
+from racesim.reports._io import write_text
+from racesim.reports.model import TraceModel
 
 __all__ = ["chrome_trace", "write_chrome_trace", "dumps"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final, Literal
 
-from engine_model.invariants import INVARIANTS, SAFETY_INVARIANTS
+from racesim.engine_model.invariants import INVARIANTS, SAFETY_INVARIANTS
 
 __all__ = ["Verdict", "RACE", "ACCOUNTING", "SAFE", "verdict", "reach_label",
            "accounting_warning", "exit_status"]

@@ -1,13 +1,13 @@
 """Scenarios: TOML files describing a workload, fixed delays and a known witness schedule.
 
 A scenario is found by bundled name (``scenarios/bundled/NAME.toml``) or by path, and is
-validated on load; every mistake is a one-line :class:`sim.errors.InputError`.
+validated on load; every mistake is a one-line :class:`racesim.sim.errors.InputError`.
 """
 
 from __future__ import annotations
 
-from scenarios.files import bundled_names, load_scenario
-from scenarios.loader import (
+from racesim.scenarios.files import bundled_names, load_scenario
+from racesim.scenarios.loader import (
     MAX_REQUEST_ID,
     Scenario,
     parse_scenario,

@@ -7,8 +7,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from scenarios.loader import Scenario, _show, parse_scenario
-from sim.errors import InputError
+from racesim.scenarios.loader import Scenario, _show, parse_scenario
+from racesim.sim.errors import InputError
 
 __all__ = ["bundled_names", "load_scenario"]
 

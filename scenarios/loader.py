@@ -1,6 +1,6 @@
 """Load, validate and write scenario TOML files (DESIGN "Scenarios (scenarios/)").
 
-Every user mistake becomes one :class:`~sim.errors.InputError` line of the form
+Every user mistake becomes one :class:`~racesim.sim.errors.InputError` line of the form
 ``<source>:<line>: <key>: <problem> (got <value>)``; nothing else escapes parsing. tomllib
 gives line numbers only for syntax errors, so semantic errors are located by scanning the text.
 """
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_model.config import (
+from racesim.engine_model.config import (
     TOPOLOGIES,
     EngineConfig,
     FrontendConfig,
@@ -24,11 +24,11 @@ from engine_model.config import (
     RequestSpec,
     Workload,
 )
-from engine_model.points import POINTS
-from engine_model.versions import PROFILES, get_profile
-from scenarios._toml_writer import dumps, locate_key, toml_key
-from sim.errors import InputError
-from sim.points import plan_entries
+from racesim.engine_model.points import POINTS
+from racesim.engine_model.versions import PROFILES, get_profile
+from racesim.scenarios._toml_writer import dumps, locate_key, toml_key
+from racesim.sim.errors import InputError
+from racesim.sim.points import plan_entries
 
 __all__ = [
     "Scenario",

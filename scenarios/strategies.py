@@ -6,7 +6,7 @@ that scenario actually passes. Together they let a property test say "for every 
 every interleaving, policy P keeps invariant I"::
 
     from hypothesis import given, strategies as st
-    from scenarios.strategies import scenarios, schedules
+    from racesim.scenarios.strategies import scenarios, schedules
 
     @given(st.data())
     def test_internal_id_is_safe(data):
@@ -28,14 +28,14 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from engine_model.config import TOPOLOGIES
-from engine_model.points import POINTS
-from engine_model.policies import load_policy
-from engine_model.system import run_workload
-from engine_model.versions import PROFILES
-from scenarios.loader import Scenario, scenario_from_dict
-from sim.errors import InputError
-from sim.points import Decision, DelayPlan
+from racesim.engine_model.config import TOPOLOGIES
+from racesim.engine_model.points import POINTS
+from racesim.engine_model.policies import load_policy
+from racesim.engine_model.system import run_workload
+from racesim.engine_model.versions import PROFILES
+from racesim.scenarios.loader import Scenario, scenario_from_dict
+from racesim.sim.errors import InputError
+from racesim.sim.points import Decision, DelayPlan
 
 __all__ = ["scenarios", "schedules"]
 
@@ -115,7 +115,7 @@ def scenarios(*, topology: str | None = None, frontends: int | None = None,
               allow_aborts: bool = True, allow_disconnects: bool = True,
               allow_stop_strings: bool = True, allow_eos: bool = True, allow_n: bool = True,
               max_start: float = 0.2, vllm: str | None = None) -> st.SearchStrategy[Scenario]:
-    """Valid, small :class:`~scenarios.loader.Scenario` objects (named ``"generated"``).
+    """Valid, small :class:`~racesim.scenarios.loader.Scenario` objects (named ``"generated"``).
 
     Each has ``min_requests..max_requests`` scripted requests whose IDs are drawn from
     ``id_pool`` (two IDs by default, so reuse is the rule), starting within ``max_start``
@@ -191,7 +191,7 @@ def _scenario(draw: Callable[..., Any], *, topologies: tuple[str, ...], frontend
     requests = draw(st.lists(request, min_size=min_requests, max_size=max_requests))
     data: dict[str, Any] = {
         "name": "generated",
-        "summary": "drawn by scenarios.strategies.scenarios()",
+        "summary": "drawn by racesim.scenarios.strategies.scenarios()",
         "topology": topo,
         "frontends": n_fe,
         "horizon": 10.0,
@@ -221,7 +221,7 @@ def _baseline_occurrences(scenario: Scenario, policy: str,
 def schedules(scenario: Scenario, *, max_delays: int = 4, policy: str = "buggy",
               seed: int = 0, points: Collection[str] | None = None,
               ) -> st.SearchStrategy[tuple[Decision, ...]]:
-    """Schedules for ``scenario``: tuples of at most ``max_delays`` :class:`sim.Decision`.
+    """Schedules for ``scenario``: tuples of at most ``max_delays`` :class:`racesim.sim.Decision`.
 
     Each decision delays one occurrence ``(point, k)`` that an unperturbed run of
     ``scenario`` under ``policy`` (seed ``seed``) really passes, so every decision is
@@ -237,7 +237,8 @@ def schedules(scenario: Scenario, *, max_delays: int = 4, policy: str = "buggy",
     towards 0).
     """
     _check(isinstance(scenario, Scenario),
-           f"scenario={scenario!r} must be a scenarios.Scenario (draw one from scenarios())")
+           f"scenario={scenario!r} must be a racesim.scenarios.Scenario "
+           "(draw one from scenarios())")
     _check_int("max_delays", max_delays, 0)
     _check(isinstance(policy, str), f"policy={policy!r} must be a policy name")
     _check(isinstance(seed, int) and not isinstance(seed, bool), f"seed={seed!r} must be an int")

@@ -3,10 +3,11 @@
 It knows nothing about vLLM; ``engine_model`` builds the serving-engine model on top of it.
 """
 
-# First, before any other module of sim or engine_model loads: compiled or source (sim._native).
-from sim._native import NATIVE, build_info  # isort: skip
-from sim.errors import InputError
-from sim.points import (
+# First, before any other module of sim or engine_model loads: compiled or source
+# (racesim.sim._native).
+from racesim.sim._native import NATIVE, build_info  # isort: skip
+from racesim.sim.errors import InputError
+from racesim.sim.points import (
     AwaitPoint,
     Decider,
     Decision,
@@ -16,9 +17,9 @@ from sim.points import (
     parse_point_key,
     plan_entries,
 )
-from sim.rng import RngStreams, stable_seed
-from sim.trace import TraceEvent, TraceRecorder, canonical_json, trace_hash_of
-from sim.world import World
+from racesim.sim.rng import RngStreams, stable_seed
+from racesim.sim.trace import TraceEvent, TraceRecorder, canonical_json, trace_hash_of
+from racesim.sim.world import World
 
 __all__ = [
     "AwaitPoint",

@@ -32,20 +32,21 @@ _EXTENSIONS = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 #: The packages setup.py compiles modules of (its COMPILED list; a test checks the two agree).
 #: Whenever the compiled build is not used, their modules load from source, so compiled files
 #: never load without a current manifest, even when the manifest is missing or unreadable.
-GUARDED = ("sim", "engine_model")
+GUARDED = ("racesim.sim", "racesim.engine_model")
 
 
 def decide(manifest: Path, root: Path,
            environ: Mapping[str, str]) -> tuple[bool, str, tuple[str, ...]]:
-    """``(compiled, why, packages)``: whether the compiled modules may load, and the top-level
-    packages whose modules must otherwise load from source."""
+    """``(compiled, why, packages)``: whether the compiled modules may load, and the packages
+    whose modules must otherwise load from source. ``root`` is the folder that holds sim/
+    (the repository, or site-packages/racesim): manifest paths are relative to it."""
     try:
         data = json.loads(manifest.read_text(encoding="utf-8"))
         modules: dict[str, dict[str, str]] = data["modules"]
         complete = data["complete"] is True
         shared = str(data["shared"])
         packages = tuple(dict.fromkeys(
-            [*GUARDED, *(name.split(".", 1)[0] for name in modules)]))
+            [*GUARDED, *(_package(name, entry["source"]) for name, entry in modules.items())]))
     except FileNotFoundError:
         return False, "not compiled", GUARDED
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -66,14 +67,27 @@ def decide(manifest: Path, root: Path,
             return False, f"{entry['source']} changed since it was compiled", packages
         if not _compiled_file(source.with_suffix("")):
             return False, f"the compiled {entry['source']} is missing", packages
-    listed = {entry["source"].removesuffix(".py") for entry in modules.values()}
+    listed = {entry["source"].removesuffix(".py") for entry in modules.values()} | {shared}
     for package in packages:
-        for path in sorted((root / package).rglob("*")):
+        for path in sorted((root / _folder(package)).rglob("*")):
             if path.name.endswith(_EXTENSIONS):  # a compiled module: is it one of this build's?
                 module = (path.parent / path.name.split(".", 1)[0]).relative_to(root)
                 if module.as_posix() not in listed:
                     return False, f"{path.relative_to(root)} is not from this build", packages
     return True, f"mypyc, {len(modules)} modules", packages
+
+
+def _package(module: str, source: str) -> str:
+    """The package named by a compiled module's top-level folder: racesim.sim for
+    ``racesim.sim.points`` compiled from ``sim/points.py``."""
+    depth = len(module.split(".")) - len(source.split("/")) + 1
+    return ".".join(module.split(".")[:depth])
+
+
+def _folder(package: str) -> str:
+    """The folder, relative to the one holding sim/, of a guarded package (installed as
+    racesim/<folder>, kept in the repository as <folder>)."""
+    return package.removeprefix("racesim.").replace(".", "/")
 
 
 def _compiled_file(stem: Path) -> bool:
@@ -89,7 +103,7 @@ class SourceFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if path is None or fullname.split(".", 1)[0] not in self.packages:
+        if path is None or not any(fullname.startswith(p + ".") for p in self.packages):
             return None
         leaf = fullname.rsplit(".", 1)[-1]
         for directory in path:

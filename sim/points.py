@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
-from sim.errors import InputError
+from racesim.sim.errors import InputError
 
 __all__ = ["AwaitPoint", "PointCatalogue", "Decision", "DelayPlan", "Decider", "parse_point_key",
            "check_delay", "plan_entries"]

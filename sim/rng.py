@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import random
+import sys
 
-__all__ = ["stable_seed", "RngStreams", "SEED_SOURCE"]
+__all__ = ["stable_seed", "RngStreams", "SEED_SOURCE", "register_with_hypothesis"]
 
 
 def stable_seed(*parts: object) -> int:
@@ -40,7 +41,21 @@ class RngStreams:
 
 
 #: Where a fresh run seed comes from when the user gives none (exploration's base seed,
-#: generated workloads). Registered with ``hypothesis.register_random`` through racesim's
-#: ``hypothesis`` entry point, so property tests that draw from it are reproducible. A run
-#: itself never touches it: everything inside a World comes from the World's own streams.
+#: generated workloads). Registered with ``hypothesis.register_random`` (see
+#: :func:`register_with_hypothesis`), so property tests that draw from it are reproducible. A
+#: run itself never touches it: everything inside a World comes from the World's own streams.
 SEED_SOURCE = random.Random(0)
+
+
+def register_with_hypothesis() -> None:
+    """Hand :data:`SEED_SOURCE` to hypothesis if hypothesis is loaded; never import it.
+
+    Called when this module loads and by racesim's hypothesis entry point
+    (``_racesim_hypothesis``), so the registration happens whichever of the two loads first,
+    and the entry point itself imports nothing of racesim."""
+    register = getattr(sys.modules.get("hypothesis"), "register_random", None)
+    if register is not None:  # None too while hypothesis is still importing: its entry point
+        register(SEED_SOURCE)  # then calls this again once it has finished
+
+
+register_with_hypothesis()

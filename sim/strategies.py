@@ -1,8 +1,9 @@
 """Exploration strategies: how each run of an exploration picks its delays.
 
-A strategy turns ``(base seed, run index)`` into a :class:`~sim.points.Decider` for that run, so
-run *i* is the same whichever worker runs it and in whatever order. It knows await points only
-by name and by how often a baseline run passed them; nothing here knows about vLLM.
+A strategy turns ``(base seed, run index)`` into a :class:`~racesim.sim.points.Decider` for
+that run, so run *i* is the same whichever worker runs it and in whatever order. It knows
+await points only by name and by how often a baseline run passed them; nothing here knows
+about vLLM.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sim.errors import InputError
-from sim.points import Decider, reduce_by_fields
-from sim.rng import stable_seed
+from racesim.sim.errors import InputError
+from racesim.sim.points import Decider, reduce_by_fields
+from racesim.sim.rng import stable_seed
 
 __all__ = ["StrategyConfig", "Strategy", "RandomStrategy", "PctStrategy", "GridStrategy",
            "make_strategy", "STRATEGIES", "grid_cells"]

@@ -8,9 +8,9 @@ from typing import Any
 
 import simpy
 
-from sim.points import Decision, DelayPlan
-from sim.rng import RngStreams
-from sim.trace import TraceRecorder
+from racesim.sim.points import Decision, DelayPlan
+from racesim.sim.rng import RngStreams
+from racesim.sim.trace import TraceRecorder
 
 __all__ = ["World"]
 

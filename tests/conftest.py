@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-import engine_model.system as system_module
-from engine_model import RunResult, System, Workload, load_policy, run_workload
-from sim import DelayPlan
+import racesim.engine_model.system as system_module
+from racesim.engine_model import RunResult, System, Workload, load_policy, run_workload
+from racesim.sim import DelayPlan
 
 Setup = Callable[[System], None]
 Simulate = Callable[..., tuple[RunResult, System]]

@@ -153,7 +153,7 @@ MATRIX = ["matrix", "-s", "valid.toml", "-p", "buggy", "--budget", "2", "--worke
 BAD_OPTIONS = {
     "unknown policy": ["-p", "nosuch"],
     "unknown policy module": ["-p", "nosuch.module:Cls"],
-    "policy attribute missing": ["-p", "engine_model.policies:NoSuchPolicy"],
+    "policy attribute missing": ["-p", "racesim.engine_model.policies:NoSuchPolicy"],
     "policy not a class": ["-p", "racesim.cli:main"],
     "policy not a LifecyclePolicy": ["-p", "os:path"],
     "empty policy module": ["-p", ":Cls"],

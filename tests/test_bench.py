@@ -13,10 +13,10 @@ from racesim.bench import (
     STRATEGIES,
     TARGETS,
     bare_simpy,
-    print_bench,
     run_bench,
     storm_workload,
 )
+from racesim.bench_render import print_bench
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_document_has_every_figure(doc: dict) -> None:
                 "first_bug", "scale", "parallel_speedup", "targets", "machine", "elapsed_s",
                 "build", "compiled"):
         assert key in doc
-    import sim
+    from racesim import sim
     assert doc["compiled"] is sim.NATIVE and doc["build"] == sim.build_info()
     assert doc["quick"] is True
     assert doc["simpy_events_per_s"] > 0 and doc["model_events_per_s"] > 0

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from racesim.reports import write_run_report
 from racesim.runner import run_command, run_scenario
-from reports import write_run_report
-from scenarios import load_scenario, scenario_from_dict
+from racesim.scenarios import load_scenario, scenario_from_dict
 
 TIMEOUT = 120
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -218,7 +218,7 @@ def test_lane_labels_and_titles_are_whole(browser: str, pd_report: Path, tmp_pat
 def test_matrix_report_shows_parameters_legend_and_accounting_style(
         browser: str, tmp_path: Path) -> None:
     from racesim.matrix import run_matrix
-    from reports import write_matrix_report
+    from racesim.reports import write_matrix_report
 
     result = run_matrix([load_scenario("abort-reuse"), load_scenario("multi-frontend")],
                         ["internal-id", "buggy"], budget=4, seed=0, strategy="random",

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from engine_model import INVARIANTS, POINTS, POLICIES
 from racesim.cli import main
-from scenarios import bundled_names, load_scenario
+from racesim.engine_model import INVARIANTS, POINTS, POLICIES
+from racesim.scenarios import bundled_names, load_scenario
 
 FIXTURES = Path(__file__).parent / "fixtures"
-BUNDLED = resources.files("scenarios") / "bundled" / "abort-reuse.toml"
+BUNDLED = resources.files("racesim.scenarios") / "bundled" / "abort-reuse.toml"
 _SCRIPT = Path(sys.executable).with_name("racesim")
 _COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else \
     [sys.executable, "-c", "from racesim.cli import main; main()"]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from racesim.runner import run_scenario
-from scenarios import load_scenario
+from racesim.scenarios import load_scenario
 
 _SCRIPT = Path(sys.executable).with_name("racesim")
 _COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else \

@@ -13,7 +13,7 @@ import pytest
 from racesim.documents import read_counterexample
 from racesim.explore import explore
 from racesim.runner import run_scenario
-from scenarios import load_scenario
+from racesim.scenarios import load_scenario
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from engine_model import EngineConfig, RequestSpec, RunResult, System, Workload
+from racesim.engine_model import EngineConfig, RequestSpec, RunResult, System, Workload
 
 Simulate = Callable[..., tuple[RunResult, System]]  # the conftest fixture
 

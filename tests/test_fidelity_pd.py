@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from engine_model import EngineConfig, PDConfig, RequestSpec, RunResult, System, Workload
-from engine_model.messages import AbortMessage
+from racesim.engine_model import EngineConfig, PDConfig, RequestSpec, RunResult, System, Workload
+from racesim.engine_model.messages import AbortMessage
 
 Simulate = Callable[..., tuple[RunResult, System]]  # the conftest fixture
 

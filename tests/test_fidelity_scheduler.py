@@ -9,7 +9,7 @@ from collections.abc import Callable
 from itertools import pairwise
 from typing import Any
 
-from engine_model import EngineConfig, RequestSpec, RunResult, System, Workload
+from racesim.engine_model import EngineConfig, RequestSpec, RunResult, System, Workload
 
 Simulate = Callable[..., tuple[RunResult, System]]  # the conftest fixture
 

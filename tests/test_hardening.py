@@ -19,9 +19,9 @@ import pytest
 
 from racesim.cli import main
 from racesim.explore import explore
-from reports._io import write_text
-from scenarios import load_scenario, parse_scenario
-from sim import InputError
+from racesim.reports._io import write_text
+from racesim.scenarios import load_scenario, parse_scenario
+from racesim.sim import InputError
 
 _SCRIPT = Path(sys.executable).with_name("racesim")
 COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "racesim"]
@@ -35,7 +35,7 @@ max_tokens = 2
 """
 
 BOOM = """\
-from engine_model.policies import LifecyclePolicy
+from racesim.engine_model.policies import LifecyclePolicy
 
 
 class Boom(LifecyclePolicy):
@@ -262,7 +262,7 @@ def test_replay_imports_a_policy_only_when_allowed(tmp_path: Path) -> None:
     marker = tmp_path / "imported"
     (tmp_path / "sneaky.py").write_text(
         f"open({str(marker)!r}, 'w').close()\n"
-        "from engine_model.policies import AbortScope as Sneaky\n")
+        "from racesim.engine_model.policies import AbortScope as Sneaky\n")
     from racesim.documents import Counterexample, write_counterexample
 
     cx = Counterexample(load_scenario("abort-reuse"), "sneaky:Sneaky", {}, 0, (), (), (),
@@ -311,7 +311,7 @@ def test_tables_fit_80_columns_and_commands_are_never_wrapped(tmp_path: Path) ->
 
 def test_policies_load_from_the_current_folder_and_show_name_and_summary(tmp_path: Path) -> None:
     (tmp_path / "mine.py").write_text(
-        "from engine_model.policies import AbortScope\n\n\n"
+        "from racesim.engine_model.policies import AbortScope\n\n\n"
         "class Mine(AbortScope):\n    name = 'mine'\n    summary = 'my own fix'\n")
     proc = script("run", "abort-reuse", "-p", "mine:Mine", "--witness", "--vllm", "0.8",
                   cwd=tmp_path)

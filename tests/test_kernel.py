@@ -9,14 +9,22 @@ from typing import Any
 
 import pytest
 
-from engine_model import EngineConfig, RequestSpec, Workload, load_policy, run_workload
-from engine_model.ipc import Channel
-from sim import Decision, DelayPlan, RngStreams, TraceRecorder, World, stable_seed, trace_hash_of
+from racesim.engine_model import EngineConfig, RequestSpec, Workload, load_policy, run_workload
+from racesim.engine_model.ipc import Channel
+from racesim.sim import (
+    Decision,
+    DelayPlan,
+    RngStreams,
+    TraceRecorder,
+    World,
+    stable_seed,
+    trace_hash_of,
+)
 
 # -- seeds and streams -----------------------------------------------------------------------------
 
 _SEED_PROBE = """
-from sim import RngStreams, stable_seed
+from racesim.sim import RngStreams, stable_seed
 print(stable_seed("run", 7, "request-id/frontend0"))
 print(RngStreams(7).stream("request-id/frontend0").getrandbits(64))
 print(hash("request-id/frontend0"))

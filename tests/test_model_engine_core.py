@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from engine_model import EngineConfig, RequestSpec, RunResult, Workload, load_policy, run_workload
-from engine_model.fatal import EngineFatal
-from engine_model.runner import ModelRunner
-from engine_model.scheduler import NewRequestData, SchedulerOutput
-from sim import DelayPlan, World
+from racesim.engine_model import (
+    EngineConfig,
+    RequestSpec,
+    RunResult,
+    Workload,
+    load_policy,
+    run_workload,
+)
+from racesim.engine_model.fatal import EngineFatal
+from racesim.engine_model.runner import ModelRunner
+from racesim.engine_model.scheduler import NewRequestData, SchedulerOutput
+from racesim.sim import DelayPlan, World
 
 ABORT_POINT = "frontend.abort:after_pop"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine_model import EngineConfig, RequestSpec, Workload, load_policy, run_workload
 from racesim.cli import main
-from sim import DelayPlan
+from racesim.engine_model import EngineConfig, RequestSpec, Workload, load_policy, run_workload
+from racesim.sim import DelayPlan
 
 
 def test_a_child_id_taken_during_the_send_await_refuses_the_parent() -> None:

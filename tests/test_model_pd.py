@@ -3,7 +3,7 @@ until the decode side has read them, or until the hold times out."""
 
 from __future__ import annotations
 
-from engine_model import (
+from racesim.engine_model import (
     EngineConfig,
     PDConfig,
     RequestSpec,
@@ -12,7 +12,7 @@ from engine_model import (
     load_policy,
     run_workload,
 )
-from sim import DelayPlan
+from racesim.sim import DelayPlan
 
 
 def _pd(hold_timeout: float = 480.0, read: float | None = None) -> RunResult:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_model import (
+from racesim.engine_model import (
     EngineConfig,
     LifecyclePolicy,
     RequestSpec,
@@ -18,8 +18,8 @@ from engine_model import (
     run_workload,
 )
 from racesim.runner import run_scenario
-from scenarios import load_scenario
-from sim import DelayPlan, InputError
+from racesim.scenarios import load_scenario
+from racesim.sim import DelayPlan, InputError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -11,9 +11,9 @@ from functools import cache
 
 import pytest
 
-from engine_model import RunResult
+from racesim.engine_model import RunResult
 from racesim.runner import run_scenario
-from scenarios import load_scenario
+from racesim.scenarios import load_scenario
 
 TABLE_SCENARIOS = ("abort-reuse", "stop-string-reuse", "async-sched-reuse", "pd-reuse",
                    "multi-frontend")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine_model import RunResult
+from racesim.engine_model import RunResult
 from racesim.runner import run_scenario
-from scenarios import load_scenario
-from sim import TraceEvent
+from racesim.scenarios import load_scenario
+from racesim.sim import TraceEvent
 
 BUG_POINT = "frontend.abort:after_pop"
 

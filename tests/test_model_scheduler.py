@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from engine_model import EngineConfig
-from engine_model.fatal import EngineFatal
-from engine_model.kv_cache import KVCacheManager
-from engine_model.messages import EngineCoreRequest, Token
-from engine_model.request import Request, RequestStatus
-from engine_model.scheduler import Scheduler
-from sim import World
+from racesim.engine_model import EngineConfig
+from racesim.engine_model.fatal import EngineFatal
+from racesim.engine_model.kv_cache import KVCacheManager
+from racesim.engine_model.messages import EngineCoreRequest, Token
+from racesim.engine_model.request import Request, RequestStatus
+from racesim.engine_model.scheduler import Scheduler
+from racesim.sim import World
 
 
 def _request(rid: str, inc: int, prompt_tokens: int = 32) -> Request:

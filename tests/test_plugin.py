@@ -9,12 +9,12 @@ from pathlib import Path
 import hypothesis  # noqa: F401  (imported once here: pytester drops modules an inner run imports)
 import pytest
 
-import scenarios.strategies  # noqa: F401  (likewise)
+import racesim.scenarios.strategies  # noqa: F401  (likewise)
 from racesim.documents import read_counterexample
 from racesim.runner import run_scenario
 
 with contextlib.suppress(ImportError):  # the plugin writes JSON when reports is missing
-    import reports  # noqa: F401  (likewise)
+    from racesim import reports  # noqa: F401  (likewise)
 
 pytest_plugins = ["pytester"]
 
@@ -44,7 +44,7 @@ def test_the_marker_is_registered(pytester: pytest.Pytester) -> None:
 def test_the_fixture_passes_and_fails(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("""
         from pathlib import Path
-        from scenarios import load_scenario, scenario_to_toml
+        from racesim.scenarios import load_scenario, scenario_to_toml
 
         SKIP = ["metrics-exact"]
 
@@ -150,7 +150,7 @@ def test_a_generated_scenario_under_hypothesis(pytester: pytest.Pytester, tmp_pa
     """The strategies and the fixture together: the report left behind is the shrunk example."""
     pytester.makepyfile("""
         from hypothesis import HealthCheck, given, settings
-        from scenarios.strategies import scenarios
+        from racesim.scenarios.strategies import scenarios
 
         HELD = ("frontend.abort:after_pop", None, 0.05)  # the BUG point, every occurrence
 
@@ -179,7 +179,7 @@ def test_a_generated_scenario_under_hypothesis(pytester: pytest.Pytester, tmp_pa
 def test_bad_input_through_the_fixture(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("""
         import pytest
-        from sim import InputError
+        from racesim.sim import InputError
 
         @pytest.mark.parametrize("kwargs", [
             {"policy": "nosuch"}, {"skip": ["nosuch"]}, {"delays": ["nosuch.point=1"]},

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from racesim.runner import run_scenario
-from scenarios import scenario_to_toml
-from scenarios.strategies import scenarios, schedules
-from sim.rng import SEED_SOURCE
+from racesim.scenarios import scenario_to_toml
+from racesim.scenarios.strategies import scenarios, schedules
+from racesim.sim.rng import SEED_SOURCE
 
 POLICIES = st.sampled_from(["buggy", "abort-scope", "engine-final", "internal-id"])
 
@@ -63,7 +63,7 @@ def test_trace_hash_is_the_same_in_another_process(
 
 def test_the_hypothesis_entry_point_is_racesims_register() -> None:
     points = importlib.metadata.entry_points(group="hypothesis")
-    assert any(ep.name == "racesim" and ep.value == "racesim._hypothesis:_register"
+    assert any(ep.name == "racesim" and ep.value == "_racesim_hypothesis:_register"
                for ep in points)
 
 
@@ -86,7 +86,7 @@ def test_hypothesis_seeds_the_seed_source_for_every_example() -> None:
 
 
 def test_register_is_idempotent() -> None:
-    from racesim._hypothesis import _register
+    from _racesim_hypothesis import _register
 
     _register()
     _register()  # a second call must neither raise nor double-register

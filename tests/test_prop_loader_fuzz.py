@@ -1,4 +1,4 @@
-"""The loaders raise nothing but ``sim.InputError`` (one line) on any input at all.
+"""The loaders raise nothing but ``racesim.sim.InputError`` (one line) on any input at all.
 
 Fuzzed: arbitrary text, valid scenario TOML with bytes deleted, inserted or replaced, TOML
 made from random documents over the scenario's own keys, arbitrary Python values given to
@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from racesim.documents import COUNTEREXAMPLE_FORMAT, read_counterexample
-from scenarios import Scenario, load_scenario, parse_scenario, scenario_from_dict
-from scenarios import scenario_to_toml as to_toml
-from scenarios._toml_writer import dumps
-from scenarios.strategies import scenarios
-from sim import InputError
+from racesim.scenarios import Scenario, load_scenario, parse_scenario, scenario_from_dict
+from racesim.scenarios import scenario_to_toml as to_toml
+from racesim.scenarios._toml_writer import dumps
+from racesim.scenarios.strategies import scenarios
+from racesim.sim import InputError
 
 KEYS = ["name", "summary", "topology", "frontends", "horizon", "engine", "ipc", "frontend", "pd",
         "request", "delays", "witness", "id", "at", "prompt_tokens", "max_tokens", "abort_at",

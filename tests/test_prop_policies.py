@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_model import POINTS, SAFETY_INVARIANTS, RunResult
+from racesim.engine_model import POINTS, SAFETY_INVARIANTS, RunResult
 from racesim.runner import run_scenario
-from scenarios import Scenario, scenario_from_dict
-from scenarios.strategies import scenarios, schedules
-from sim import Decision, TraceEvent
+from racesim.scenarios import Scenario, scenario_from_dict
+from racesim.scenarios.strategies import scenarios, schedules
+from racesim.sim import Decision, TraceEvent
 
 BEFORE_SEND = "frontend.add_request:before_send"
 NOT_BEFORE_SEND = tuple(p for p in POINTS.names() if p != BEFORE_SEND)

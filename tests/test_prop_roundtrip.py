@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine_model import INVARIANTS, POINTS
 from racesim.documents import Counterexample, read_counterexample, write_counterexample
+from racesim.engine_model import INVARIANTS, POINTS
 from racesim.runner import run_scenario
-from scenarios import Scenario, parse_scenario, scenario_from_dict, scenario_to_toml
-from scenarios.strategies import scenarios, schedules
+from racesim.scenarios import Scenario, parse_scenario, scenario_from_dict, scenario_to_toml
+from racesim.scenarios.strategies import scenarios, schedules
 
 # Any text the loader accepts: no surrogates (TOML is UTF-8), anything else goes, quotes,
 # backslashes, newlines and control characters included.

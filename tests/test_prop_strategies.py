@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from engine_model import POINTS
-from scenarios import Scenario, load_scenario
-from scenarios.strategies import scenarios, schedules
-from sim import Decision
+from racesim.engine_model import POINTS
+from racesim.scenarios import Scenario, load_scenario
+from racesim.scenarios.strategies import scenarios, schedules
+from racesim.sim import Decision
 
 QUIET = settings(database=None, suppress_health_check=list(HealthCheck))
 

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine_model import SAFETY_INVARIANTS
+from racesim.engine_model import SAFETY_INVARIANTS
 from racesim.runner import run_scenario
-from scenarios import Scenario, scenario_from_dict
+from racesim.scenarios import Scenario, scenario_from_dict
 
 TICK = 0.005  # half an engine step
 BUG_POINT = "frontend.abort:after_pop"

@@ -12,7 +12,7 @@ import hypothesis  # noqa: F401  (imported once here: pytester drops modules an 
 import pytest
 
 from racesim.cli import main
-from scenarios import load_scenario
+from racesim.scenarios import load_scenario
 
 pytest_plugins = ["pytester"]
 

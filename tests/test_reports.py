@@ -12,10 +12,9 @@ import pytest
 from click.testing import CliRunner
 from markupsafe import escape
 
-from engine_model import INVARIANTS, RunResult
 from racesim.cli import cli
-from racesim.runner import run_command, run_scenario
-from reports import (
+from racesim.engine_model import INVARIANTS, RunResult
+from racesim.reports import (
     chrome_trace,
     render_explore_report,
     render_matrix_report,
@@ -25,8 +24,9 @@ from reports import (
     write_matrix_report,
     write_run_report,
 )
-from reports.model import TraceModel
-from scenarios import Scenario, load_scenario, scenario_from_dict
+from racesim.reports.model import TraceModel
+from racesim.runner import run_command, run_scenario
+from racesim.scenarios import Scenario, load_scenario, scenario_from_dict
 
 SCRIPT_ID = "<script>alert(1)</script>"
 IMG_ID = '"><img src=x onerror=alert(2)>'

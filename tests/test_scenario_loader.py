@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_model.config import EngineConfig, PDConfig, RequestSpec, Workload
-from scenarios import (
+from racesim.engine_model.config import EngineConfig, PDConfig, RequestSpec, Workload
+from racesim.scenarios import (
     MAX_REQUEST_ID,
     Scenario,
     bundled_names,
@@ -25,9 +25,9 @@ from scenarios import (
     scenario_from_dict,
     scenario_to_toml,
 )
-from scenarios import files as scenario_files
-from scenarios._toml_writer import dumps, toml_string
-from sim.errors import InputError
+from racesim.scenarios import files as scenario_files
+from racesim.scenarios._toml_writer import dumps, toml_string
+from racesim.sim.errors import InputError
 
 BASE = '''\
 name = "base"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from racesim.runner import run_scenario
-from scenarios import load_scenario
+from racesim.scenarios import load_scenario
 
 
 @pytest.mark.parametrize("policy", ["abort-scope", "engine-final"])

@@ -30,12 +30,19 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from engine_model import SAFETY_INVARIANTS, Checker, EngineConfig, System, Workload, load_policy
-from engine_model.client import finish_reason_of
-from engine_model.frontend.async_llm import AsyncLLM
-from engine_model.frontend.outputs import RequestOutputCollector
-from engine_model.points import POINTS
-from sim import DelayPlan, TraceEvent, World
+from racesim.engine_model import (
+    SAFETY_INVARIANTS,
+    Checker,
+    EngineConfig,
+    System,
+    Workload,
+    load_policy,
+)
+from racesim.engine_model.client import finish_reason_of
+from racesim.engine_model.frontend.async_llm import AsyncLLM
+from racesim.engine_model.frontend.outputs import RequestOutputCollector
+from racesim.engine_model.points import POINTS
+from racesim.sim import DelayPlan, TraceEvent, World
 
 POOL = ("X", "Y")
 ABORT_POINT = "frontend.abort:after_pop"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_model import POLICIES
+from racesim.engine_model import POLICIES
 from racesim.runner import run_scenario
-from scenarios import bundled_names, load_scenario
+from racesim.scenarios import bundled_names, load_scenario
 
 FIXTURE = Path(__file__).parent / "fixtures" / "trace_hashes_033.json"
 VLLM = "0.33"

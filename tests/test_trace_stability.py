@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from racesim.runner import run_scenario
-from scenarios import Scenario, bundled_names, load_scenario
-from sim.strategies import StrategyConfig, make_strategy
+from racesim.scenarios import Scenario, bundled_names, load_scenario
+from racesim.sim.strategies import StrategyConfig, make_strategy
 
 _RECORDED: dict[str, str] = json.loads(
     (Path(__file__).parent / "fixtures" / "trace_hashes.json").read_text())["runs"]

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from engine_model import POINTS
-from engine_model.versions import PROFILES, WIDTHS, get_profile
 from racesim.documents import read_counterexample
+from racesim.engine_model import POINTS
+from racesim.engine_model.versions import PROFILES, WIDTHS, get_profile
 from racesim.explore import explore
 from racesim.runner import run_scenario
-from scenarios import Scenario, load_scenario, scenario_from_dict
-from sim import InputError
+from racesim.scenarios import Scenario, load_scenario, scenario_from_dict
+from racesim.sim import InputError
 
 NO_SUFFIX = {"suffix_hex": "0"}  # VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1
 

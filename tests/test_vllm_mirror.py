@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
-from engine_model import RunResult
+from racesim.engine_model import RunResult
 from racesim.runner import run_scenario
-from scenarios import load_scenario
+from racesim.scenarios import load_scenario
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_mirror"
 #: The lifecycle policy real vLLM has on each profile, with its options.

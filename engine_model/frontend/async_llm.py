@@ -1,7 +1,7 @@
 """AsyncLLM (vllm/v1/engine/async_llm.py): add_request, abort and the output handler loop.
 
 One instance per API-server process. The lifecycle policy decides the request ID the engine sees
-and the order of "drop frontend state" and "send ABORT" (engine_model.policies).
+and the order of "drop frontend state" and "send ABORT" (racesim.engine_model.policies).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from engine_model.config import FrontendConfig
-from engine_model.frontend.output_processor import OutputProcessor, ParentRequest
-from engine_model.frontend.outputs import RequestOutputCollector
-from engine_model.ipc import Channel
-from engine_model.messages import (
+from racesim.engine_model.config import FrontendConfig
+from racesim.engine_model.frontend.output_processor import OutputProcessor, ParentRequest
+from racesim.engine_model.frontend.outputs import RequestOutputCollector
+from racesim.engine_model.ipc import Channel
+from racesim.engine_model.messages import (
     AbortMessage,
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -24,11 +24,11 @@ from engine_model.messages import (
     FinishReason,
     KVTransferParams,
 )
-from engine_model.versions import VllmProfile
-from sim.world import World
+from racesim.engine_model.versions import VllmProfile
+from racesim.sim.world import World
 
 if TYPE_CHECKING:
-    from engine_model.policies import LifecyclePolicy
+    from racesim.engine_model.frontend.hooks import LifecycleHooks
 
 __all__ = ["AsyncLLM"]
 
@@ -39,7 +39,7 @@ class AsyncLLM:
     """One API server's engine client, bound to one engine."""
 
     def __init__(self, world: World, index: int, name: str, engine: int,
-                 policy: LifecyclePolicy, config: FrontendConfig,
+                 policy: LifecycleHooks, config: FrontendConfig,
                  next_inc: Callable[[], int], profile: VllmProfile) -> None:
         self.world = world
         self.index = index

@@ -12,13 +12,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine_model.frontend.outputs import CompletionOutput, RequestOutput, RequestOutputCollector
-from engine_model.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, Token
-from engine_model.versions import VllmProfile
-from sim.world import World
+from racesim.engine_model.frontend.outputs import (
+    CompletionOutput,
+    RequestOutput,
+    RequestOutputCollector,
+)
+from racesim.engine_model.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, Token
+from racesim.engine_model.versions import VllmProfile
+from racesim.sim.world import World
 
 if TYPE_CHECKING:
-    from engine_model.policies import LifecyclePolicy
+    from racesim.engine_model.frontend.hooks import LifecycleHooks
 
 __all__ = ["OutputProcessor", "RequestState", "ParentRequest", "AlreadyRunning"]
 
@@ -57,7 +61,7 @@ class RequestState:
 class OutputProcessor:
     """One API server's request states, keyed by internal request ID."""
 
-    def __init__(self, world: World, component: str, policy: LifecyclePolicy,
+    def __init__(self, world: World, component: str, policy: LifecycleHooks,
                  profile: VllmProfile) -> None:
         self.world = world
         self.component = component

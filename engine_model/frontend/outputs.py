@@ -7,7 +7,7 @@ from typing import Any
 
 import simpy
 
-from engine_model.messages import KVTransferParams, Token
+from racesim.engine_model.messages import KVTransferParams, Token
 
 __all__ = ["CompletionOutput", "RequestOutput", "RequestOutputCollector"]
 

@@ -1,0 +1,76 @@
+"""``racesim bench`` on the terminal: a :func:`racesim.bench.run_bench` document as rich
+tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["print_bench"]
+
+
+def print_bench(console: Any, doc: dict[str, Any]) -> None:
+    """Render a :func:`run_bench` document as rich tables on ``console``."""
+    from rich.table import Table
+
+    def mark(ok: bool) -> str:
+        return "[green]yes[/]" if ok else "[red]no[/]"
+
+    summary = Table(title="racesim bench" + (" (quick)" if doc.get("quick") else "")
+                    + f", {doc['build']}")
+    summary.add_column("figure")
+    summary.add_column("measured", justify="right")
+    summary.add_column("target", justify="right")
+    summary.add_column("met")
+    targets = doc["targets"]
+    rows = [
+        ("simpy_events_per_s", f"{doc['simpy_events_per_s']:,}", None),
+        ("model_events_per_s", f"{doc['model_events_per_s']:,}", None),
+        ("overhead_ratio", f"{doc['overhead_ratio']:g}", "overhead_ratio"),
+        ("schedules_per_s", f"{doc['schedules_per_s']:,}", "schedules_per_s"),
+        ("first bug, worst scenario's best runs", _fmt(targets["first_bug_best_runs"]["value"]),
+         "first_bug_best_runs"),
+        ("growth_exponent", f"{doc['scale']['growth_exponent']:g}", "growth_exponent"),
+        ("parallel_speedup", f"{doc['parallel_speedup']:g}", "parallel_speedup"),
+        ("  two processes' limit now (CPU burn)", f"{doc['parallel']['capacity']:g}", None),
+    ]
+    for label, value, key in rows:
+        if key is None:
+            summary.add_row(label, value, "", "")
+        else:
+            summary.add_row(label, value, targets[key]["target"], mark(targets[key]["met"]))
+    console.print(summary)
+
+    fb = Table(title="runs / seconds to the first violation under "
+                     f"{doc['first_bug_budget']['policy']} "
+                     f"(budget {doc['first_bug_budget']['runs']})")
+    fb.add_column("scenario")
+    strategies = list(next(iter(doc["first_bug"].values()), {}))
+    for s in strategies:
+        fb.add_column(s, justify="right")
+    for name, cells in doc["first_bug"].items():
+        fb.add_row(name, *(("-" if c["runs"] is None else f"{c['runs']} / {c['seconds']:.2f}s")
+                           for c in (cells[s] for s in strategies)))
+    console.print(fb)
+
+    sc = Table(title=f"scale: abort-storm-like load under {doc['scale']['policy']} "
+                     f"(growth exponent {doc['scale']['growth_exponent']:g})")
+    for col in ("requests", "seconds", "peak RSS MB", "run RSS MB", "KB/request", "events",
+                "simpy events"):
+        sc.add_column(col, justify="right")
+    for r in doc["scale"]["sizes"]:
+        sc.add_row(f"{r['requests']:,}", f"{r['seconds']:.2f}", f"{r['peak_rss_mb']:.1f}",
+                   f"{r['run_rss_mb']:.1f}", f"{r['run_kb_per_request']:.2f}", f"{r['events']:,}",
+                   f"{r['steps']:,}")
+    console.print(sc)
+    par = doc["parallel"]
+    console.print(f"timed figures: best of {doc['repeats']}. "
+                  f"parallel: {par['runs']} runs of {par['scenario']} in {par['workers_1_s']}s "
+                  f"(1 worker) vs {par['workers_2_s']}s (2 workers); same result: "
+                  f"{par['identical']}; two processes could gain at most {par['capacity']}x "
+                  f"(CPU burn). machine: {doc['machine']['cpus']} CPUs, Python "
+                  f"{doc['machine']['python']}, simpy {doc['machine']['simpy']}, load average "
+                  f"{doc['machine']['loadavg_1m']}; bench took {doc['elapsed_s']}s")
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v}"

@@ -1,0 +1,20 @@
+"""The record of one exploration run, shared by every exploration strategy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from racesim.sim import Decision
+
+__all__ = ["RunSummary"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """One exploration run. ``trace_hash`` is "" for runs made without hashing: their delays
+    are trace events, so the schedule alone tells two traces apart."""
+
+    run: int
+    trace_hash: str
+    violated: tuple[str, ...]
+    schedule: tuple[Decision, ...]

@@ -1,0 +1,38 @@
+"""The racesim command lines a report prints: the one command that reproduces what it shows.
+
+Reports and the CLI both print them, so they live here, below the app layer.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+
+from racesim.engine_model.policies import POLICIES
+from racesim.sim.points import Decision
+
+__all__ = ["replay_command", "run_command"]
+
+
+def replay_command(path: str, policy: str = "") -> str:
+    """The one command that replays a counterexample file (``--allow-import`` when its policy
+    is the user's own ``module:Class``: replay imports code only when asked to)."""
+    allow = " --allow-import" if policy and policy not in POLICIES else ""
+    return f"racesim replay {shlex.quote(path)}{allow}"
+
+
+def run_command(scenario: str, policy: str, options: Mapping[str, str], seed: int,
+                schedule: Sequence[Decision], skip: Iterable[str] = (),
+                vllm: str | None = None) -> str:
+    """The one ``racesim run`` command that reproduces a run (its schedule as exact delays)."""
+    words = ["racesim", "run", scenario, "-p", policy]
+    if vllm:
+        words += ["--vllm", vllm]
+    for k, v in options.items():
+        words += ["--policy-opt", f"{k}={v}"]
+    words += ["--seed", str(seed)]
+    for d in schedule:
+        words += ["--delay", f"{d.point}#{d.occurrence}={d.delay!r}"]
+    for s in skip:
+        words += ["--skip", s]
+    return " ".join(shlex.quote(w) for w in words)
