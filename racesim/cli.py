@@ -219,10 +219,10 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, strict
     scen = cx.scenario.with_vllm(vllm)
     result = run_scenario(scen, cx.policy, options=cx.options, seed=cx.seed,
                           schedule=cx.schedule, skip=cx.skip)
-    recorded = [v.get("invariant") for v in cx.violations]
-    if recorded and not set(recorded) & set(result.violated):
+    recorded = list(dict.fromkeys(str(v.get("invariant")) for v in cx.violations))
+    if recorded and set(recorded) != set(result.violated):
         click.echo(f"racesim: {counterexample} no longer reproduces on vLLM {result.vllm} "
-                   f"(recorded {', '.join(map(str, recorded))}; now "
+                   f"(recorded {', '.join(recorded)}; now "
                    f"{', '.join(result.violated) or 'nothing'})", err=True)
     elif not as_json and result.trace_hash != cx.trace_hash:
         click.echo(f"warning: trace hash {result.trace_hash} differs from the recorded "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from racesim.documents import read_counterexample
+from racesim.documents import Counterexample, read_counterexample, write_counterexample
 from racesim.engine_model import POINTS
 from racesim.engine_model.versions import PROFILES, WIDTHS, get_profile
 from racesim.explore import explore
@@ -145,3 +145,32 @@ def test_a_counterexample_without_a_profile_replays_on_08(tmp_path: Path) -> Non
     assert cx.vllm == "0.8"
     result = run_scenario(cx.scenario, cx.policy, schedule=cx.schedule)
     assert "unique-live-id" in result.violated  # the seed-era overwrite, not 0.33's assert
+
+
+def test_internal_id_on_033_has_no_live_race_in_the_abort_storm(tmp_path: Path) -> None:
+    """Issue 12's third "done when": vLLM 0.33 as shipped (random internal IDs), searched
+    only at points that are live or yield there, shows nothing beyond the stats gap."""
+    res = explore(load_scenario("abort-storm"), "internal-id", budget=300, workers=1,
+                  reach="live", skip=("metrics-exact",), out_dir=tmp_path)
+    assert res.runs == 300 and res.violating_runs == 0
+
+
+def test_replay_says_in_one_line_when_a_file_no_longer_reproduces(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    scen = load_scenario("abort-reuse").with_vllm("0.8")
+    result = run_scenario(scen, "abort-scope", witness=True)
+    assert result.violated == ("metrics-exact",)
+    cx = Counterexample(scen, "abort-scope", {}, 0, result.schedule, (),
+                        tuple(v.as_dict() for v in result.violations), result.trace_hash)
+    path = write_counterexample(tmp_path / "cx.json", cx)
+    same = subprocess.run([sys.executable, "-m", "racesim", "replay", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert same.returncode == 0 and "no longer reproduces" not in same.stderr
+    moved = subprocess.run([sys.executable, "-m", "racesim", "replay", str(path), "--vllm",
+                            "0.33", "--strict", "--json"],
+                           capture_output=True, text=True, timeout=120)
+    lines = moved.stderr.splitlines()
+    assert len(lines) == 1 and "no longer reproduces on vLLM 0.33" in lines[0], moved.stderr
+    assert json.loads(moved.stdout)["vllm"] == "0.33"
