@@ -159,6 +159,12 @@ class EngineCore:
                 if not progressed and not self.input_queue:
                     # Nothing could be scheduled (e.g. the pool is full of a waiting request's
                     # needs): the real loop spins; here we wait for the next input instead.
+                    if self.aborts_queue:
+                        if sched.has_requests() or self._batch_queue:
+                            # each spin's step() applies the eager copies (0.33 core.py:690)
+                            self._process_aborts_queue()
+                        elif self._idle_clears_aborts:
+                            self.aborts_queue.clear()  # 0.33 core.py:1650-1666, every idle pass
                     yield from self._idle_wait()
         except EngineFatal as exc:
             self._die(str(exc))
@@ -229,8 +235,7 @@ class EngineCore:
         sampled: dict[str, Token] = future.value or {}
         if self.aborts_queue:
             # vLLM #29987: aborts are also applied just before update_from_output.
-            while self.aborts_queue:
-                self._abort(self.aborts_queue.popleft(), "abort(eager)")
+            self._process_aborts_queue()
         ev = world.sleep("engine.step:update_from_output", 0.0, self._c_core)
         if ev is not None:
             yield ev
@@ -242,6 +247,10 @@ class EngineCore:
                 by_client.setdefault(client, []).append(output)
             self._send_outputs(by_client)
         return True
+
+    def _process_aborts_queue(self) -> None:
+        while self.aborts_queue:
+            self._abort(self.aborts_queue.popleft(), "abort(eager)")
 
     def _submit(self, out: SchedulerOutput, executes: bool) -> simpy.Event:
         """execute_model(non_block=True): _update_states now, the forward pass on the GPU queue

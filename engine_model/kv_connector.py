@@ -28,7 +28,7 @@ __all__ = ["ConnectorScheduler"]
 class ConnectorScheduler:
     __slots__ = ("world", "component", "engine_index", "kv", "hold_timeout", "reqs_need_send",
                  "finished_recving", "done_sending", "_start_read", "_lease", "_hb_interval",
-                 "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat",
+                 "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat", "_handshaken",
                  "_free_on_recv")
 
     def __init__(self, world: World, component: str, engine_index: int, kv: KVCacheManager,
@@ -45,8 +45,12 @@ class ConnectorScheduler:
         self.done_sending: dict[str, str] = {}          # P: IDs to release -> cause
         self._start_read = start_read
         self._lease = profile.pd_hold == "lease"
-        self._hb_interval = profile.heartbeat_interval
-        self._extension = profile.lease_extension
+        # Both follow the lease in use (nixl/base_scheduler.py:88, base_worker.py:631).
+        self._hb_interval = float(int(hold_timeout) // 6)
+        self._extension = float(int(hold_timeout) * 2 // 3)
+        #: P's engines a heartbeat has gone to: the first one to each only starts the NIXL
+        #: handshake and is not sent, but still takes the throttle slot (base_worker.py:3520-3532)
+        self._handshaken: dict[int, None] = {}
         #: D: local ID -> (P's engine, P's request ID), while the blocks are awaited.
         self._heartbeat: dict[str, tuple[int, str]] = {}
         # vLLM starts from 0.0 on a perf_counter clock, so the first heartbeat goes at once.
@@ -148,6 +152,9 @@ class ConnectorScheduler:
         for engine, remote_id in self._heartbeat.values():
             by_engine.setdefault(engine, []).append(remote_id)
         for engine in sorted(by_engine):
+            if engine not in self._handshaken:
+                self._handshaken[engine] = None
+                continue
             self._send_heartbeat(engine, by_engine[engine])
 
     def recv_done(self, request: Request) -> bool:

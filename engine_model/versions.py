@@ -67,11 +67,9 @@ class VllmProfile:
     #: how the prefill side holds a finished request's blocks for the decode side: "timeout"
     #: (a fixed TTL) or "lease" (a TTL renewed by the decode side's heartbeats).
     pd_hold: str
-    #: the default TTL (timeout) or lease duration in seconds, when a scenario does not set it.
+    #: the default TTL (timeout) or lease duration in seconds, when a scenario does not set it;
+    #: a lease is renewed by heartbeats every lease // 6 s, each extending it to 2/3 lease.
     hold_timeout: float
-    #: lease mode: seconds between heartbeats (lease // 6) and how far one extends (2/3 lease).
-    heartbeat_interval: float
-    lease_extension: float
     #: an aborted request still waiting for remote KV: "free-now", or "free-after-recv" (its
     #: blocks are freed when the read that writes them completes).
     remote_kv_abort: str
@@ -119,8 +117,6 @@ PROFILES: dict[str, VllmProfile] = {
         idle_clears_aborts=False,
         pd_hold="timeout",
         hold_timeout=480.0,
-        heartbeat_interval=0.0,
-        lease_extension=0.0,
         remote_kv_abort="free-now",
         widths=_WIDTHS,
         behaviours=(
@@ -147,14 +143,13 @@ PROFILES: dict[str, VllmProfile] = {
         idle_clears_aborts=True,
         pd_hold="lease",
         hold_timeout=30.0,
-        heartbeat_interval=5.0,
-        lease_extension=20.0,
         remote_kv_abort="free-after-recv",
         widths=_WIDTHS,
         behaviours=(
             Behaviour("Scheduler.add_request asserts 'duplicate request id' for an ID already in "
                       "requests (not a streaming session): AssertionError, the engine dies",
-                      "v1/core/sched/scheduler.py:2931-2936, v1/engine/core.py (ENGINE_DEAD)"),
+                      "v1/core/sched/scheduler.py:2931-2936, v1/engine/core.py:1582-1587 "
+                      "(ENGINE_DEAD; unless fault tolerance is enabled)"),
             Behaviour("OutputProcessor.add_request for an internal ID already present treats it "
                       "as a streaming update: the old stream ends with STREAM_FINISHED, the new "
                       "request is not registered, and AsyncLLM still sends its ADD",
@@ -162,14 +157,15 @@ PROFILES: dict[str, VllmProfile] = {
             Behaviour("an abort naming an unknown external ID does nothing",
                       "v1/engine/output_processor.py:627 (external_req_ids.pop(id, []))"),
             Behaviour("async scheduling is on by default (two batches in flight)",
-                      "#27614; config/vllm.py"),
+                      "#27614; config/vllm.py:1685-1719"),
             Behaviour("an ABORT goes to both aborts_queue (applied inside step(), before "
-                      "update_from_output) and input_queue; aborts_queue is cleared only when "
-                      "the engine goes idle", "v1/engine/core.py:690, 792, 824-831, 1650-1656, "
-                      "2030-2040 (#29987)"),
+                      "update_from_output) and input_queue; aborts_queue is cleared on every "
+                      "idle pass of the busy loop",
+                      "v1/engine/core.py:690, 792, 824-831, 1650-1666, 2030-2040 (#29987)"),
             Behaviour("P/D: the prefill side holds blocks on a 30 s lease; the decode side's "
-                      "scheduler sends heartbeats every lease//6 s while it waits for the "
-                      "blocks, each extending the lease to now + 2/3 lease",
+                      "scheduler sends heartbeats every lease//6 s from its add until the blocks "
+                      "arrive (the first one per prefill engine only starts the handshake), "
+                      "each extending the lease to now + 2/3 lease",
                       "kv_connector/v1/nixl/base_scheduler.py:82-88, 513-518; "
                       "nixl/base_worker.py:627-631, 3352-3399 (#41383)"),
             Behaviour("an aborted request still waiting for remote KV keeps its blocks until "

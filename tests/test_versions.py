@@ -174,3 +174,17 @@ def test_replay_says_in_one_line_when_a_file_no_longer_reproduces(tmp_path: Path
     lines = moved.stderr.splitlines()
     assert len(lines) == 1 and "no longer reproduces on vLLM 0.33" in lines[0], moved.stderr
     assert json.loads(moved.stdout)["vllm"] == "0.33"
+
+
+def test_an_idle_033_engine_drops_the_eager_copy_of_a_stale_abort() -> None:
+    """X finishes in the engine, but its last output is slow to reach the frontend, so the
+    client's abort at 0.5 s still sends an ABORT; the engine, idle by then, applies the
+    input-queue copy (a miss) and drops the aborts-queue copy on its next idle pass
+    (0.33 core.py:1650-1666). The new X sent at 2 s must run to the end."""
+    scen = scenario_from_dict({"name": "stale", "engine": {"vllm": "0.33"}, "request": [
+        {"id": "X", "at": 0.0, "prompt_tokens": 16, "max_tokens": 3, "abort_at": 0.5},
+        {"id": "X", "at": 2.0, "prompt_tokens": 16, "max_tokens": 3}]})
+    slow = [("ipc.output:transit", 2, 1.0)]
+    result = run_scenario(scen, "internal-id", options=NO_SUFFIX, delays=slow)
+    assert result.requests[1].finish_reason == "length"
+    assert "abort-precision" not in result.violated and "no-hang" not in result.violated
