@@ -66,7 +66,8 @@ def cli() -> None:
 def _vllm_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--vllm", type=click.Choice(list(PROFILES)), default=None,
                         help=f"vLLM release profile [default: the scenario's, else "
-                             f"{DEFAULT_VLLM}; see 'racesim list versions'].")(f)
+                             f"{DEFAULT_VLLM}; for list: the widths shown; see "
+                             f"'racesim list versions'].")(f)
 
 
 @cli.command("list")
@@ -138,7 +139,8 @@ def _run_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _strict(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--strict", is_flag=True,
-                        help="Exit 1 on accounting-only violations (metrics-exact) too.")(f)
+                        help="Count accounting-only violations (metrics-exact) as failures too "
+                             "(matrix: with --fail-on-race).")(f)
 
 
 def _outputs(f: Callable[..., Any]) -> Callable[..., Any]:

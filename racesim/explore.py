@@ -30,7 +30,7 @@ from racesim.engine_model.versions import get_profile, reach_of
 from racesim.parallel import executor, ordered_map
 from racesim.reports.verdict import verdict
 from racesim.run_summary import RunSummary
-from racesim.runner import run_scenario
+from racesim.runner import import_from_cwd, run_scenario
 from racesim.scenarios import Scenario
 from racesim.shrink import shrink
 from racesim.sim import Decision, InputError
@@ -133,7 +133,7 @@ class ExploreResult:
             "policy": self.policy,
             "policy_options": self.options,
             "vllm": self.scenario.vllm,
-            "reach": self.reach,
+            "search": self.reach,
             "strategy": self.strategy,
             "seed": self.seed,
             "runs": self.runs,
@@ -184,6 +184,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     if time_limit is not None and not time_limit > 0:
         raise InputError(f"--time-limit must be > 0 seconds, got {time_limit}")
     opts = dict(options or {})
+    import_from_cwd(policy)  # a module:Class in the current folder, as run and matrix find it
     policy_spec(policy)  # fail fast on an unknown policy, before any worker starts
     skip = tuple(sorted(check_invariant_names(tuple(skip))))
     started = time.monotonic()

@@ -73,8 +73,9 @@ def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget
     except PackageNotFoundError:  # a source tree that was never installed
         racesim_version = "unknown"
     result = MatrixResult([s.name for s in scenarios], list(policies), [], {
-        "budget": budget, "strategy": strategy, "seed": seed, "skip": sorted(skip),
-        "time_limit": time_limit, "racesim": racesim_version})
+        "vllm": sorted({s.vllm for s in scenarios}), "budget": budget, "strategy": strategy,
+        "seed": seed, "skip": sorted(skip), "time_limit": time_limit,
+        "racesim": racesim_version})
     total = len(scenarios) * len(policies)
     for scen in scenarios:
         for policy in policies:

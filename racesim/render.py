@@ -163,7 +163,7 @@ def _explore_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
         how = (f"shrunk from {cx['shrunk_from']} delays, {cx['requests']} request(s)"
                if cx.get("shrunk") else "NOT shrunk: interrupted before shrinking")
         rows.append(("counterexample", f"{sched}  [{how}]"))
-        if cx.get("reach"):
+        if cx.get("reach") and verdict(doc["invariants"]) == RACE:
             rows.append(("reach", "live race (vLLM as released)" if cx["reach"] == "live"
                          else "latent hazard (needs a delay where vLLM never yields)"))
     else:
@@ -177,7 +177,7 @@ def print_explore(console: Console, doc: dict[str, Any], after: RunResult | None
                   replay: str) -> None:
     """Summary of an exploration, then the shrunk counterexample's timeline."""
     t = Table(title=printable(f"explore {doc['scenario']} under {doc['policy']} "
-                              f"({doc['strategy']}, vLLM {doc['vllm']}, {doc['reach']} points)"),
+                              f"({doc['strategy']}, vLLM {doc['vllm']}, {doc['search']} points)"),
               title_justify="left", show_header=False)
     t.add_column("what", no_wrap=True)
     t.add_column("value", overflow="fold", ratio=1)

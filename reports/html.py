@@ -173,6 +173,9 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
         "scenario": scenario, "policy": policy, "options": dict(options), "result": result,
         "command": command, "violated": [(n, INVARIANTS.get(n, "")) for n in result.violated],
         "violations": violations, "first": first, "verdict": verdict(result.violated),
+        "vllm": result.vllm,
+        "reach": (result.reach().describe(result.vllm)
+                  if verdict(result.violated) == "race" else ""),
         "policy_summary": _policy_summary(policy),
         "first_what": violations[result.violations.index(first)]["what"] if first else "",
         "first_detail": model.relabel(first.detail) if first else "",
@@ -271,6 +274,7 @@ def render_matrix_report(doc: Mapping[str, Any],
             row.append(None if c is None else {
                 "runs": c.get("runs", 0), "violating": c.get("violating_runs", 0),
                 "invariants": invariants, "verdict": verdict(invariants),
+                "label": c.get("label") or verdict(invariants), "vllm": c.get("vllm"),
                 "error": c.get("error"), "safety": [i in SAFETY_INVARIANTS for i in invariants],
                 "href": _safe_href(links.get((s, p))), "cx": c.get("counterexample")})
         table.append((s, row))

@@ -77,7 +77,8 @@ def _assert_self_contained(html: str) -> None:
 def test_run_report_verdict_lanes_violation_schedule_and_command(abort_reuse: Any) -> None:
     _scen, result, command, html = abort_reuse
     _assert_self_contained(html)
-    assert "RACE" in html and "abort-reuse" in html and "buggy" in html
+    assert "LATENT HAZARD" in html and "abort-reuse" in html and "buggy" in html
+    assert "latent hazard: needs a delay at frontend.abort:after_pop" in html and "0.8" in html
     assert result.trace_hash in html and f"seed <span class=\"mono\">{result.seed}<" in html
     for name in result.violated:
         assert f'<span class="chip inv" title="{escape(INVARIANTS[name])}">{name}</span>' in html

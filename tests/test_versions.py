@@ -129,7 +129,7 @@ def test_explore_reach_live_delays_only_live_and_yield_points(tmp_path: Path) ->
     profile = get_profile("0.33")
     assert res.coverage and all(profile.width(p) != "latent" for p in res.coverage)
     doc = res.document()
-    assert doc["reach"] == "live" and doc["vllm"] == "0.33"
+    assert doc["search"] == "live" and doc["vllm"] == "0.33"
 
 
 def test_a_counterexample_without_a_profile_replays_on_08(tmp_path: Path) -> None:
