@@ -63,7 +63,7 @@ class EngineCore:
                                                 hold_timeout, self._start_kv_read, profile,
                                                 self._send_heartbeat)
             self.scheduler.connector = self.connector
-        # vLLM 0.33 core.py:1650-1656: an idle busy loop discards aborts_queue (every ABORT is
+        # vLLM 0.33 core.py:1650-1666: an idle busy loop discards aborts_queue (every ABORT is
         # also in input_queue).
         self._idle_clears_aborts = profile.idle_clears_aborts
         self.transfer_time = transfer_time
