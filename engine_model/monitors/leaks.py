@@ -1,7 +1,8 @@
 """no-leak: at the end, every live component's ID-keyed tables and blocks hold nothing stale.
 
-The audit reads no events: it asks each engine (scheduler, runner, KV manager) and each frontend
-(output processor) what it still holds, and judges each entry against the ground truth.
+The audit reads no events: it asks each component of each live engine (scheduler, runner, KV
+manager) and frontend (output processor) for the IDs it still holds (``live_ids``), and judges
+each against the ground truth.
 """
 
 from __future__ import annotations
@@ -45,39 +46,34 @@ class LeakAudit:
         truth = self.truth
         leaky = truth.leaky
         name = engine.name
-        sched = engine.scheduler
-        for rid, req in sched.requests.items():
-            if leaky(req.inc, now):
-                self._leak((name, "requests", rid), f"{name} Scheduler.requests", rid,
-                           req.inc, now)
-        for req in list(sched.waiting) + sched.running:
-            if leaky(req.inc, now):
-                self._leak((name, "queues", req.inc), f"{name} waiting/running", req.request_id,
-                           req.inc, now)
-        for rid, state in engine.runner.requests.items():
-            if leaky(state.inc, now):
-                self._leak((name, "runner", rid), f"{name} GPUModelRunner.requests", rid,
-                           state.inc, now)
+        for table, rid, inc in engine.scheduler.live_ids():
+            if leaky(inc, now):
+                if table == "requests":
+                    self._leak((name, "requests", rid), f"{name} Scheduler.requests", rid, inc,
+                               now)
+                else:
+                    self._leak((name, "queues", inc), f"{name} waiting/running", rid, inc, now)
+        for rid, inc in engine.runner.live_ids():
+            if leaky(inc, now):
+                self._leak((name, "runner", rid), f"{name} GPUModelRunner.requests", rid, inc,
+                           now)
         kv = engine.kv
-        for rid, blocks in kv.req_to_blocks.items():
-            owners = [kv.owner_of(b) for b in blocks]
+        for rid, owners in kv.live_ids():
             if all(leaky(o, now) for o in owners) and not any(
                     not leaky(i.inc, now) for i in truth.by_id.get((name, rid), ())):
                 self._leak((name, "req_to_blocks", rid), f"{name} req_to_blocks", rid,
                            owners[0] if owners else 0, now)
-        for b in range(kv.num_blocks):
-            o = kv.owner_of(b)
-            if o and leaky(o, now):
+        for b, o in kv.owned_blocks():
+            if leaky(o, now):
                 self._leak((name, "block", o), f"{name} block {b} (not free)",
                            truth.incs[o].rid if o in truth.incs else None, o, now)
 
     def _frontend(self, fe: AsyncLLM, now: float | int) -> None:
         op = fe.output_processor
-        for rid, fe_state in op.request_states.items():
-            if self.truth.leaky(fe_state.inc, now):
+        for rid, inc in op.live_ids():
+            if self.truth.leaky(inc, now):
                 self._leak((fe.name, "request_states", rid),
-                           f"{fe.name} OutputProcessor.request_states", rid, fe_state.inc, now)
-        for ext, ids in op.external_req_ids.items():
-            if not any(r in op.request_states or r in op.parent_requests for r in ids):
-                self._leak((fe.name, "external", ext),
-                           f"{fe.name} OutputProcessor.external_req_ids", ext, 0, now)
+                           f"{fe.name} OutputProcessor.request_states", rid, inc, now)
+        for ext in op.orphan_external_ids():
+            self._leak((fe.name, "external", ext),
+                       f"{fe.name} OutputProcessor.external_req_ids", ext, 0, now)
