@@ -37,6 +37,16 @@ class KVCacheManager:
     def owner_of(self, block: int) -> int:
         return self._owner[block]
 
+    def live_ids(self) -> list[tuple[str, list[int]]]:
+        """``(request ID, the owner of each of its blocks)`` for every ``req_to_blocks`` entry,
+        empty ones included (a lookup on a miss creates one)."""
+        owner = self._owner
+        return [(rid, [owner[b] for b in blocks]) for rid, blocks in self.req_to_blocks.items()]
+
+    def owned_blocks(self) -> list[tuple[int, int]]:
+        """``(block, owner incarnation)`` for every block not free, in block order."""
+        return [(b, o) for b, o in enumerate(self._owner) if o]
+
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
         """Make room for ``num_new_tokens`` more tokens; False when the pool is too small."""
         rid = request.request_id

@@ -43,6 +43,10 @@ class ModelRunner:
         # Async scheduling: the previous batch's sampled tokens, by request ID.
         self._prev_sampled: dict[str, Token] = {}
 
+    def live_ids(self) -> list[tuple[str, int]]:
+        """``(request ID, incarnation)`` for every cached request state still held."""
+        return [(rid, state.inc) for rid, state in self.requests.items()]
+
     def execute_model(self, out: SchedulerOutput) -> dict[str, Token]:
         """_update_states, then one forward pass: the token sampled for each request ID."""
         self._update_states(out)

@@ -162,6 +162,13 @@ class Scheduler:
     def has_requests(self) -> bool:
         return bool(self.waiting) or bool(self.running) or bool(self.finished_req_ids)
 
+    def live_ids(self) -> list[tuple[str, str, int]]:
+        """``(table, request ID, incarnation)`` for every request still held: ``requests``,
+        then ``queues`` (waiting, then running). Read by the checker's leak audit."""
+        held = [("requests", rid, req.inc) for rid, req in self.requests.items()]
+        held += [("queues", req.request_id, req.inc) for req in list(self.waiting) + self.running]
+        return held
+
     # -- freeing --------------------------------------------------------------------------------
 
     def _free_request(self, request: Request) -> KVTransferParams | None:

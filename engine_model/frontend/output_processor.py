@@ -105,6 +105,15 @@ class OutputProcessor:
             self._deliver(state, [], FinishReason.STREAM_FINISHED)
         self._pop(state, "stream-finished")
 
+    def live_ids(self) -> list[tuple[str, int]]:
+        """``(request ID, incarnation)`` for every request state still held."""
+        return [(rid, state.inc) for rid, state in self.request_states.items()]
+
+    def orphan_external_ids(self) -> list[str]:
+        """The external IDs still mapped whose internal IDs are all gone."""
+        return [ext for ext, ids in self.external_req_ids.items()
+                if not any(r in self.request_states or r in self.parent_requests for r in ids)]
+
     def note_unregistered(self, request: EngineCoreRequest, client_uid: int, index: int) -> None:
         """Ground truth for the checker: a request whose ADD goes out but that this frontend
         never registered (see :meth:`finish_stream`)."""

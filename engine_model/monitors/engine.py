@@ -1,0 +1,27 @@
+"""engine-alive: no engine reached a fatal error."""
+
+from __future__ import annotations
+
+from racesim.engine_model.monitors.truth import GroundTruth, Handler, Reporter
+from racesim.sim.trace import TraceEvent
+
+__all__ = ["EngineAlive"]
+
+
+class EngineAlive:
+    """Reports each engine's fatal error, and remembers which engines died of what."""
+
+    def __init__(self, truth: GroundTruth, report: Reporter) -> None:
+        self.truth = truth
+        self.report = report
+        self.dead: dict[str, str] = {}
+
+    def handlers(self) -> list[tuple[str, Handler]]:
+        return [("engine.fatal", self.engine_fatal)]
+
+    def engine_fatal(self, ev: TraceEvent) -> None:
+        engine = self.truth.engine_of(ev.component)
+        self.dead[engine] = ev.detail["error"]
+        self.report.violate("engine-alive", engine, ev, None,
+                            f"{engine} died: {ev.detail['error']} (EngineDeadError for every "
+                            f"request on it)")

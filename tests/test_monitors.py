@@ -1,0 +1,45 @@
+"""The checker as a dispatcher over monitors: which kinds it subscribes to, that an unread kind
+never reaches it, and that two monitors reading one event report in a fixed order."""
+
+from __future__ import annotations
+
+from racesim.engine_model.checker import Checker
+from racesim.sim.world import World
+
+#: Every kind some monitor reads; the recorder builds no other event in an exploration run.
+READ = {
+    "fe.add", "fe.pop", "fe.stats", "fe.abort_issue", "ipc.send", "sched.add", "sched.finish",
+    "sched.abort_miss", "sched.step", "sched.update", "kv.alloc", "kv.free", "pd.hold",
+    "pd.notice", "pd.release", "pd.read", "client.send", "client.output", "client.done",
+    "engine.fatal",
+}
+
+
+def _world() -> World:
+    return World(0, retain_trace=False, hash_trace=False)
+
+
+def test_the_checker_subscribes_to_exactly_the_kinds_its_monitors_read() -> None:
+    world = _world()
+    assert Checker(world).kinds() == READ
+    assert not world.trace.reads("pd.kv:read") and world.trace.reads("sched.step")
+
+
+def test_an_unread_kind_never_reaches_the_monitors() -> None:
+    world = _world()
+    checker = Checker(world)
+    world.record("E0.scheduler", "no.such.kind", "X", 1, anything=object())
+    assert checker.finish() == ()
+
+
+def test_one_event_read_by_two_monitors_reports_in_monitor_order() -> None:
+    # A decode incarnation reads blocks the prefill it names does not own, and the prefill
+    # belongs to another client: kv-ownership (KV monitor) comes before no-crosstalk (client).
+    world = _world()
+    checker = Checker(world)
+    world.record("api0", "fe.add", "X", 1, uid=1, index=0)
+    world.record("api0", "fe.add", "X", 2, uid=2, index=0)
+    world.record("E1.connector", "pd.read", "X", 1, remote_engine=0, remote_inc=2,
+                 remote_blocks=[0])
+    assert [v.invariant for v in checker.violations] == ["kv-ownership", "no-crosstalk"]
+    assert [v.event for v in checker.violations] == [2, 2]
