@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 
+from racesim.cli_options import explore_options as _explore_options
+from racesim.cli_options import output_options as _outputs
+from racesim.cli_options import run_options as _run_options
+from racesim.cli_options import strict_option as _strict
+from racesim.cli_options import vllm_option as _vllm_option
 from racesim.cli_support import BUDGET as _BUDGET
 from racesim.cli_support import check_workers as _check_workers
 from racesim.cli_support import console as _console
@@ -39,7 +44,6 @@ from racesim.runner import (
 )
 from racesim.scenarios import bundled_names, load_scenario
 from racesim.sim import InputError, build_info
-from racesim.sim.strategies import STRATEGIES
 
 __all__ = ["main", "cli"]
 
@@ -62,13 +66,6 @@ def cli() -> None:
 
 
 # -- list ---------------------------------------------------------------------------------------
-
-def _vllm_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--vllm", type=click.Choice(list(PROFILES)), default=None,
-                        help=f"vLLM release profile [default: the scenario's, else "
-                             f"{DEFAULT_VLLM}; for list: the widths shown; see "
-                             f"'racesim list versions'].")(f)
-
 
 @cli.command("list")
 @click.argument("what", required=False,
@@ -124,33 +121,6 @@ def show_cmd(scenario: str) -> None:
 
 
 # -- run ----------------------------------------------------------------------------------------
-
-def _run_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--skip", multiple=True, metavar="INVARIANT",
-                     help="Leave an invariant unchecked (repeatable).")(f)
-    f = _strict(f)
-    f = click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")(f)
-    f = click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
-                     help="A policy option (repeatable).")(f)
-    f = click.option("-p", "--policy", default="buggy", show_default=True,
-                     help="Policy name or package.module:ClassName.")(f)
-    return f
-
-
-def _strict(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--strict", is_flag=True,
-                        help="Count accounting-only violations (metrics-exact) as failures too "
-                             "(matrix: with --fail-on-race).")(f)
-
-
-def _outputs(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--trace", "trace_file", type=click.Path(dir_okay=False),
-                     help="Write Chrome trace-event JSON (opens in Perfetto).")(f)
-    f = click.option("--html", "html_file", type=click.Path(dir_okay=False),
-                     help="Write a self-contained HTML race report.")(f)
-    f = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")(f)
-    return f
-
 
 @cli.command("run")
 @click.argument("scenario")
@@ -235,26 +205,6 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, strict
 
 
 # -- explore / matrix ---------------------------------------------------------------------------
-
-def _explore_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--out", "out_dir", type=click.Path(file_okay=False),
-                     default="racesim-out", show_default=True,
-                     help="Where counterexample files are written.")(f)
-    f = click.option("--dask", default=None, metavar="ADDRESS",
-                     help="Run on a Dask cluster (pip install 'racesim[dask]').")(f)
-    f = click.option("--workers", type=int, default=None,
-                     help="Worker processes [default: all cores].")(f)
-    f = click.option("--seed", type=int, default=0, show_default=True, help="Base seed.")(f)
-    f = click.option("--strategy", type=click.Choice(list(STRATEGIES)), default="random",
-                     show_default=True,
-                     help="How delays are chosen (hypothesis runs in this process).")(f)
-    f = click.option("--skip", multiple=True, metavar="INVARIANT",
-                     help="Leave an invariant unchecked (repeatable).")(f)
-    f = click.option("--time-limit", type=float, default=None,
-                     help="Stop exploring (each cell, in matrix) after this many seconds "
-                          "(shrinking is bounded by runs).")(f)
-    return _strict(f)
-
 
 @cli.command("explore")
 @click.argument("scenario")

@@ -1,0 +1,67 @@
+"""The click options several racesim commands share, declared once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES
+from racesim.sim.strategies import STRATEGIES
+
+__all__ = ["vllm_option", "run_options", "strict_option", "output_options", "explore_options"]
+
+
+def vllm_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--vllm", type=click.Choice(list(PROFILES)), default=None,
+                        help=f"vLLM release profile [default: the scenario's, else "
+                             f"{DEFAULT_VLLM}; for list: the widths shown; see "
+                             f"'racesim list versions'].")(f)
+
+
+def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--skip", multiple=True, metavar="INVARIANT",
+                     help="Leave an invariant unchecked (repeatable).")(f)
+    f = strict_option(f)
+    f = click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")(f)
+    f = click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
+                     help="A policy option (repeatable).")(f)
+    f = click.option("-p", "--policy", default="buggy", show_default=True,
+                     help="Policy name or package.module:ClassName.")(f)
+    return f
+
+
+def strict_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--strict", is_flag=True,
+                        help="Count accounting-only violations (metrics-exact) as failures too "
+                             "(matrix: with --fail-on-race).")(f)
+
+
+def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--trace", "trace_file", type=click.Path(dir_okay=False),
+                     help="Write Chrome trace-event JSON (opens in Perfetto).")(f)
+    f = click.option("--html", "html_file", type=click.Path(dir_okay=False),
+                     help="Write a self-contained HTML race report.")(f)
+    f = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")(f)
+    return f
+
+
+def explore_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--out", "out_dir", type=click.Path(file_okay=False),
+                     default="racesim-out", show_default=True,
+                     help="Where counterexample files are written.")(f)
+    f = click.option("--dask", default=None, metavar="ADDRESS",
+                     help="Run on a Dask cluster (pip install 'racesim[dask]').")(f)
+    f = click.option("--workers", type=int, default=None,
+                     help="Worker processes [default: all cores].")(f)
+    f = click.option("--seed", type=int, default=0, show_default=True, help="Base seed.")(f)
+    f = click.option("--strategy", type=click.Choice(list(STRATEGIES)), default="random",
+                     show_default=True,
+                     help="How delays are chosen (hypothesis runs in this process).")(f)
+    f = click.option("--skip", multiple=True, metavar="INVARIANT",
+                     help="Leave an invariant unchecked (repeatable).")(f)
+    f = click.option("--time-limit", type=float, default=None,
+                     help="Stop exploring (each cell, in matrix) after this many seconds "
+                          "(shrinking is bounded by runs).")(f)
+    return strict_option(f)
