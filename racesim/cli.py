@@ -55,7 +55,9 @@ def cli() -> None:
     """Deterministic race-condition simulator for vLLM V1 request lifecycles.
 
     Replays, explores and shrinks request-ID races (vLLM #15326, #29355, #20139, #27711)
-    against lifecycle policies, checks invariants, and writes HTML race reports.
+    against lifecycle policies on a vLLM release profile (--vllm, default 0.33), checks
+    invariants, labels each race live (reachable in vLLM as released) or latent (needs a delay
+    where that release never yields), and writes HTML race reports.
 
     \b
     Exit status: 0 no race (an accounting-only violation such as metrics-exact is a warning;
