@@ -3,7 +3,7 @@
 The input thread preprocesses each message and queues it; the busy loop applies queued inputs
 only between steps, then steps: schedule -> execute -> update_from_output -> send outputs. With
 ``async_scheduling`` the batch queue holds two steps, so step N+1 is scheduled before step N's
-output is applied (``step_with_batch_queue``, VLLM_LIFECYCLE §3 and §7).
+output is applied (``step_with_batch_queue`` in vllm/v1/engine/core.py).
 """
 
 from __future__ import annotations

@@ -45,6 +45,8 @@ def check_invariant_names(names: list[str] | tuple[str, ...]) -> frozenset[str]:
 
 @dataclass(frozen=True, slots=True)
 class Violation:
+    """One invariant violation and the first event that broke it."""
+
     invariant: str
     time: float
     request: str | None

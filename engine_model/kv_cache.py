@@ -2,7 +2,7 @@
 
 Because the table is keyed by the request-ID string (a defaultdict, as in vLLM), a second
 incarnation under a live ID extends the first one's block list, and freeing "the request" frees
-whatever list the ID holds now (vLLM #15326, §1 of VLLM_LIFECYCLE).
+whatever list the ID holds now (vLLM #15326).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ __all__ = ["KVCacheManager"]
 
 
 class KVCacheManager:
+    """A fixed block pool with ``req_to_blocks`` keyed by request ID, as vLLM's."""
+
     __slots__ = ("world", "component", "block_size", "num_blocks", "free_queue", "req_to_blocks",
                  "num_cached_block", "_owner")
 

@@ -1,4 +1,4 @@
-"""NixlConnector's lifecycle, scheduler side, for P/D disaggregation (VLLM_LIFECYCLE §4).
+"""NixlConnector's lifecycle, scheduler side, for P/D disaggregation (vLLM #20139, #25067).
 
 Prefill (P): a ``do_remote_decode`` request that finishes LENGTH_CAPPED keeps its blocks and its
 ``Scheduler.requests`` entry until the decode side's notice or the hold's end
@@ -26,6 +26,8 @@ __all__ = ["ConnectorScheduler"]
 
 
 class ConnectorScheduler:
+    """The NIXL connector's scheduler side, for one engine (prefill or decode)."""
+
     __slots__ = ("world", "component", "engine_index", "kv", "hold_timeout", "reqs_need_send",
                  "finished_recving", "done_sending", "_start_read", "_lease", "_hb_interval",
                  "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat", "_handshaken",
@@ -83,7 +85,7 @@ class ConnectorScheduler:
 
         NIXL's worker looks the ID up in ``_reqs_to_send`` and ``_reqs_to_process``; a notice
         for neither (say, its hold timed out) is logged as "Potentially invalid KV blocks for
-        unrecognized request" and dropped, and the prefill engine lives on (VLLM_LIFECYCLE §4).
+        unrecognized request" and dropped, and the prefill engine lives on.
         """
         return request_id in self.reqs_need_send or (
             request is not None and request.do_remote_decode)

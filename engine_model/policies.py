@@ -100,12 +100,16 @@ class LifecyclePolicy:
 
 
 class Buggy(LifecyclePolicy):
+    """vLLM before PR #15326: pop the frontend state, then send the ABORT."""
+
     name = "buggy"
     summary = "abort pops frontend state, then awaits the ABORT send; IDs used as given"
     source = "vLLM before PR #15326"
 
 
 class AbortScope(LifecyclePolicy):
+    """PR #15326: send the ABORT first, drop the frontend state after."""
+
     name = "abort-scope"
     summary = ("send ABORT first, drop frontend state after; frontend visibility always covers "
                "the engine's")
@@ -122,6 +126,8 @@ class AbortScope(LifecyclePolicy):
 
 
 class EngineFinal(LifecyclePolicy):
+    """The engine answers every ABORT with a final output; the frontend drops state then."""
+
     name = "engine-final"
     summary = ("the engine answers every ABORT with a final 'abort' output; the frontend drops "
                "state only then, and counts the abort in stats")
@@ -138,6 +144,8 @@ class EngineFinal(LifecyclePolicy):
 
 
 class InternalId(LifecyclePolicy):
+    """PR #27987: a random suffix makes every internal request ID unique."""
+
     name = "internal-id"
     summary = ("internal ID = external + '-' + random hex suffix; abort by external ID aborts "
                "all its internal IDs")

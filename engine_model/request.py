@@ -10,6 +10,8 @@ __all__ = ["Request", "RequestStatus"]
 
 
 class RequestStatus:
+    """vLLM's RequestStatus values, and the finish reason each finished one reports."""
+
     WAITING: Final = "WAITING"
     WAITING_FOR_REMOTE_KVS: Final = "WAITING_FOR_REMOTE_KVS"
     RUNNING: Final = "RUNNING"

@@ -2,7 +2,7 @@
 
 The runner keeps its own ``requests`` dict keyed by ID. ``_update_states`` removes the finished
 IDs, adds the new requests, then looks up every cached one unchecked: a missing ID is the
-KeyError that kills EngineCore (VLLM_LIFECYCLE §1 damage (d)). Under async scheduling the
+KeyError that kills EngineCore (``_update_states``, vLLM #15326). Under async scheduling the
 sampled tokens of step N are fed into step N+1 by ID match (``prev_req_id_to_index``), so a new
 request that reuses an ID can be fed the old one's token (§3).
 """
@@ -20,6 +20,8 @@ _new_tuple = tuple.__new__
 
 
 class CachedRequestState:
+    """The model runner's per-request state (``self.requests[id]`` in vLLM)."""
+
     __slots__ = ("req_id", "inc", "prompt_tokens", "eos_at", "num_computed_tokens", "num_output")
 
     def __init__(self, req_id: str, inc: int, prompt_tokens: int, eos_at: int | None,
@@ -33,6 +35,8 @@ class CachedRequestState:
 
 
 class ModelRunner:
+    """The GPU model runner: its own per-ID state and, in async mode, the token carry-over."""
+
     __slots__ = ("world", "component", "requests", "async_scheduling", "_prev_sampled")
 
     def __init__(self, world: World, component: str, async_scheduling: bool) -> None:

@@ -26,6 +26,8 @@ __all__ = ["Scheduler", "SchedulerOutput", "NewRequestData"]
 
 
 class NewRequestData:
+    """A newly scheduled request, as SchedulerOutput ships it to the runner."""
+
     __slots__ = ("req_id", "inc", "prompt_tokens", "eos_at", "num_computed_tokens")
 
     def __init__(self, req_id: str, inc: int, prompt_tokens: int, eos_at: int | None,
@@ -73,6 +75,8 @@ class SchedulerOutput:
 
 
 class Scheduler:
+    """vLLM's Scheduler: requests by ID, waiting and running queues, the KV manager."""
+
     __slots__ = ("world", "component", "config", "kv", "requests", "waiting", "running",
                  "finished_req_ids", "connector", "_step", "_async", "_assert_duplicate",
                  "_free_after_recv")

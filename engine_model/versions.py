@@ -4,7 +4,7 @@ await point in it.
 A profile is orthogonal to the lifecycle policy: the policy is the lifecycle code under test,
 the profile is the release it runs on (DESIGN "vLLM versions, point widths, reach, and
 backends"). Each behaviour a profile changes names the vLLM file or PR it follows; the facts are
-in VLLM_LIFECYCLE.md (§7 and §10 for 0.33.0, whose wheel was read for every line cited here).
+in the vLLM sources each line names (the 0.33.0 wheel was read for every 0.33 line).
 
 Width of an await point:
 
@@ -102,7 +102,7 @@ _WIDTH_SOURCES = Behaviour(
     "frontend.output_handler:before_abort_send are latent: the ADD/ABORT send is an eager pyzmq "
     "send (ROUTER, SNDHWM=0) whose awaited future is already done",
     "0.33 v1/engine/core_client.py:1281-1300 (AsyncMPClient._send_input_message), "
-    "utils/network_utils.py:376 (SNDHWM=0); VLLM_LIFECYCLE §7")
+    "utils/network_utils.py:376 (SNDHWM=0)")
 
 PROFILES: dict[str, VllmProfile] = {
     "0.8": VllmProfile(

@@ -72,6 +72,8 @@ def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:
 
 @dataclass
 class ExploreResult:
+    """What one exploration found: counts, coverage, and its (shrunk) counterexample."""
+
     scenario: Scenario
     policy: str
     options: dict[str, str]

@@ -18,6 +18,8 @@ __all__ = ["MatrixResult", "run_matrix"]
 
 @dataclass
 class MatrixResult:
+    """Every cell of one matrix run, with the parameters it ran with."""
+
     scenarios: list[str]
     policies: list[str]
     cells: list[ExploreResult]

@@ -22,6 +22,8 @@ __all__ = ["ShrinkResult", "shrink"]
 
 @dataclass(frozen=True, slots=True)
 class ShrinkResult:
+    """The smallest failing scenario and schedule a shrink found."""
+
     scenario: Scenario
     schedule: tuple[Decision, ...]
     runs: int

@@ -15,6 +15,8 @@ _ENGINE_PARTS = ("input", "core", "scheduler", "kv", "runner", "connector")
 
 @dataclass(slots=True)
 class LaneBox:
+    """One lane's box in a swimlane diagram."""
+
     key: str
     title: str
     group_title: str

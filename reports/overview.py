@@ -22,6 +22,8 @@ _LEFT, _LANE_H, _TOP, _BUCKETS, _PLOT_W = 180, 13, 22, 96, 1060
 
 @dataclass(slots=True)
 class Overview:
+    """The whole-run overview strip above the swimlane diagrams."""
+
     width: float
     height: float
     left: float

@@ -41,6 +41,8 @@ def clip(text: str, n: int) -> str:
 
 @dataclass(slots=True)
 class Row:
+    """One row of a swimlane diagram: an event, a fold of events, or the end of the run."""
+
     kind: str  # "event", "gap" (folded events) or "end" (end-of-run checks)
     y: float
     h: float
@@ -65,6 +67,8 @@ class Row:
 
 @dataclass(slots=True)
 class Arrow:
+    """A message drawn from one lane to another."""
+
     x1: float
     y1: float
     x2: float
@@ -78,6 +82,8 @@ class Arrow:
 
 @dataclass(slots=True)
 class Bar:
+    """A shaded span on a lane (a delay, or a race window)."""
+
     x: float
     y1: float
     y2: float
@@ -88,6 +94,8 @@ class Bar:
 
 @dataclass(slots=True)
 class Diagram:
+    """One laid-out swimlane diagram, ready for the template."""
+
     title: str
     width: float
     height: float

@@ -46,6 +46,8 @@ class StrategyConfig:
 
 
 class Strategy:
+    """How one exploration chooses delays: one decider per run number."""
+
     name = "none"
 
     def __init__(self, config: StrategyConfig) -> None:

@@ -33,7 +33,7 @@ class World:
         # simpy's clock starts at the int 0 and becomes a float with the first float timeout.
         # The clock is read as "float | int" wherever it reaches a trace or a verdict, so that
         # a compiled build (where a float-typed value is a C double) records 0 exactly as the
-        # source build does, and as every earlier racesim did.
+        # source build does (and as the pinned trace hashes expect).
         self.env = simpy.Environment()
         self.rng = RngStreams(seed)
         self.plan = plan if plan is not None else DelayPlan()

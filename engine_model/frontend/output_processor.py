@@ -44,6 +44,8 @@ class ParentRequest:
 
 @dataclass(slots=True)
 class RequestState:
+    """One request's frontend state (ground-truth fields are for the checker only)."""
+
     request_id: str
     external_req_id: str
     index: int
@@ -148,7 +150,8 @@ class OutputProcessor:
     def abort_requests(self, request_ids: Sequence[str]) -> list[str]:
         """Pop the states and give each client its final "abort" output (vLLM #22283).
 
-        Aborts initiated here never reach the finished-request stats (VLLM_LIFECYCLE §8).
+        Aborts initiated here never reach the finished-request stats (vLLM's
+        ``_update_stats_from_finished`` runs only for engine-reported finishes).
         """
         popped = []
         for rid in request_ids:

@@ -13,6 +13,8 @@ __all__ = ["CompletionOutput", "RequestOutput", "RequestOutputCollector"]
 
 
 class CompletionOutput:
+    """One sample's tokens and finish reason within a RequestOutput."""
+
     __slots__ = ("index", "tokens", "finish_reason")
 
     def __init__(self, index: int, tokens: list[Token] | None = None,
