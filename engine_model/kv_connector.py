@@ -142,12 +142,11 @@ class ConnectorScheduler:
 
     def build_meta(self) -> None:
         """Each schedule(): send the heartbeats that are due, throttled to one per interval."""
-        if not self._heartbeat or self._send_heartbeat is None:
-            return
+        due, send = self.next_heartbeat(), self._send_heartbeat
         now = self.world.now
-        # The loop wakes at last + interval computed as now + (due - now), which floating
-        # point may land a hair short of: within a nanosecond counts as due.
-        if now < self._last_heartbeat + self._hb_interval - 1e-9:
+        # The loop wakes at ``due`` computed as now + (due - now), which floating point may
+        # land a hair short of: within a nanosecond counts as due.
+        if due is None or send is None or now < due - 1e-9:
             return
         self._last_heartbeat = now
         by_engine: dict[int, list[str]] = {}
@@ -157,7 +156,7 @@ class ConnectorScheduler:
             if engine not in self._handshaken:
                 self._handshaken[engine] = None
                 continue
-            self._send_heartbeat(engine, by_engine[engine])
+            send(engine, by_engine[engine])
 
     def recv_done(self, request: Request) -> bool:
         """Whether the read into ``request``'s blocks has completed (and forget that it has)."""
