@@ -33,7 +33,7 @@ class Gateway(Protocol):
     def add_request(self, request_id: str, *, client_uid: int, prompt_tokens: int,
                     max_tokens: int, n: int = 1, eos_at: int | None = None,
                     stop_string_at: int | None = None,
-                    kv_transfer_params: KVTransferParams | None = None,
+                    kv_transfer_params: KVTransferParams | None = None, prompt: str = "",
                     ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]: ...
 
     def abort(self, request_id: str, internal: bool = False) -> Proc: ...
@@ -90,12 +90,17 @@ class Client:
         ev = world.sleep("client.send", 0.0, self.name)
         if ev is not None:
             yield ev
+        # a named prompt rides on the event (the checker compares shared blocks' prompts); an
+        # unnamed one adds nothing, so traces without shared prompts keep their shape
+        named = {} if spec.prompt is None else {"prompt": spec.prompt}
         world.record(self.name, "client.send", spec.id, 0, uid=self.uid, frontend=spec.frontend,
-                     n=spec.n, prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens)
+                     n=spec.n, prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens,
+                     **named)
         result = yield from self.gateway.add_request(
             spec.id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
             max_tokens=spec.max_tokens, n=spec.n, eos_at=spec.eos_at,
-            stop_string_at=spec.stop_string_at)
+            stop_string_at=spec.stop_string_at,
+            prompt=spec.prompt if spec.prompt is not None else f"#{self.uid}")
         if isinstance(result, str):
             self._terminate(result)
             return
@@ -153,17 +158,17 @@ class Proxy:
     def add_request(self, request_id: str, *, client_uid: int, prompt_tokens: int,
                     max_tokens: int, n: int = 1, eos_at: int | None = None,
                     stop_string_at: int | None = None,
-                    kv_transfer_params: KVTransferParams | None = None,
+                    kv_transfer_params: KVTransferParams | None = None, prompt: str = "",
                     ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]:
         collector = RequestOutputCollector(self.world.env, request_id)
         self.world.env.process(self._run(collector, request_id, client_uid, prompt_tokens,
-                                         max_tokens, n, eos_at, stop_string_at))
+                                         max_tokens, n, eos_at, stop_string_at, prompt))
         return collector
         yield  # a generator, like AsyncLLM.add_request
 
     def _run(self, collector: RequestOutputCollector, request_id: str, client_uid: int,
              prompt_tokens: int, max_tokens: int, n: int, eos_at: int | None,
-             stop_string_at: int | None) -> Proc:
+             stop_string_at: int | None, prompt: str) -> Proc:
         world = self.world
         rid = request_id
         if self.config.proxy_ids == "uuid":
@@ -172,7 +177,7 @@ class Proxy:
         self._stage, self._stage_id = self.prefill, rid
         got = yield from self.prefill.add_request(
             rid, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=1, n=1,
-            kv_transfer_params=KVTransferParams(do_remote_decode=True))
+            kv_transfer_params=KVTransferParams(do_remote_decode=True), prompt=prompt)
         if isinstance(got, str):
             self._refused(collector, request_id, got)
             return
@@ -199,7 +204,8 @@ class Proxy:
                                     remote_inc=params.remote_inc)
         got = yield from self.decode.add_request(
             rid, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=max_tokens, n=n,
-            eos_at=eos_at, stop_string_at=stop_string_at, kv_transfer_params=d_params)
+            eos_at=eos_at, stop_string_at=stop_string_at, kv_transfer_params=d_params,
+            prompt=prompt)
         if isinstance(got, str):
             self._refused(collector, request_id, got)
             return

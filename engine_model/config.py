@@ -42,6 +42,10 @@ class EngineConfig:
     preprocess_time: float = 0.0
     #: the vLLM release whose engine semantics the run follows (None: the default profile).
     vllm: str | None = None
+    #: ``enable_prefix_caching``: full blocks are hashed from their tokens, shared by
+    #: reference count, and kept (evictable) after their owners free them. None: the profile's
+    #: default.
+    prefix_caching: bool | None = None
 
     def __post_init__(self) -> None:
         _float_times(self, "step_time", "preprocess_time")
@@ -87,7 +91,9 @@ class RequestSpec:
     Times (``at``, ``abort_at``) are absolute simulated seconds; ``eos_at`` is the generated
     token count at which the model samples EOS; ``stop_string_at`` the count after which the
     frontend's detokenizer matches a stop string; ``disconnect_after_tokens`` makes the client
-    go away after receiving that many tokens.
+    go away after receiving that many tokens. ``prompt`` names the prompt's text: requests that
+    name the same prompt have the same tokens in their first ``min(prompt_tokens)`` positions (so
+    prefix caching can share those blocks); unnamed, a request's prompt is its own.
     """
 
     id: str
@@ -100,6 +106,7 @@ class RequestSpec:
     disconnect_after_tokens: int | None = None
     n: int = 1
     frontend: int = 0
+    prompt: str | None = None
 
     def __post_init__(self) -> None:
         _float_times(self, "at", "abort_at")

@@ -54,7 +54,8 @@ class EngineCore:
         self.name = name
         self.config = config
         self.policy = policy
-        self.kv = KVCacheManager(world, f"{name}.kv", config.num_blocks, config.block_size)
+        self.kv = KVCacheManager(world, f"{name}.kv", config.num_blocks, config.block_size,
+                                 bool(config.prefix_caching), profile.free_order)
         self.scheduler = Scheduler(world, f"{name}.scheduler", config, self.kv, profile)
         self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling))
         self.connector: ConnectorScheduler | None = None

@@ -3,25 +3,37 @@
 Because the table is keyed by the request-ID string (a defaultdict, as in vLLM), a second
 incarnation under a live ID extends the first one's block list, and freeing "the request" frees
 whatever list the ID holds now (vLLM #15326).
+
+With prefix caching (vLLM 0.33 ``kv_cache_manager.py``, ``block_pool.py``,
+``single_type_kv_cache_manager.py``) full blocks get a hash when they are allocated, a waiting
+request's first schedule looks its prompt up and shares the blocks it hits (a reference count per
+block), and a freed hashed block stays findable in the free queue until it is reused. Without
+prefix caching, on a profile that appends freed blocks, the pool is the plain free list the seed
+modelled: that path is kept as it was, so its traces and its cost do not change.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict, deque
 
-from racesim.engine_model.request import Request
+from racesim.engine_model.fatal import EngineFatal
+from racesim.engine_model.request import BlockHash, Request
 from racesim.sim.world import World
 
 __all__ = ["KVCacheManager"]
+
+_NO_BLOCKS: list[int] = []
 
 
 class KVCacheManager:
     """A fixed block pool with ``req_to_blocks`` keyed by request ID, as vLLM's."""
 
     __slots__ = ("world", "component", "block_size", "num_blocks", "free_queue", "req_to_blocks",
-                 "num_cached_block", "_owner")
+                 "num_cached_block", "_owner", "caching", "_counted", "_lifo", "_ref", "_hash",
+                 "cached", "_sharers")
 
-    def __init__(self, world: World, component: str, num_blocks: int, block_size: int) -> None:
+    def __init__(self, world: World, component: str, num_blocks: int, block_size: int,
+                 caching: bool = False, free_order: str = "append") -> None:
         self.world = world
         self.component = component
         self.block_size = block_size
@@ -29,8 +41,19 @@ class KVCacheManager:
         self.free_queue: deque[int] = deque(range(num_blocks))
         self.req_to_blocks: defaultdict[str, list[int]] = defaultdict(list)
         self.num_cached_block: dict[str, int] = {}
-        # Ground truth for the checker and reports: the incarnation each block was allocated for.
+        # Ground truth for the checker and reports: the incarnation each block was allocated for
+        # (the first one, when it is shared; the others are in _sharers).
         self._owner: list[int] = [0] * num_blocks
+        self.caching = caching
+        self._lifo = free_order == "lifo-uncached"
+        # Reference counts are kept whenever blocks can be shared or freed out of order; the
+        # plain free list (no caching, freed blocks appended) needs none.
+        self._counted = caching or self._lifo
+        self._ref: list[int] = [0] * num_blocks
+        self._hash: list[BlockHash | None] = [None] * num_blocks
+        #: cached_block_hash_to_block (block_pool.py:58-130): hash -> blocks holding it
+        self.cached: dict[BlockHash, list[int]] = {}
+        self._sharers: dict[int, list[int]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -38,6 +61,11 @@ class KVCacheManager:
 
     def owner_of(self, block: int) -> int:
         return self._owner[block]
+
+    def owners_of(self, block: int) -> list[int]:
+        """Every incarnation holding a reference to ``block`` (empty when it is free)."""
+        o = self._owner[block]
+        return [o, *self._sharers.get(block, ())] if o else []
 
     def live_ids(self) -> list[tuple[str, list[int]]]:
         """``(request ID, the owner of each of its blocks)`` for every ``req_to_blocks`` entry,
@@ -49,32 +77,150 @@ class KVCacheManager:
         """``(block, owner incarnation)`` for every block not free, in block order."""
         return [(b, o) for b, o in enumerate(self._owner) if o]
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
-        """Make room for ``num_new_tokens`` more tokens; False when the pool is too small."""
+    # -- prefix caching ---------------------------------------------------------------------
+
+    def get_computed_blocks(self, request: Request) -> list[int]:
+        """The longest run of cached full blocks from the start of the request's tokens, never
+        covering its last token (kv_cache_manager.py:266-328: the last token is recomputed for
+        its logits; single_type_kv_cache_manager.py:743-838: the first miss ends the run)."""
+        if not self.caching:
+            return _NO_BLOCKS
+        bs = self.block_size
+        cached = self.cached
+        hit: list[int] = []
+        for j in range((request.num_tokens - 1) // bs):
+            blocks = cached.get(request.block_hash(j, bs))
+            if blocks is None:
+                break
+            hit.append(blocks[0])
+        return hit
+
+    def _cache_blocks(self, request: Request, blocks: list[int], num_tokens: int) -> None:
+        """Hash the full blocks up to ``num_tokens`` not hashed yet
+        (single_type_kv_cache_manager.py:477-543, block_pool.py:230-356)."""
+        rid = request.request_id
+        bs = self.block_size
+        start = self.num_cached_block.get(rid, 0)
+        end = min(num_tokens, request.num_tokens) // bs
+        if end <= start:
+            return
+        hashes = self._hash
+        cached = self.cached
+        for j in range(start, min(end, len(blocks))):
+            b = blocks[j]
+            if hashes[b] is None:
+                h = request.block_hash(j, bs)
+                hashes[b] = h
+                cached.setdefault(h, []).append(b)
+        self.num_cached_block[rid] = end
+
+    def _evict(self, block: int, h: BlockHash) -> None:
+        """A cached block leaves the cache when it is reused (block_pool.py:769-790)."""
+        self._hash[block] = None
+        held = self.cached[h]
+        held.remove(block)
+        if not held:
+            del self.cached[h]
+
+    # -- allocate / free --------------------------------------------------------------------
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       computed: list[int] = _NO_BLOCKS, delay_cache: bool = False) -> bool:
+        """Make room for ``num_new_tokens`` more tokens after the request's computed ones and
+        the prefix-hit blocks ``computed``; False when the pool is too small
+        (kv_cache_manager.py:380-627). ``delay_cache``: blocks a remote read will fill are
+        hashed later (kv_cache_manager.py:610-612)."""
         rid = request.request_id
         blocks = self.req_to_blocks[rid]
-        total = request.num_computed_tokens + num_new_tokens
-        need = -(-total // self.block_size) - len(blocks)
-        if need > len(self.free_queue):
+        if not self._counted:
+            total = request.num_computed_tokens + num_new_tokens
+            need = -(-total // self.block_size) - len(blocks)
+            if need > len(self.free_queue):
+                return False
+            if need > 0:
+                fq = self.free_queue
+                new = [fq.popleft() for _ in range(need)]
+                owner = self._owner
+                for b in new:
+                    owner[b] = request.inc
+                blocks.extend(new)
+                self.num_cached_block[rid] = len(blocks)
+                self.world.record(self.component, "kv.alloc", rid, request.inc, blocks=new,
+                                  table=list(blocks))
+            return True
+        return self._allocate_counted(request, rid, blocks, num_new_tokens, computed,
+                                      delay_cache)
+
+    def _allocate_counted(self, request: Request, rid: str, blocks: list[int],
+                          num_new_tokens: int, computed: list[int], delay_cache: bool) -> bool:
+        ref = self._ref
+        if computed and rid in self.num_cached_block:
+            # single_type_kv_cache_manager.py:230-232: an ID with a block table is taken for a
+            # running request, which can have no new prefix hits.
+            self.world.record(self.component, "kv.hit_assert", rid, request.inc,
+                              blocks=list(computed))
+            raise EngineFatal(f"AssertionError: prefix hit for {rid!r}, which already has "
+                              f"blocks (single_type_kv_cache_manager: len(new_computed_blocks)"
+                              f" == 0)")
+        total = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
+        need = -(-total // self.block_size) - len(blocks) - len(computed)
+        # A hit block in the free queue is taken out of it (get_num_blocks_to_allocate counts
+        # it, single_type_kv_cache_manager.py:256-262).
+        evictable = 0
+        for b in computed:
+            if ref[b] == 0:
+                evictable += 1
+        if max(need, 0) + evictable > len(self.free_queue):
             return False
-        if need > 0:
-            fq = self.free_queue
-            new = [fq.popleft() for _ in range(need)]
-            owner = self._owner
-            for b in new:
-                owner[b] = request.inc
-            blocks.extend(new)
+        inc = request.inc
+        owner = self._owner
+        fq = self.free_queue
+        if computed:
+            # block_pool.py:792-810 (touch): a hit block is referenced once more.
+            sharers = self._sharers
+            for b in computed:
+                if ref[b] == 0:
+                    fq.remove(b)
+                    owner[b] = inc
+                else:
+                    sharers.setdefault(b, []).append(inc)
+                ref[b] += 1
+            blocks.extend(computed)
             self.num_cached_block[rid] = len(blocks)
-            self.world.record(self.component, "kv.alloc", rid, request.inc, blocks=new,
-                              table=list(blocks))
+        new: list[int] = []
+        if need > 0:
+            hashes = self._hash
+            new = [fq.popleft() for _ in range(need)]
+            for b in new:
+                h = hashes[b]
+                if h is not None:
+                    self._evict(b, h)
+                ref[b] = 1
+                owner[b] = inc
+            blocks.extend(new)
+        if new or computed:
+            if computed:
+                self.world.record(self.component, "kv.alloc", rid, inc, blocks=new,
+                                  table=list(blocks), hit=list(computed))
+            else:
+                self.world.record(self.component, "kv.alloc", rid, inc, blocks=new,
+                                  table=list(blocks))
+        if self.caching:
+            if not delay_cache:
+                self._cache_blocks(request, blocks, total)
+        elif new:
+            self.num_cached_block[rid] = len(blocks)
         return True
 
     def free(self, request: Request) -> list[int]:
-        """Return the ID's blocks to the pool (tail first, as vLLM evicts them)."""
+        """Return the ID's blocks to the pool, tail first (vLLM evicts them in that order)."""
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, [])
         self.num_cached_block.pop(rid, None)
         if blocks:
+            if self._counted:
+                self._free_counted(request, rid, blocks)
+                return blocks
             owner = self._owner
             owners = [owner[b] for b in blocks]
             for b in blocks:
@@ -83,6 +229,53 @@ class KVCacheManager:
             self.world.record(self.component, "kv.free", rid, request.inc, blocks=blocks,
                               owners=owners)
         return blocks
+
+    def _free_counted(self, request: Request, rid: str, blocks: list[int]) -> None:
+        """block_pool.py:816-849: a block whose count reaches 0 is free; without a hash (or
+        without caching) it goes to the front of the queue, else to the tail (LRU)."""
+        owner = self._owner
+        ref = self._ref
+        hashes = self._hash
+        sharers = self._sharers
+        owners = [owner[b] for b in blocks]
+        inc = request.inc
+        first: list[int] = []
+        last: list[int] = []
+        kept: list[int] = []
+        lifo = self._lifo
+        for b in reversed(blocks):
+            held = sharers.get(b)
+            if held is not None:
+                # ground truth: this incarnation lets go of its share
+                if inc in held:
+                    held.remove(inc)
+                else:
+                    owner[b] = held.pop(0)
+                if not held:
+                    del sharers[b]
+            if ref[b] != 1:
+                # still shared: kept; already free (a second free of one table, possible only
+                # where a re-added ID shares it): the count goes negative, nothing is queued
+                ref[b] -= 1
+                if ref[b] > 0:
+                    kept.append(b)
+                continue
+            ref[b] = 0
+            owner[b] = 0
+            if lifo and hashes[b] is None:
+                first.append(b)
+            else:
+                last.append(b)
+        fq = self.free_queue
+        if first:
+            fq.extendleft(reversed(first))
+        fq.extend(last)
+        if kept:
+            self.world.record(self.component, "kv.free", rid, inc, blocks=blocks,
+                              owners=owners, kept=kept[::-1])
+        else:
+            self.world.record(self.component, "kv.free", rid, inc, blocks=blocks,
+                              owners=owners)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         # vLLM reads req_to_blocks[request_id] on a defaultdict: a miss creates an empty entry.

@@ -62,11 +62,12 @@ class EngineCoreRequest:
     """An ADD: the request the frontend sends to an engine."""
 
     __slots__ = ("request_id", "external_req_id", "prompt_tokens", "max_tokens", "client_index",
-                 "eos_at", "kv_transfer_params", "inc")
+                 "eos_at", "kv_transfer_params", "inc", "prompt")
 
     def __init__(self, request_id: str, external_req_id: str, prompt_tokens: int,
                  max_tokens: int, client_index: int, eos_at: int | None,
-                 kv_transfer_params: KVTransferParams | None, inc: int) -> None:
+                 kv_transfer_params: KVTransferParams | None, inc: int,
+                 prompt: str = "") -> None:
         self.request_id = request_id
         self.external_req_id = external_req_id
         self.prompt_tokens = prompt_tokens
@@ -75,6 +76,8 @@ class EngineCoreRequest:
         self.eos_at = eos_at
         self.kv_transfer_params = kv_transfer_params
         self.inc = inc  # ground truth
+        #: the prompt's text, by name: equal names, equal tokens (prompt_token_ids in vLLM)
+        self.prompt = prompt
 
 
 @dataclass(frozen=True, slots=True)

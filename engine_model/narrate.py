@@ -14,7 +14,7 @@ KEY_KINDS = frozenset({
     "client.send", "client.abort", "client.disconnect", "client.done", "fe.add", "fe.reject",
     "fe.pop", "fe.abort_issue", "fe.drop", "fe.error", "ipc.send", "sched.add", "sched.finish",
     "sched.abort_miss", "sched.preempt", "pd.hold", "pd.release", "pd.read", "pd.notice",
-    "engine.fatal", "delay", "kv.free",
+    "engine.fatal", "delay", "kv.free", "kv.hit_assert",
 })
 
 
@@ -55,15 +55,21 @@ _TEXT: dict[str, Callable[[TraceEvent, dict[str, Any]], str]] = {
                                  if d["prev"] else ""),
     "sched.finish": lambda e, d: f"finishes {e.request!r} (inc {e.inc}): {d['status']}",
     "sched.abort_miss": lambda e, d: f"ABORT {e.request!r}: no live request (ignored)",
-    "sched.preempt": lambda e, d: f"preempts {e.request!r}",
+    "sched.preempt": lambda e, d: f"preempts {e.request!r}"
+                                  + (f" ({d['stale']} token(s) still in flight go stale)"
+                                     if d.get("stale") else ""),
     "sched.step": lambda e, d: f"step {d['step']}: schedules "
                                + (", ".join(f"{r}({n})" for r, _i, n in d["batch"]) or "nothing")
                                + (f"; finished_req_ids={d['finished']}" if d["finished"] else ""),
     "sched.update": lambda e, d: f"update_from_output(step {d['step']}): "
                                  f"{len(d['applied'])} token(s) applied",
     "runner.sample": lambda e, d: f"step {d['step']} samples {len(d['sampled'])} token(s)",
-    "kv.alloc": lambda e, d: f"allocates blocks {d['blocks']} to req_to_blocks[{e.request!r}]",
-    "kv.free": lambda e, d: f"frees req_to_blocks[{e.request!r}] = {d['blocks']}",
+    "kv.alloc": lambda e, d: (f"prefix hit on blocks {d['hit']}, " if d.get("hit") else "")
+                             + f"allocates blocks {d['blocks']} to req_to_blocks[{e.request!r}]",
+    "kv.free": lambda e, d: f"frees req_to_blocks[{e.request!r}] = {d['blocks']}"
+                            + (f" (blocks {d['kept']} stay shared)" if d.get("kept") else ""),
+    "kv.hit_assert": lambda e, d: f"prefix hit on blocks {d['blocks']} for {e.request!r}, "
+                                  f"which already has a block table: assert",
     "pd.hold": lambda e, d: f"holds {e.request!r}'s blocks {d['blocks']} for the decode side",
     "pd.release": lambda e, d: f"releases {e.request!r} ({d['cause']})",
     "pd.read": lambda e, d: f"reads blocks {d['remote_blocks']} of {d['remote_request']!r}",

@@ -6,7 +6,11 @@ from typing import ClassVar, Final
 
 from racesim.engine_model.messages import EngineCoreRequest, KVTransferParams, Token
 
-__all__ = ["Request", "RequestStatus"]
+__all__ = ["Request", "RequestStatus", "BlockHash"]
+
+#: A full block's hash: the text it continues (a prompt name, or a prompt and the output it was
+#: extended with) and the block's index. Chaining is implied: equal text, equal earlier blocks.
+BlockHash = tuple[str, int]
 
 
 class RequestStatus:
@@ -32,7 +36,8 @@ class Request:
 
     __slots__ = ("request_id", "inc", "prompt_tokens", "max_tokens", "client_index", "eos_at",
                  "kv_transfer_params", "status", "num_computed_tokens", "output",
-                 "num_output_placeholders", "remote_kv_ready")
+                 "num_output_placeholders", "remote_kv_ready", "prompt",
+                 "num_in_flight_tokens", "num_stale_output_tokens")
 
     def __init__(self, msg: EngineCoreRequest) -> None:
         self.request_id = msg.request_id
@@ -47,6 +52,12 @@ class Request:
         self.output: list[Token] = []
         self.num_output_placeholders = 0
         self.remote_kv_ready = False
+        self.prompt = msg.prompt
+        #: tokens of steps whose output is not yet applied (vLLM request.py:172)
+        self.num_in_flight_tokens = 0
+        #: output in flight when the request was preempted: delivered on return, but it must
+        #: not touch the reset counters (vLLM request.py:163-165, scheduler.py:1824-1835)
+        self.num_stale_output_tokens = 0
 
     @property
     def num_tokens(self) -> int:
@@ -64,6 +75,15 @@ class Request:
     def do_remote_decode(self) -> bool:
         p = self.kv_transfer_params
         return p is not None and p.do_remote_decode
+
+    def block_hash(self, index: int, block_size: int) -> BlockHash:
+        """The hash of full block ``index`` (vLLM kv_cache_utils.py:707-736, 953-1000: chained
+        over the tokens, full blocks only). A block inside the prompt is the prompt's; one that
+        holds output is this request's own, since its generated tokens are (a token's value is
+        the incarnation that sampled it, so the first one stands for the whole output)."""
+        if (index + 1) * block_size <= self.prompt_tokens or not self.output:
+            return (self.prompt, index)
+        return (f"{self.prompt}/{self.prompt_tokens}/{self.output[0].inc}", index)
 
     def __repr__(self) -> str:
         return f"Request({self.request_id!r}, inc={self.inc}, {self.status})"

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Scheduler", "SchedulerOutput", "NewRequestData"]
 
+_NONE: list[int] = []
+
 
 class NewRequestData:
     """A newly scheduled request, as SchedulerOutput ships it to the runner."""
@@ -237,6 +239,7 @@ class Scheduler:
             i += 1
 
         connector = self.connector
+        caching = kv.caching
         skipped: list[Request] = []
         waiting = self.waiting
         while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
@@ -248,15 +251,26 @@ class Scheduler:
                     continue
             elif req.do_remote_prefill and not req.remote_kv_ready and connector is not None:
                 # D side: allocate for the prompt and start reading P's blocks.
-                if not kv.allocate_slots(req, req.prompt_tokens):
+                if not kv.allocate_slots(req, req.prompt_tokens, delay_cache=True):
                     break
                 req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                 connector.start_recv(req)
                 skipped.append(waiting.popleft())
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not kv.allocate_slots(req, n):
+            elif req.num_stale_output_tokens:
+                # scheduler.py:1084-1088: output from before a preemption is still in flight;
+                # resuming now could resample a position it later delivers.
+                skipped.append(waiting.popleft())
+                continue
+            computed = (kv.get_computed_blocks(req) if caching and req.num_computed_tokens == 0
+                        else _NONE)
+            hit = len(computed) * kv.block_size
+            n = min(req.num_tokens - req.num_computed_tokens - hit, budget)
+            if not kv.allocate_slots(req, n, computed):
                 break
+            if hit:
+                # scheduler.py:1537, 1573: the prefix hit counts as computed
+                req.num_computed_tokens = hit
             waiting.popleft()
             resumed = req.status == RequestStatus.PREEMPTED
             req.status = RequestStatus.RUNNING
@@ -291,11 +305,21 @@ class Scheduler:
         out.scheduled_objects.append(req)
 
     def _preempt(self, req: Request) -> None:
+        """scheduler.py:1799-1843: free the blocks, reset the computed tokens, and put the
+        request at the front of waiting to be recomputed. Output still in flight (async) is
+        marked stale: delivered on return, it must not touch the reset counters."""
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        stale = req.num_in_flight_tokens
+        req.num_stale_output_tokens = stale
+        req.num_output_placeholders = 0
         self.waiting.appendleft(req)
-        self.world.record(self.component, "sched.preempt", req.request_id, req.inc)
+        if stale:
+            self.world.record(self.component, "sched.preempt", req.request_id, req.inc,
+                              stale=stale)
+        else:
+            self.world.record(self.component, "sched.preempt", req.request_id, req.inc)
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         # Keyed by ID, as in vLLM: with two objects under one ID only the dict's one advances.
@@ -306,9 +330,10 @@ class Scheduler:
                 checked_get(requests, rid, "Scheduler.requests")  # type: ignore[arg-type]
                 continue
             req.num_computed_tokens += n
-            if self._async and \
-                    req.num_computed_tokens >= req.num_tokens + req.num_output_placeholders:
-                req.num_output_placeholders += 1
+            if self._async:
+                req.num_in_flight_tokens += n
+                if req.num_computed_tokens >= req.num_tokens + req.num_output_placeholders:
+                    req.num_output_placeholders += 1
 
     # -- update_from_output ---------------------------------------------------------------------
 
@@ -318,14 +343,23 @@ class Scheduler:
         results: list[tuple[int, EngineCoreOutput]] = []
         applied = []
         requests = self.requests
-        for rid in out.num_scheduled_tokens:
+        is_async = self._async
+        for rid, n in out.num_scheduled_tokens.items():
             req = requests.get(rid)
+            stale = False
+            if is_async and req is not None:
+                # scheduler.py:2313-2323: in-flight counts drain; output from before a
+                # preemption is stale.
+                req.num_in_flight_tokens -= n
+                if req.num_stale_output_tokens > 0:
+                    stale = True
+                    req.num_stale_output_tokens -= n
             if req is None or req.is_finished():
                 continue
             token = sampled.get(rid)
             if token is None:
                 continue  # a partial prefill chunk samples nothing
-            if self._async:
+            if is_async and not stale:
                 req.num_output_placeholders -= 1
                 if req.num_output_placeholders < 0:
                     raise EngineFatal(f"AssertionError: num_output_placeholders >= 0 for {rid!r}")
@@ -339,7 +373,12 @@ class Scheduler:
             params = None
             if req.is_finished():
                 reason = RequestStatus.FINISH_REASON[req.status]
-                self._remove_running(req)
+                if stale:
+                    # a preempted request stopped by its stale output leaves waiting
+                    # (scheduler.py:2486-2489, stopped_preempted_reqs)
+                    self._remove_waiting(req)
+                else:
+                    self._remove_running(req)
                 self.world.record(self.component, "sched.finish", rid, req.inc,
                                   status=req.status, cause=reason)
                 params = self._free_request(req)

@@ -73,6 +73,11 @@ class VllmProfile:
     #: an aborted request still waiting for remote KV: "free-now", or "free-after-recv" (its
     #: blocks are freed when the read that writes them completes).
     remote_kv_abort: str
+    #: the default of ``[engine] prefix_caching`` (``enable_prefix_caching``).
+    prefix_caching: bool
+    #: where freed blocks go: "append" (all to the tail of the free queue) or "lifo-uncached"
+    #: (blocks without a hash to the front, reused first; hashed ones to the tail, LRU).
+    free_order: str
     widths: Mapping[str, str]
     behaviours: tuple[Behaviour, ...]
 
@@ -118,6 +123,8 @@ PROFILES: dict[str, VllmProfile] = {
         pd_hold="timeout",
         hold_timeout=480.0,
         remote_kv_abort="free-now",
+        prefix_caching=False,
+        free_order="append",
         widths=_WIDTHS,
         behaviours=(
             Behaviour("Scheduler.add_request overwrites requests[id] for a live ID; the old "
@@ -144,6 +151,8 @@ PROFILES: dict[str, VllmProfile] = {
         pd_hold="lease",
         hold_timeout=30.0,
         remote_kv_abort="free-after-recv",
+        prefix_caching=True,
+        free_order="lifo-uncached",
         widths=_WIDTHS,
         behaviours=(
             Behaviour("Scheduler.add_request asserts 'duplicate request id' for an ID already in "
@@ -170,6 +179,21 @@ PROFILES: dict[str, VllmProfile] = {
                       "nixl/base_worker.py:627-631, 3352-3399 (#41383)"),
             Behaviour("an aborted request still waiting for remote KV keeps its blocks until "
                       "the read completes", "v1/core/sched/scheduler.py:3017-3025"),
+            Behaviour("prefix caching is on by default: full blocks are hashed (chained, from "
+                      "the tokens), looked up when a waiting request is first scheduled (never "
+                      "the last prompt token), shared by ref count, and kept in the free queue "
+                      "until reused",
+                      "config/cache.py:257; v1/core/kv_cache_manager.py:266-328, 380-627; "
+                      "v1/core/block_pool.py:706-850; single_type_kv_cache_manager.py:477-543"),
+            Behaviour("freed blocks without a hash go to the front of the free queue (reused "
+                      "first), hashed ones to the tail (LRU eviction, evicted when reused)",
+                      "v1/core/block_pool.py:816-849, 769-790"),
+            Behaviour("preemption (no free blocks for a running request): FCFS preempts the "
+                      "last running request; its blocks are freed, num_computed_tokens reset, it "
+                      "goes to the front of waiting; output still in flight (async) is delivered "
+                      "but does not touch the reset counters, and it is not resumed until that "
+                      "output has drained",
+                      "v1/core/sched/scheduler.py:930-980, 1084-1088, 1799-1843, 2313-2340"),
             _WIDTH_SOURCES,
         ),
     ),
@@ -229,7 +253,9 @@ def resolve_workload(workload: Workload) -> tuple[Workload, VllmProfile]:
         engine, vllm=profile.name,
         async_scheduling=(profile.async_scheduling if engine.async_scheduling is None
                           else engine.async_scheduling),
-        eager_aborts=profile.eager_aborts if engine.eager_aborts is None else engine.eager_aborts)
+        eager_aborts=profile.eager_aborts if engine.eager_aborts is None else engine.eager_aborts,
+        prefix_caching=(profile.prefix_caching if engine.prefix_caching is None
+                        else engine.prefix_caching))
     pd = workload.pd
     if pd.hold_timeout is None:
         pd = replace(pd, hold_timeout=profile.hold_timeout)

@@ -248,6 +248,9 @@ def _requests(data: object, frontends: int, horizon: float) -> tuple[RequestSpec
                        f"request would never be sent", spec.at)
         if spec.abort_at is not None and spec.abort_at < spec.at:
             raise _Bad(("request", i, "abort_at"), f"must be >= at ({spec.at!r})", spec.abort_at)
+        if spec.prompt is not None and (not spec.prompt or spec.prompt.startswith("#")):
+            raise _Bad(("request", i, "prompt"), "must be a non-empty name not starting with "
+                       "'#' (an unnamed prompt is the request's own)", spec.prompt)
         if spec.frontend >= frontends:
             raise _Bad(("request", i, "frontend"),
                        f"must be < frontends ({frontends}); frontends are numbered from 0",

@@ -60,7 +60,7 @@ class AsyncLLM:
     def add_request(self, request_id: str, *, client_uid: int, prompt_tokens: int,
                     max_tokens: int, n: int = 1, eos_at: int | None = None,
                     stop_string_at: int | None = None,
-                    kv_transfer_params: KVTransferParams | None = None,
+                    kv_transfer_params: KVTransferParams | None = None, prompt: str = "",
                     ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]:
         """Register then send; returns the collector, or the finish reason of a refusal."""
         world = self.world
@@ -96,7 +96,7 @@ class AsyncLLM:
                 op.finish_stream(rid)
                 registered = False
             req = EngineCoreRequest(rid, request_id, prompt_tokens, max_tokens, self.index,
-                                    eos_at, kv_transfer_params, self._next_inc())
+                                    eos_at, kv_transfer_params, self._next_inc(), prompt)
             if registered:
                 op.add_request(req, parent, index, collector, client_uid, self.engine,
                                stop_string_at)

@@ -29,8 +29,10 @@ class ClientOutputs:
                                 f"decode {truth.who(ev.inc)} reads the KV of {truth.who(want)}")
 
     def client_send(self, ev: TraceEvent) -> None:
-        uid = ev.detail["uid"]
-        self.truth.clients[uid] = Client(uid, ev.request or "", ev.seq)
+        d = ev.detail
+        uid = d["uid"]
+        self.truth.clients[uid] = Client(uid, ev.request or "", ev.seq, d.get("prompt", ""),
+                                         d["prompt_tokens"])
 
     def client_output(self, ev: TraceEvent) -> None:
         d = ev.detail

@@ -1,4 +1,11 @@
-"""KV ownership: who owns each block, checked at alloc, free, transfer release and P/D read."""
+"""KV ownership: who owns each block, checked at alloc, free, transfer release and P/D read.
+
+With prefix caching a block may have several owners: every incarnation that hit it. A hit is
+right only when the block holds the same tokens at the same position of the hitter's sequence
+(a full block of a prompt both share, or the hitter's own block after a preemption): a private
+block (another request's own prompt or output) is never shared. A block whose count reaches 0
+while one of its owners still runs is freed under it, as before.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,10 @@ class KvOwnership:
         self.truth = truth
         self.report = report
         self._owners: dict[str, dict[int, int]] = {}
+        #: the owners of a shared block besides the one in _owners
+        self._extra: dict[str, dict[int, list[int]]] = {}
+        #: who computed each block, and its position in that incarnation's table
+        self._written: dict[str, dict[int, tuple[int, int]]] = {}
         self._notice: dict[tuple[str, str], int] = {}
 
     def handlers(self) -> list[tuple[str, Handler]]:
@@ -26,7 +37,13 @@ class KvOwnership:
         truth = self.truth
         engine = truth.engine_of(ev.component)
         owners = self._owners.setdefault(engine, {})
-        new = ev.detail["blocks"]
+        d = ev.detail
+        new = d["blocks"]
+        table = d["table"]
+        hit = d.get("hit")
+        extra = self._extra.setdefault(engine, {})
+        if hit is not None:
+            self._share(ev, engine, owners, extra, hit, len(table) - len(new) - len(hit))
         for b in new:
             o = owners.get(b, 0)
             if o:
@@ -35,9 +52,14 @@ class KvOwnership:
                     f"{engine}: block {b} allocated to {truth.who(ev.inc)} while still "
                     f"owned by {truth.who(o)} (the free queue held it twice)")
             owners[b] = ev.inc
-        for b in ev.detail["table"]:
+        if truth.caching:
+            written = self._written.setdefault(engine, {})
+            at = len(table) - len(new)
+            for k, b in enumerate(new):
+                written[b] = (ev.inc, at + k)
+        for b in table:
             o = owners.get(b, 0)
-            if o != ev.inc:
+            if o != ev.inc and ev.inc not in extra.get(b, ()):
                 self.report.violate(
                     "kv-ownership", ("shared", ev.inc), ev, ev.request,
                     f"{engine}: req_to_blocks[{ev.request!r}] of {truth.who(ev.inc)} "
@@ -45,24 +67,70 @@ class KvOwnership:
                     f"share one block table")
                 break
 
+    def _share(self, ev: TraceEvent, engine: str, owners: dict[int, int],
+               extra: dict[int, list[int]], hit: list[int], at: int) -> None:
+        """A prefix hit: each block must hold the hitter's own tokens at that position."""
+        truth = self.truth
+        written = self._written.setdefault(engine, {})
+        bs = truth.block_sizes.get(engine, 1)
+        mine, mine_len = truth.prompt_of(ev.inc)
+        for k, b in enumerate(hit):
+            j = at + k
+            w, wj = written.get(b, (0, -1))
+            theirs, their_len = truth.prompt_of(w)
+            same = wj == j and (w == ev.inc or (
+                theirs == mine and (j + 1) * bs <= min(mine_len, their_len)))
+            if not same:
+                self.report.violate(
+                    "kv-ownership", ("hit", ev.inc), ev, ev.request,
+                    f"{engine}: {truth.who(ev.inc)} shares block {b}, computed by "
+                    f"{truth.who(w)} for other tokens: a private block is shared")
+            o = owners.get(b, 0)
+            if o:
+                extra.setdefault(b, []).append(ev.inc)
+            else:
+                owners[b] = ev.inc
+
     def kv_free(self, ev: TraceEvent) -> None:
         truth = self.truth
         engine = truth.engine_of(ev.component)
         owners = self._owners.setdefault(engine, {})
+        extra = self._extra.get(engine)
+        kept = ev.detail.get("kept", ()) if extra else ()
         for b in ev.detail["blocks"]:
+            others = extra.get(b) if extra else None
+            if extra is not None and others is not None:
+                # a shared block: this incarnation lets go of its share
+                if ev.inc in others:
+                    others.remove(ev.inc)
+                elif owners.get(b, 0) == ev.inc:
+                    owners[b] = others.pop(0)
+                if not others:
+                    del extra[b]
+                if b in kept:
+                    continue
+                for o in [owners.get(b, 0), *others]:
+                    self._freed_under(ev, engine, b, o)
+                extra.pop(b, None)
+                owners[b] = 0
+                continue
             o = owners.get(b, 0)
             if o == 0:
                 self.report.violate("kv-ownership", ("double", ev.inc, b), ev, ev.request,
                                     f"{engine}: block {b} freed twice (free of {ev.request!r})")
             elif o != ev.inc:
-                oi = truth.incs.get(o)
-                if oi is not None and (oi.status != "finished" or oi.held):
-                    state = "held for KV transfer" if oi.held else "still running"
-                    self.report.violate(
-                        "kv-ownership", ("freed", o), ev, ev.request,
-                        f"{engine}: block {b} of {truth.who(o)} ({state}) freed by the "
-                        f"free of {ev.request!r} for {truth.who(ev.inc)}")
+                self._freed_under(ev, engine, b, o)
             owners[b] = 0
+
+    def _freed_under(self, ev: TraceEvent, engine: str, b: int, o: int) -> None:
+        truth = self.truth
+        oi = truth.incs.get(o)
+        if o != ev.inc and oi is not None and (oi.status != "finished" or oi.held):
+            state = "held for KV transfer" if oi.held else "still running"
+            self.report.violate(
+                "kv-ownership", ("freed", o), ev, ev.request,
+                f"{engine}: block {b} of {truth.who(o)} ({state}) freed by the "
+                f"free of {ev.request!r} for {truth.who(ev.inc)}")
 
     def pd_notice(self, ev: TraceEvent) -> None:
         self._notice[(self.truth.engine_of(ev.component), ev.request or "")] = ev.inc

@@ -53,15 +53,19 @@ class Inc:
 
 
 class Client:
-    """Ground truth about one client request: its uid, ID, and terminal output so far."""
+    """Ground truth about one client request: its uid, ID, prompt, and terminal output so far."""
 
-    __slots__ = ("uid", "rid", "seq", "terminal")
+    __slots__ = ("uid", "rid", "seq", "terminal", "prompt", "prompt_tokens")
 
-    def __init__(self, uid: int, rid: str, seq: int) -> None:
+    def __init__(self, uid: int, rid: str, seq: int, prompt: str = "",
+                 prompt_tokens: int = 0) -> None:
         self.uid = uid
         self.rid = rid
         self.seq = seq
         self.terminal: str | None = None
+        #: the prompt's name ("" for a prompt of its own) and length in tokens
+        self.prompt = prompt
+        self.prompt_tokens = prompt_tokens
 
 
 class Reporter:
@@ -100,10 +104,16 @@ class GroundTruth:
         self.fe_engine: dict[str, str] = {}
         self.channel_fe: dict[str, str] = {}
         self.engine_names: list[str] = []
+        #: each engine's KV block size, by engine name
+        self.block_sizes: dict[str, int] = {}
+        #: whether any engine caches prefixes (only then can blocks be shared)
+        self.caching = False
         self._engines_by_component: dict[str, str] = {}
 
     def attach(self, system: SystemView) -> None:
         self.engine_names = [e.name for e in system.engines]
+        self.block_sizes = {e.name: e.config.block_size for e in system.engines}
+        self.caching = any(e.kv.caching for e in system.engines)
         for fe in system.frontends:
             self.fe_engine[fe.name] = system.engines[fe.engine].name
             if fe.input_channel is not None:
@@ -120,6 +130,15 @@ class GroundTruth:
         if i is None:
             return f"inc {inc}"
         return f"inc {inc} (client uid {i.uid}, {i.frontend})"
+
+    def prompt_of(self, inc: int) -> tuple[str, int]:
+        """The prompt an incarnation was sent with: its name (a prompt of its own is named by
+        its client) and its length in tokens."""
+        i = self.incs.get(inc)
+        c = self.clients.get(i.uid) if i is not None else None
+        if c is None:
+            return (f"inc {inc}", 0)
+        return (c.prompt or f"#{c.uid}", c.prompt_tokens)
 
     def snapshot(self, engine: str, rid: str) -> list[int]:
         """The incarnations an ABORT of ``rid`` may rightly end now: live at the engine, or
