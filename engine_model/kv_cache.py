@@ -131,25 +131,27 @@ class KVCacheManager:
         (kv_cache_manager.py:380-627). ``delay_cache``: blocks a remote read will fill are
         hashed later (kv_cache_manager.py:610-612)."""
         rid = request.request_id
+        if self._counted:
+            # 0.33 reads the table with .get (single_type_kv_cache_manager.py:228): a failed
+            # allocation leaves no empty entry behind
+            return self._allocate_counted(request, rid, self.req_to_blocks.get(rid, _NO_BLOCKS),
+                                          num_new_tokens, computed, delay_cache)
         blocks = self.req_to_blocks[rid]
-        if not self._counted:
-            total = request.num_computed_tokens + num_new_tokens
-            need = -(-total // self.block_size) - len(blocks)
-            if need > len(self.free_queue):
-                return False
-            if need > 0:
-                fq = self.free_queue
-                new = [fq.popleft() for _ in range(need)]
-                owner = self._owner
-                for b in new:
-                    owner[b] = request.inc
-                blocks.extend(new)
-                self.num_cached_block[rid] = len(blocks)
-                self.world.record(self.component, "kv.alloc", rid, request.inc, blocks=new,
-                                  table=list(blocks))
-            return True
-        return self._allocate_counted(request, rid, blocks, num_new_tokens, computed,
-                                      delay_cache)
+        total = request.num_computed_tokens + num_new_tokens
+        need = -(-total // self.block_size) - len(blocks)
+        if need > len(self.free_queue):
+            return False
+        if need > 0:
+            fq = self.free_queue
+            new = [fq.popleft() for _ in range(need)]
+            owner = self._owner
+            for b in new:
+                owner[b] = request.inc
+            blocks.extend(new)
+            self.num_cached_block[rid] = len(blocks)
+            self.world.record(self.component, "kv.alloc", rid, request.inc, blocks=new,
+                              table=list(blocks))
+        return True
 
     def _allocate_counted(self, request: Request, rid: str, blocks: list[int],
                           num_new_tokens: int, computed: list[int], delay_cache: bool) -> bool:
@@ -172,6 +174,8 @@ class KVCacheManager:
                 evictable += 1
         if max(need, 0) + evictable > len(self.free_queue):
             return False
+        if blocks is _NO_BLOCKS:
+            blocks = self.req_to_blocks[rid]
         inc = request.inc
         owner = self._owner
         fq = self.free_queue
