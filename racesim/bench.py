@@ -35,6 +35,10 @@ returns:
     ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` of that process: ``peak_rss_mb`` (the whole
     process) and ``run_rss_mb`` (its growth during the run); ``growth_exponent`` is the
     least-squares slope of log(seconds) against log(requests).
+``feature_schedules_per_s``, ``features``
+    exploration speed on newer lifecycle features' scenarios (prefix caching: prefix-reuse
+    under internal-id, on its own profile), as ``schedules_per_s`` is measured but with a fifth
+    of its budget; see :mod:`racesim.bench_features`.
 ``build``, ``compiled``
     whether the simulation's hot modules run compiled (mypyc, the default install) or as
     Python source (``RACESIM_PURE=1``, or no compiler at install time), and why.
@@ -55,6 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from racesim.bench_features import measure_feature_explores
 from racesim.bench_scale import BENCH_VLLM, in_fresh_process, measure_scale, storm_workload
 
 __all__ = ["run_bench", "storm_workload", "bare_simpy", "parallel_capacity",
@@ -287,6 +292,7 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
             first_bug[name][strategy] = _first_bug(name, strategy, sizes)
 
     scale = measure_scale(sizes.scale, say)
+    features = measure_feature_explores(max(1, sizes.explore_budget // 5), sizes.repeats, say)
 
     best: dict[str, int | None] = {
         name: min((c["runs"] for c in cells.values() if c["runs"] is not None), default=None)
@@ -309,6 +315,8 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
         "overhead_ratio": round(simpy_rate / model["events_per_s"], 2),
         "schedules_per_s": round(one["runs"] / one_s, 1),
         "first_bug": first_bug,
+        "feature_schedules_per_s": {k: f["schedules_per_s"] for k, f in features.items()},
+        "features": features,
         "scale": scale,
         "parallel_speedup": round(one_s / two_s, 2),
         "repeats": sizes.repeats,

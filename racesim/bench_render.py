@@ -29,6 +29,8 @@ def print_bench(console: Any, doc: dict[str, Any]) -> None:
         ("schedules_per_s", f"{doc['schedules_per_s']:,}", "schedules_per_s"),
         ("first bug, worst scenario's best runs", _fmt(targets["first_bug_best_runs"]["value"]),
          "first_bug_best_runs"),
+        *((f"schedules_per_s, {f['scenario']} ({figure}, {f['policy']}, {f['vllm']})",
+           f"{f['schedules_per_s']:,}", None) for figure, f in doc["features"].items()),
         ("growth_exponent", f"{doc['scale']['growth_exponent']:g}", "growth_exponent"),
         ("parallel_speedup", f"{doc['parallel_speedup']:g}", "parallel_speedup"),
         ("  two processes' limit now (CPU burn)", f"{doc['parallel']['capacity']:g}", None),

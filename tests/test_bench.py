@@ -30,6 +30,7 @@ def doc() -> dict:
 def test_document_has_every_figure(doc: dict) -> None:
     json.dumps(doc)  # one JSON document
     for key in ("simpy_events_per_s", "model_events_per_s", "overhead_ratio", "schedules_per_s",
+                "feature_schedules_per_s", "features",
                 "first_bug", "scale", "parallel_speedup", "targets", "machine", "elapsed_s",
                 "build", "compiled"):
         assert key in doc
@@ -44,6 +45,13 @@ def test_document_has_every_figure(doc: dict) -> None:
     assert set(doc["targets"]) == {name for name, _op, _bound in TARGETS}
     for t in doc["targets"].values():
         assert set(t) == {"target", "value", "met"} and isinstance(t["met"], bool)
+
+
+def test_feature_explores_measure_the_prefix_cached_scenario(doc: dict) -> None:
+    f = doc["features"]["prefix_cached"]
+    assert (f["scenario"], f["policy"], f["vllm"]) == ("prefix-reuse", "internal-id", "0.33")
+    assert f["runs"] > 1 and f["violating_runs"] <= f["runs"] and f["schedules_per_s"] > 0
+    assert doc["feature_schedules_per_s"] == {"prefix_cached": f["schedules_per_s"]}
 
 
 def test_first_bug_covers_every_race_and_strategy(doc: dict) -> None:
