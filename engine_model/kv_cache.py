@@ -164,8 +164,15 @@ class KVCacheManager:
             raise EngineFatal(f"AssertionError: prefix hit for {rid!r}, which already has "
                               f"blocks (single_type_kv_cache_manager: len(new_computed_blocks)"
                               f" == 0)")
-        total = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
-        need = -(-total // self.block_size) - len(blocks) - len(computed)
+        bs = self.block_size
+        total = request.num_computed_tokens + len(computed) * bs + num_new_tokens
+        need = -(-total // bs) - len(blocks) - len(computed)
+        if need <= 0 and not computed:
+            # the common decode step: room already there; hash a block that just filled up
+            if self.caching and not delay_cache and \
+                    min(total, request.num_tokens) // bs > self.num_cached_block.get(rid, 0):
+                self._cache_blocks(request, blocks, total)
+            return True
         # A hit block in the free queue is taken out of it (get_num_blocks_to_allocate counts
         # it, single_type_kv_cache_manager.py:256-262).
         evictable = 0
@@ -212,7 +219,7 @@ class KVCacheManager:
         if self.caching:
             if not delay_cache:
                 self._cache_blocks(request, blocks, total)
-        elif new:
+        else:
             self.num_cached_block[rid] = len(blocks)
         return True
 

@@ -153,11 +153,12 @@ class Scheduler:
             finished.append(req)
         return finished
 
-    def _remove_running(self, req: Request) -> None:
+    def _remove_running(self, req: Request) -> bool:
         for i, r in enumerate(self.running):
             if r is req:
                 del self.running[i]
-                return
+                return True
+        return False
 
     def _remove_waiting(self, req: Request) -> None:
         for i, r in enumerate(self.waiting):
@@ -346,23 +347,22 @@ class Scheduler:
         is_async = self._async
         for rid, n in out.num_scheduled_tokens.items():
             req = requests.get(rid)
-            stale = False
-            if is_async and req is not None:
-                # scheduler.py:2313-2323: in-flight counts drain; output from before a
-                # preemption is stale.
-                req.num_in_flight_tokens -= n
-                if req.num_stale_output_tokens > 0:
-                    stale = True
-                    req.num_stale_output_tokens -= n
             if req is None or req.is_finished():
                 continue
             token = sampled.get(rid)
+            if is_async:
+                # scheduler.py:2313-2323: in-flight counts drain; output from before a
+                # preemption is stale: delivered, but it leaves the reset counters alone
+                req.num_in_flight_tokens -= n
+                if req.num_stale_output_tokens > 0:
+                    req.num_stale_output_tokens -= n
+                elif token is not None:
+                    req.num_output_placeholders -= 1
+                    if req.num_output_placeholders < 0:
+                        raise EngineFatal(
+                            f"AssertionError: num_output_placeholders >= 0 for {rid!r}")
             if token is None:
                 continue  # a partial prefill chunk samples nothing
-            if is_async and not stale:
-                req.num_output_placeholders -= 1
-                if req.num_output_placeholders < 0:
-                    raise EngineFatal(f"AssertionError: num_output_placeholders >= 0 for {rid!r}")
             req.output.append(token)
             applied.append([rid, req.inc, token.inc, token.ctx])
             reason = None
@@ -373,12 +373,10 @@ class Scheduler:
             params = None
             if req.is_finished():
                 reason = RequestStatus.FINISH_REASON[req.status]
-                if stale:
+                if not self._remove_running(req) and is_async:
                     # a preempted request stopped by its stale output leaves waiting
                     # (scheduler.py:2486-2489, stopped_preempted_reqs)
                     self._remove_waiting(req)
-                else:
-                    self._remove_running(req)
                 self.world.record(self.component, "sched.finish", rid, req.inc,
                                   status=req.status, cause=reason)
                 params = self._free_request(req)

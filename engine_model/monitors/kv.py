@@ -40,10 +40,10 @@ class KvOwnership:
         d = ev.detail
         new = d["blocks"]
         table = d["table"]
-        hit = d.get("hit")
-        extra = self._extra.setdefault(engine, {})
-        if hit is not None:
-            self._share(ev, engine, owners, extra, hit, len(table) - len(new) - len(hit))
+        if "hit" in d:
+            hit = d["hit"]
+            self._share(ev, engine, owners, self._extra.setdefault(engine, {}), hit,
+                        len(table) - len(new) - len(hit))
         for b in new:
             o = owners.get(b, 0)
             if o:
@@ -59,7 +59,7 @@ class KvOwnership:
                 written[b] = (ev.inc, at + k)
         for b in table:
             o = owners.get(b, 0)
-            if o != ev.inc and ev.inc not in extra.get(b, ()):
+            if o != ev.inc and ev.inc not in self._extra.get(engine, {}).get(b, ()):
                 self.report.violate(
                     "kv-ownership", ("shared", ev.inc), ev, ev.request,
                     f"{engine}: req_to_blocks[{ev.request!r}] of {truth.who(ev.inc)} "
@@ -95,7 +95,7 @@ class KvOwnership:
         truth = self.truth
         engine = truth.engine_of(ev.component)
         owners = self._owners.setdefault(engine, {})
-        extra = self._extra.get(engine)
+        extra = self._extra.get(engine) if self.truth.caching else None
         kept = ev.detail.get("kept", ()) if extra else ()
         for b in ev.detail["blocks"]:
             others = extra.get(b) if extra else None
