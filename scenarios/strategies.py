@@ -75,7 +75,7 @@ def _ticks(n: int) -> float:
 def _request(draw: Callable[..., Any], *, id_pool: tuple[str, ...], frontends: int,
              max_start_ticks: int, allow_aborts: bool, allow_disconnects: bool,
              allow_stop_strings: bool, allow_eos: bool, allow_n: bool,
-             n_applies: bool) -> dict[str, Any]:
+             n_applies: bool, allow_shared_prompts: bool) -> dict[str, Any]:
     """One ``[[request]]`` table. Every optional behaviour is drawn as "absent" first, so it
     shrinks away; numbers shrink towards small and early."""
     at = _ticks(draw(st.integers(0, max_start_ticks)))
@@ -92,6 +92,8 @@ def _request(draw: Callable[..., Any], *, id_pool: tuple[str, ...], frontends: i
     # sequence: hypothesis would take that for "simpler" and shrink towards P/D.
     if allow_n and draw(st.booleans()) and n_applies:
         req["n"] = 2
+    if allow_shared_prompts and draw(st.booleans()):
+        req["prompt"] = "shared"  # every request drawing it has the same text: prefix hits
     ending = ["none"]
     ending += ["abort"] if allow_aborts else []
     ending += ["disconnect"] if allow_disconnects else []
@@ -114,15 +116,17 @@ def scenarios(*, topology: str | None = None, frontends: int | None = None,
               max_requests: int = 6, id_pool: Sequence[str] = ("X", "Y"),
               allow_aborts: bool = True, allow_disconnects: bool = True,
               allow_stop_strings: bool = True, allow_eos: bool = True, allow_n: bool = True,
-              max_start: float = 0.2, vllm: str | None = None) -> st.SearchStrategy[Scenario]:
+              allow_shared_prompts: bool = True, max_start: float = 0.2,
+              vllm: str | None = None) -> st.SearchStrategy[Scenario]:
     """Valid, small :class:`~racesim.scenarios.loader.Scenario` objects (named ``"generated"``).
 
     Each has ``min_requests..max_requests`` scripted requests whose IDs are drawn from
     ``id_pool`` (two IDs by default, so reuse is the rule), starting within ``max_start``
     simulated seconds, with at most 12 output tokens each, so that a run takes milliseconds.
     A request may abort (``abort_at``), disconnect after k tokens, end by a stop string or by
-    EOS, ask for ``n = 2`` samples, and use any of the API servers. The engine steps every
-    10 ms; the KV pool is large enough that no request waits for blocks.
+    EOS, ask for ``n = 2`` samples, name one shared prompt (so that, with prefix caching, it
+    hits the blocks of the others that name it), and use any of the API servers. The engine
+    steps every 10 ms; the KV pool is large enough that no request waits for blocks.
 
     P/D scenarios never ask for ``n > 1``: the model's decode children all read the one
     prefill's blocks and the first child's transfer-done notice frees them, a P/D fan-out
@@ -135,8 +139,8 @@ def scenarios(*, topology: str | None = None, frontends: int | None = None,
 
     Shrinking: a simpler scenario has fewer requests, a single engine rather than P/D, one
     API server, synchronous scheduling, requests that simply run to ``max_tokens`` (no abort,
-    disconnect, stop string, EOS or ``n > 1``), the first ID of the pool, fewer tokens and
-    earlier start times.
+    disconnect, stop string, EOS, ``n > 1`` or shared prompt), the first ID of the pool, fewer
+    tokens and earlier start times.
     """
     _check(topology is None or topology in TOPOLOGIES,
            f"topology={topology!r} must be None (any) or one of {', '.join(TOPOLOGIES)}")
@@ -156,7 +160,7 @@ def scenarios(*, topology: str | None = None, frontends: int | None = None,
            f"id_pool={id_pool!r} must hold non-empty strings only")
     for name, flag in (("allow_aborts", allow_aborts), ("allow_disconnects", allow_disconnects),
                        ("allow_stop_strings", allow_stop_strings), ("allow_eos", allow_eos),
-                       ("allow_n", allow_n)):
+                       ("allow_n", allow_n), ("allow_shared_prompts", allow_shared_prompts)):
         _check_bool(name, flag)
     _check(isinstance(max_start, (int, float)) and not isinstance(max_start, bool)
            and math.isfinite(max_start) and max_start >= 0,
@@ -170,7 +174,7 @@ def scenarios(*, topology: str | None = None, frontends: int | None = None,
                      max_requests=max_requests, pool=pool, max_start_ticks=max_start_ticks,
                      allow_aborts=allow_aborts, allow_disconnects=allow_disconnects,
                      allow_stop_strings=allow_stop_strings, allow_eos=allow_eos, allow_n=allow_n,
-                     vllm=vllm)
+                     allow_shared_prompts=allow_shared_prompts, vllm=vllm)
 
 
 # Composites are module-level (not closures) so that hypothesis computes their labels once,
@@ -180,14 +184,15 @@ def _scenario(draw: Callable[..., Any], *, topologies: tuple[str, ...], frontend
               async_scheduling: bool | None, min_requests: int, max_requests: int,
               pool: tuple[str, ...], max_start_ticks: int, allow_aborts: bool,
               allow_disconnects: bool, allow_stop_strings: bool, allow_eos: bool,
-              allow_n: bool, vllm: str | None) -> Scenario:
+              allow_n: bool, allow_shared_prompts: bool, vllm: str | None) -> Scenario:
     topo = draw(st.sampled_from(topologies))
     n_fe = frontends if frontends is not None else draw(st.integers(1, 2))
     async_sched = async_scheduling if async_scheduling is not None else draw(st.booleans())
     request = _request(id_pool=pool, frontends=n_fe, max_start_ticks=max_start_ticks,
                        allow_aborts=allow_aborts, allow_disconnects=allow_disconnects,
                        allow_stop_strings=allow_stop_strings, allow_eos=allow_eos,
-                       allow_n=allow_n, n_applies=topo != "pd")
+                       allow_n=allow_n, n_applies=topo != "pd",
+                       allow_shared_prompts=allow_shared_prompts)
     requests = draw(st.lists(request, min_size=min_requests, max_size=max_requests))
     data: dict[str, Any] = {
         "name": "generated",

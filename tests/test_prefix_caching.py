@@ -207,3 +207,16 @@ def test_prefix_reuse_witness_kills_the_engine_under_buggy(vllm: str, death: str
     dead = [v.detail for v in res.violations if v.invariant == "engine-alive"]
     assert len(dead) == 1 and death in dead[0]
     assert res.reach().reach == "latent"
+
+
+def test_the_decode_side_may_read_a_prefill_block_shared_by_two_requests() -> None:
+    from racesim.scenarios import scenario_from_dict
+    scen = scenario_from_dict({
+        "name": "pd-shared-prefix", "topology": "pd", "engine": {"vllm": "0.33"},
+        "request": [{"id": "X", "prompt_tokens": 16, "max_tokens": 1, "prompt": "doc"},
+                    {"id": "X", "prompt_tokens": 17, "max_tokens": 1, "prompt": "doc"}]})
+    res = run_scenario(scen, "internal-id", skip=["metrics-exact"])
+    assert res.violations == ()
+    assert [e for e in res.trace if e.kind == "kv.alloc" and "hit" in e.detail
+            and e.component.startswith("prefill")]
+    assert len([e for e in res.trace if e.kind == "pd.read"]) == 2

@@ -57,6 +57,18 @@ def test_internal_id_keeps_every_safety_invariant(data: st.DataObject, seed: int
     assert safety(run_scenario(scen, "internal-id", seed=seed, schedule=sched)) == []
 
 
+@given(st.data(), st.integers(0, 2**32 - 1))
+def test_internal_id_on_033_keeps_every_safety_invariant_with_shared_prefixes(
+        data: st.DataObject, seed: int) -> None:
+    """The same on vLLM 0.33, where prefix caching is on: requests naming one prompt share its
+    full blocks by reference count (P/D included, where the decode side reads a shared prefill
+    block), and no block is freed, reused or read under an owner that still holds it."""
+    scen = data.draw(scenarios(vllm="0.33"), label="scenario")
+    sched = data.draw(schedules(scen, policy="internal-id", seed=seed, points=NOT_BEFORE_SEND),
+                      label="schedule")
+    assert safety(run_scenario(scen, "internal-id", seed=seed, schedule=sched)) == []
+
+
 @given(st.data())
 def test_internal_id_without_external_aborts_is_safe_at_every_point(data: st.DataObject) -> None:
     """With no explicit abort (which aborts by *external* ID), every await point may be

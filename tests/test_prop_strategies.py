@@ -28,17 +28,19 @@ def test_every_drawn_scenario_is_small_and_reuses_a_tiny_id_pool(scen: Scenario)
         assert r.frontend < w.frontends and r.n in (1, 2)
         assert r.abort_at is None or r.abort_at >= r.at
         assert not (w.topology == "pd" and r.n > 1)
+        assert r.prompt in (None, "shared")
 
 
 @given(scenarios(topology="pd", frontends=3, async_scheduling=True, id_pool=["a", "b", "c"],
                  min_requests=2, max_requests=4, allow_aborts=False, allow_disconnects=False,
-                 allow_stop_strings=False, allow_eos=False, allow_n=False, max_start=0.05))
+                 allow_stop_strings=False, allow_eos=False, allow_n=False,
+                 allow_shared_prompts=False, max_start=0.05))
 def test_options_pin_what_they_name(scen: Scenario) -> None:
     w = scen.workload
     assert (w.topology, w.frontends, w.engine.async_scheduling) == ("pd", 3, True)
     assert 2 <= len(w.requests) <= 4
     for r in w.requests:
-        assert r.id in ("a", "b", "c") and r.at <= 0.05 and r.n == 1
+        assert r.id in ("a", "b", "c") and r.at <= 0.05 and r.n == 1 and r.prompt is None
         assert (r.abort_at, r.disconnect_after_tokens, r.stop_string_at, r.eos_at) == \
                (None, None, None, None)
 

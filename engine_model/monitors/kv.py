@@ -150,10 +150,11 @@ class KvOwnership:
         truth = self.truth
         remote = truth.engine_names[d["remote_engine"]] if truth.engine_names else ""
         owners = self._owners.get(remote, {})
+        extra = self._extra.get(remote, {})
         want = d["remote_inc"]
         for b in d["remote_blocks"]:
             o = owners.get(b, 0)
-            if o != want:
+            if o != want and want not in extra.get(b, ()):
                 now = f"owned by {truth.who(o)}" if o else "free"
                 self.report.violate(
                     "kv-ownership", ("read", ev.inc), ev, ev.request,
