@@ -356,6 +356,9 @@ class Scheduler:
                 req.num_in_flight_tokens -= n
                 if req.num_stale_output_tokens > 0:
                     req.num_stale_output_tokens -= n
+                    if req.num_stale_output_tokens < 0:  # another request's step, by ID
+                        raise EngineFatal(
+                            f"AssertionError: num_stale_output_tokens >= 0 for {rid!r}")
                 elif token is not None:
                     req.num_output_placeholders -= 1
                     if req.num_output_placeholders < 0:

@@ -129,3 +129,14 @@ def test_an_id_reuse_racing_a_preemption_is_a_live_race_only_with_equal_ids() ->
     assert found.counterexample is not None
     fixed = explore(scen, "internal-id", budget=150, skip=("metrics-exact",))
     assert fixed.violating_runs == 0
+
+
+def test_the_preempt_reuse_witness_underflows_the_stale_share_and_kills_the_engine() -> None:
+    res = run_scenario(load_scenario("preempt-reuse"), "buggy", witness=True)
+    dead = [v for v in res.violations if v.invariant == "engine-alive"]
+    assert len(dead) == 1 and "num_stale_output_tokens >= 0" in dead[0].detail
+    assert res.reach(dead[0]).reach == "live"       # only a late update_from_output
+    assert "no-crosstalk" in res.violated            # the old X's token reached the new X
+    fixed = run_scenario(load_scenario("preempt-reuse"), "internal-id", witness=True,
+                         skip=["metrics-exact"])
+    assert fixed.violations == ()
