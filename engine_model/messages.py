@@ -76,7 +76,8 @@ class EngineCoreRequest:
         self.eos_at = eos_at
         self.kv_transfer_params = kv_transfer_params
         self.inc = inc  # ground truth
-        #: the prompt's text, by name: equal names, equal tokens (prompt_token_ids in vLLM)
+        #: the prompt's text, by name: equal names, equal tokens (prompt_token_ids in vLLM);
+        #: "" is a text no other request has
         self.prompt = prompt
 
 

@@ -52,7 +52,8 @@ class Request:
         self.output: list[Token] = []
         self.num_output_placeholders = 0
         self.remote_kv_ready = False
-        self.prompt = msg.prompt
+        # an ADD that names no prompt text (built directly, not by a client) has one of its own
+        self.prompt = msg.prompt or f"#inc{msg.inc}"
         #: tokens of steps whose output is not yet applied (vLLM request.py:172)
         self.num_in_flight_tokens = 0
         #: output in flight when the request was preempted: delivered on return, but it must

@@ -220,3 +220,9 @@ def test_the_decode_side_may_read_a_prefill_block_shared_by_two_requests() -> No
     assert [e for e in res.trace if e.kind == "kv.alloc" and "hit" in e.detail
             and e.component.startswith("prefill")]
     assert len([e for e in res.trace if e.kind == "pd.read"]) == 2
+
+
+def test_adds_that_name_no_prompt_never_share() -> None:
+    _world, kv = _kv()
+    _admit(kv, _request("A", 1, 48, ""))
+    assert _admit(kv, _request("B", 2, 48, "")) == []
