@@ -46,6 +46,7 @@ COMPILED = (
     "racesim.engine_model.kv_cache",
     "racesim.engine_model.kv_connector",
     "racesim.engine_model.scheduler",
+    "racesim.engine_model.sched_output",
     "racesim.engine_model.runner",
     "racesim.engine_model.ipc",
     "racesim.engine_model.engine_core",
