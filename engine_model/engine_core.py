@@ -28,6 +28,7 @@ from racesim.engine_model.messages import (
     KVDoneNotice,
     KVHeartbeat,
     Token,
+    UtilityMessage,
 )
 from racesim.engine_model.request import Request, RequestStatus
 from racesim.engine_model.runner import ModelRunner
@@ -36,6 +37,7 @@ from racesim.engine_model.versions import VllmProfile
 from racesim.sim.world import World
 
 if TYPE_CHECKING:
+    from racesim.engine_model.data_parallel import DPCoordinator
     from racesim.engine_model.policies import LifecyclePolicy
 
 __all__ = ["EngineCore"]
@@ -71,6 +73,12 @@ class EngineCore:
         #: decode side: where transfer-done notices go, by remote engine index.
         self.notify_channels: dict[int, Channel] = {}
         self.dead: str | None = None
+        #: ``pause_generation`` in "abort"/"wait" mode: adds of new IDs get a retryable ERROR.
+        self.reject_new_requests = False
+        #: data parallelism (include_finished_set, core.py:130, 184): the IDs finished per
+        #: client since the last outputs, and the coordinator told of every step.
+        self.finished_by_client: dict[int, list[str]] | None = None
+        self.coordinator: DPCoordinator | None = None
         self._inbox: deque[Any] = deque()
         self.input_queue: deque[tuple[str, Any]] = deque()
         self.aborts_queue: deque[AbortMessage] = deque()
@@ -134,11 +142,19 @@ class EngineCore:
             if self.dead is not None:
                 continue
             if isinstance(msg, EngineCoreRequest):
+                if msg.fault == "preprocess":
+                    # core.py:2016-2020, 2161-2168: an exception in preprocess_add_request
+                    # sends an ERROR output from this thread; nothing is queued.
+                    self._finish_unqueued(msg.request_id, msg.inc, msg.client_index,
+                                          "preprocess-error")
+                    continue
                 self.input_queue.append(("add", Request(msg)))
             elif isinstance(msg, AbortMessage):
                 if self.config.eager_aborts:
                     self.aborts_queue.append(msg)
                 self.input_queue.append(("abort", msg))
+            elif isinstance(msg, UtilityMessage):
+                self.input_queue.append(("utility", msg))
             self._wake_loop()
 
     # -- busy loop ------------------------------------------------------------------------------
@@ -194,21 +210,68 @@ class EngineCore:
 
     def _apply_input(self, kind: str, payload: Any) -> None:
         if kind == "add":
+            if self.reject_new_requests and payload.request_id not in self.scheduler.requests:
+                # core.py:1796-1813: paused in "abort" mode, a new ADD gets a retryable ERROR.
+                self._finish_unqueued(payload.request_id, payload.inc, payload.client_index,
+                                      "engine-paused")
+                return
             self.scheduler.add_request(payload)
-        else:
+        elif kind == "abort":
             self._abort(payload, "abort")
+        else:
+            self._utility(payload)
 
     def _abort(self, msg: AbortMessage, cause: str) -> None:
         finished = self.scheduler.finish_requests(msg.request_ids, RequestStatus.FINISHED_ABORTED,
                                                   cause, msg.tag)
+        if self.finished_by_client is not None:
+            self._note_finished(finished)
         # bool(): a third-party policy may set the flag to 1, which compiled code would refuse
         if finished and bool(self.policy.engine_final_abort):
             # njhill's proposal in #15326: a final "abort" output for every aborted request.
-            by_client: dict[int, list[EngineCoreOutput]] = {}
-            for req in finished:
-                by_client.setdefault(req.client_index, []).append(
-                    EngineCoreOutput(req.request_id, (), "abort", None, req.inc))
-            self._send_outputs(by_client)
+            self._send_finish_outputs(finished, "abort")
+
+    def _note_finished(self, finished: list[Request]) -> None:
+        """Scheduler._free_request's finished_req_ids_dict (scheduler.py:3055-3056)."""
+        assert self.finished_by_client is not None
+        for req in finished:
+            self.finished_by_client.setdefault(req.client_index, []).append(req.request_id)
+
+    def _send_finish_outputs(self, finished: list[Request], reason: str) -> None:
+        """_send_finish_outputs_to_client (core.py:2249-2279): an empty final output per
+        request, grouped by client, its IDs also in ``finished_requests``."""
+        by_client: dict[int, list[EngineCoreOutput]] = {}
+        for req in finished:
+            by_client.setdefault(req.client_index, []).append(
+                EngineCoreOutput(req.request_id, (), reason, None, req.inc))
+        self._send_outputs(by_client, {c: [o.request_id for o in outs]
+                                       for c, outs in by_client.items()})
+
+    def _finish_unqueued(self, rid: str, inc: int, client: int, why: str) -> None:
+        """An ADD the engine answers with an ERROR output without scheduling it."""
+        self.world.record(self._c_core, "engine.reject", rid, inc, why=why)
+        self._send_outputs({client: [EngineCoreOutput(rid, (), "error", None, inc)]},
+                           {client: [rid]})
+
+    def _utility(self, msg: UtilityMessage) -> None:
+        """pause_generation / resume_scheduler on this engine (core.py:2181-2237)."""
+        sched = self.scheduler
+        self.world.record(self._c_core, "engine.utility", None, 0, method=msg.method,
+                          mode=msg.mode)
+        if msg.method != "pause_generation":
+            sched.pause_state = "UNPAUSED"
+            self.reject_new_requests = False
+            return
+        if msg.mode == "abort":
+            # finish_requests(None, FINISHED_ABORTED), then _send_abort_outputs (:2202-2206).
+            finished = sched.finish_requests(list(sched.requests), RequestStatus.FINISHED_ABORTED,
+                                             "pause")
+            if self.finished_by_client is not None:
+                self._note_finished(finished)
+            if finished:
+                self._send_finish_outputs(finished, "abort")
+        sched.pause_state = "PAUSED_ALL" if msg.mode == "keep" else "PAUSED_NEW"
+        self.reject_new_requests = msg.mode != "keep"
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -241,12 +304,32 @@ class EngineCore:
             yield ev
         self._process_kv_finished()
         results = sched.update_from_output(out, sampled)
-        if results:
+        finished = self.finished_by_client
+        if finished is not None:
+            self._dp_outputs(results, finished)
+        elif results:
             by_client: dict[int, list[EngineCoreOutput]] = {}
             for client, output in results:
                 by_client.setdefault(client, []).append(output)
             self._send_outputs(by_client)
         return True
+
+    def _dp_outputs(self, results: list[tuple[int, EngineCoreOutput]],
+                    finished: dict[int, list[str]]) -> None:
+        """The step's outputs with each client's finished IDs (scheduler.py:2646-2658), and
+        a note to the coordinator that the counts changed."""
+        by_client: dict[int, list[EngineCoreOutput]] = {}
+        for client, output in results:
+            by_client.setdefault(client, []).append(output)
+            if output.finish_reason is not None:
+                finished.setdefault(client, []).append(output.request_id)
+        for client in finished:
+            by_client.setdefault(client, [])
+        if by_client:
+            self._send_outputs(by_client, dict(finished))
+        finished.clear()
+        if self.coordinator is not None:
+            self.coordinator.note_change()
 
     def _process_aborts_queue(self) -> None:
         while self.aborts_queue:
@@ -266,16 +349,22 @@ class EngineCore:
         self._gpu_free_at = start + delay
         return world.env.timeout(self._gpu_free_at - now, sampled)
 
-    def _send_outputs(self, by_client: dict[int, list[EngineCoreOutput]]) -> None:
+    def _send_outputs(self, by_client: dict[int, list[EngineCoreOutput]],
+                      finished: dict[int, list[str]] | None = None) -> None:
         for client in (sorted(by_client) if len(by_client) > 1 else by_client):
             outputs = by_client[client]
             channel = self.output_channels.get(client)
             if channel is None:
                 continue
-            channel.send(EngineCoreOutputs(self.index, tuple(outputs)),
-                         [o.request_id for o in outputs],
-                         outputs=[[o.request_id, o.inc, len(o.new_tokens), o.finish_reason]
-                                  for o in outputs])
+            done = finished.get(client) if finished is not None else None
+            detail = [[o.request_id, o.inc, len(o.new_tokens), o.finish_reason] for o in outputs]
+            if done and self.finished_by_client is not None:
+                channel.send(EngineCoreOutputs(self.index, tuple(outputs), tuple(done)),
+                             [o.request_id for o in outputs] or list(done), outputs=detail,
+                             finished=list(done))
+            else:
+                channel.send(EngineCoreOutputs(self.index, tuple(outputs), None),
+                             [o.request_id for o in outputs], outputs=detail)
 
     # -- P/D decode side ------------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ from typing import Any, Final, NamedTuple
 from racesim.sim.points import reduce_by_fields
 
 __all__ = ["FinishReason", "Token", "KVTransferParams", "EngineCoreRequest", "AbortMessage",
-           "EngineCoreOutput", "EngineCoreOutputs", "EngineDead", "KVHeartbeat", "KVDoneNotice"]
+           "EngineCoreOutput", "EngineCoreOutputs", "EngineDead", "KVHeartbeat", "KVDoneNotice",
+           "UtilityMessage"]
 
 
 class FinishReason:
@@ -62,11 +63,12 @@ class EngineCoreRequest:
     """An ADD: the request the frontend sends to an engine."""
 
     __slots__ = ("request_id", "external_req_id", "prompt_tokens", "max_tokens", "client_index",
-                 "eos_at", "kv_transfer_params", "inc")
+                 "eos_at", "kv_transfer_params", "inc", "fault")
 
     def __init__(self, request_id: str, external_req_id: str, prompt_tokens: int,
                  max_tokens: int, client_index: int, eos_at: int | None,
-                 kv_transfer_params: KVTransferParams | None, inc: int) -> None:
+                 kv_transfer_params: KVTransferParams | None, inc: int,
+                 fault: str = "") -> None:
         self.request_id = request_id
         self.external_req_id = external_req_id
         self.prompt_tokens = prompt_tokens
@@ -75,6 +77,9 @@ class EngineCoreRequest:
         self.eos_at = eos_at
         self.kv_transfer_params = kv_transfer_params
         self.inc = inc  # ground truth
+        #: a scripted fault this request meets: "preprocess" (the input thread fails on it) or
+        #: "kv-load" (the decode side's remote KV read fails); "" for none.
+        self.fault = fault
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,13 +109,28 @@ class EngineCoreOutput:
 
 
 class EngineCoreOutputs:
-    """One step's outputs for one frontend (client_index)."""
+    """One step's outputs for one frontend (client_index). ``finished_requests``: the IDs
+    this frontend's requests finished with since the last outputs, sent only under data
+    parallelism for the load balancer (vLLM 0.33 scheduler.py:2646-2658)."""
 
-    __slots__ = ("engine", "outputs")
+    __slots__ = ("engine", "outputs", "finished_requests")
 
-    def __init__(self, engine: int, outputs: tuple[EngineCoreOutput, ...]) -> None:
+    def __init__(self, engine: int, outputs: tuple[EngineCoreOutput, ...],
+                 finished_requests: tuple[str, ...] | None = None) -> None:
         self.engine = engine
         self.outputs = outputs
+        self.finished_requests = finished_requests
+
+
+@dataclass(frozen=True, slots=True)
+class UtilityMessage:
+    """A UTILITY call from an API server to an engine (pause_generation, resume_scheduler)."""
+
+    method: str
+    mode: str = ""
+
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return reduce_by_fields(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,8 +78,8 @@ class Scheduler:
     """vLLM's Scheduler: requests by ID, waiting and running queues, the KV manager."""
 
     __slots__ = ("world", "component", "config", "kv", "requests", "waiting", "running",
-                 "finished_req_ids", "connector", "_step", "_async", "_assert_duplicate",
-                 "_free_after_recv")
+                 "finished_req_ids", "connector", "pause_state", "_step", "_async",
+                 "_assert_duplicate", "_free_after_recv")
 
     def __init__(self, world: World, component: str, config: EngineConfig,
                  kv: KVCacheManager, profile: VllmProfile | None = None) -> None:
@@ -95,6 +95,9 @@ class Scheduler:
         # An ordered set (a dict), shipped to the model runner with the next step.
         self.finished_req_ids: dict[str, None] = {}
         self.connector: ConnectorScheduler | None = None
+        #: vLLM 0.33 PauseState (scheduler.py:489): "UNPAUSED", "PAUSED_NEW" (waiting requests
+        #: stay queued) or "PAUSED_ALL" (nothing is scheduled, :723-725, 1050-1066).
+        self.pause_state = "UNPAUSED"
         self._step = 0
         self._async = bool(config.async_scheduling)
         self._assert_duplicate = profile.duplicate_add == "assert"
@@ -208,6 +211,11 @@ class Scheduler:
         self._step += 1
         out = SchedulerOutput(self._step)
         budget = self.config.max_num_batched_tokens
+        admit = True
+        if self.pause_state != "UNPAUSED":
+            admit = False
+            if self.pause_state == "PAUSED_ALL":
+                budget = 0
         kv = self.kv
         running = self.running
         is_async = self._async
@@ -239,7 +247,7 @@ class Scheduler:
         connector = self.connector
         skipped: list[Request] = []
         waiting = self.waiting
-        while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
+        while admit and waiting and budget > 0 and len(running) < self.config.max_num_seqs:
             req = waiting[0]
             if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 assert connector is not None

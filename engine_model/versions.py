@@ -73,6 +73,13 @@ class VllmProfile:
     #: an aborted request still waiting for remote KV: "free-now", or "free-after-recv" (its
     #: blocks are freed when the read that writes them completes).
     remote_kv_abort: str
+    #: engine-side features this release has and the model follows for it: "dp"
+    #: (DPLBAsyncMPClient), "pause" (pause_generation), "preprocess-error" (an ERROR output
+    #: from the input thread), "kv-load-failure" (kv_load_failure_policy).
+    features: frozenset[str]
+    #: a caller cancelled before ``add_request`` returned its collector: "abort" (generate()
+    #: aborted the request ID unconditionally) or "nothing" (``q`` is None: no abort).
+    cancel_before_collector: str
     widths: Mapping[str, str]
     behaviours: tuple[Behaviour, ...]
 
@@ -95,6 +102,7 @@ _WIDTHS = {
     "pd.proxy:after_prefill": "live",
     "pd.kv:read": "live",
     "pd.kv:notify": "live",
+    "dp.coordinator:publish": "live",
 }
 
 _WIDTH_SOURCES = Behaviour(
@@ -118,6 +126,8 @@ PROFILES: dict[str, VllmProfile] = {
         pd_hold="timeout",
         hold_timeout=480.0,
         remote_kv_abort="free-now",
+        features=frozenset(),
+        cancel_before_collector="abort",
         widths=_WIDTHS,
         behaviours=(
             Behaviour("Scheduler.add_request overwrites requests[id] for a live ID; the old "
@@ -144,6 +154,8 @@ PROFILES: dict[str, VllmProfile] = {
         pd_hold="lease",
         hold_timeout=30.0,
         remote_kv_abort="free-after-recv",
+        features=frozenset({"dp", "pause", "preprocess-error", "kv-load-failure"}),
+        cancel_before_collector="nothing",
         widths=_WIDTHS,
         behaviours=(
             Behaviour("Scheduler.add_request asserts 'duplicate request id' for an ID already in "
@@ -170,6 +182,28 @@ PROFILES: dict[str, VllmProfile] = {
                       "nixl/base_worker.py:627-631, 3352-3399 (#41383)"),
             Behaviour("an aborted request still waiting for remote KV keeps its blocks until "
                       "the read completes", "v1/core/sched/scheduler.py:3017-3025"),
+            Behaviour("data parallelism: each API server's DPLBAsyncMPClient picks an engine "
+                      "per request (reqs_in_flight affinity first, else the least loaded from "
+                      "eng_start_index), routes aborts by reqs_in_flight and forgets an ID when "
+                      "an engine reports it in finished_requests; the ADD send is the only "
+                      "await (no FIRST_REQ message in this release)",
+                      "v1/engine/core_client.py:1607-1617, 1751-1811, 1819-1825, 1874-1900; "
+                      "v1/core/sched/scheduler.py:2646-2658, 3055-3056"),
+            Behaviour("a caller cancelled before add_request returned is not aborted "
+                      "(q is None); an ADD never sent leaves its state registered (#57061)",
+                      "v1/engine/async_llm.py:578-584, 772-809"),
+            Behaviour("pause_generation(mode='abort') finishes every request with an ABORT "
+                      "output and rejects new adds with a retryable ERROR until resume; "
+                      "mode='keep' freezes the queues (PAUSED_ALL)",
+                      "v1/engine/core.py:1796-1813, 2181-2233, 2249-2279; "
+                      "v1/core/sched/scheduler.py:723-725, 1050-1066"),
+            Behaviour("an exception preprocessing an ADD in the input thread sends an ERROR "
+                      "output at once; the request never reaches the scheduler",
+                      "v1/engine/core.py:2016-2020, 2161-2168"),
+            Behaviour("a failed remote KV read: kv_load_failure_policy='fail' (default) "
+                      "finishes the request with an ERROR output; 'recompute' recomputes the "
+                      "prompt locally", "v1/core/sched/scheduler.py:2292-2305, 2556-2575, "
+                      "3476-3497, 3682-3694; config/kv_transfer.py:88"),
             _WIDTH_SOURCES,
         ),
     ),
@@ -220,6 +254,25 @@ def _check_catalogue() -> None:
 _check_catalogue()
 
 
+def _check_features(workload: Workload, profile: VllmProfile) -> None:
+    """A scenario using an engine feature its profile does not model is bad input."""
+    engine = workload.engine
+    used = []
+    if engine.dp_size > 1:
+        used.append(("dp", "engine.data_parallel_size > 1"))
+    if engine.pause_at is not None:
+        used.append(("pause", "engine.pause_at"))
+    if any(r.preprocess_error for r in workload.requests):
+        used.append(("preprocess-error", "request.preprocess_error"))
+    if any(r.kv_load_fails for r in workload.requests):
+        used.append(("kv-load-failure", "request.kv_load_fails"))
+    for feature, key in used:
+        if feature not in profile.features:
+            have = [p.name for p in PROFILES.values() if feature in p.features]
+            raise InputError(f"{key} is modelled on vLLM {', '.join(have)} only, not on "
+                             f"profile {profile.name!r}")
+
+
 def resolve_workload(workload: Workload) -> tuple[Workload, VllmProfile]:
     """The workload with every "the profile's default" (None) setting filled in from its
     profile, and that profile."""
@@ -230,6 +283,7 @@ def resolve_workload(workload: Workload) -> tuple[Workload, VllmProfile]:
         async_scheduling=(profile.async_scheduling if engine.async_scheduling is None
                           else engine.async_scheduling),
         eager_aborts=profile.eager_aborts if engine.eager_aborts is None else engine.eager_aborts)
+    _check_features(workload, profile)
     pd = workload.pd
     if pd.hold_timeout is None:
         pd = replace(pd, hold_timeout=profile.hold_timeout)

@@ -75,6 +75,9 @@ class OutputProcessor:
         #: abort's ID was looked up as given.
         self._unknown_external_noop = profile.abort_unknown_external == "noop"
         self.finishes_duplicates = profile.frontend_duplicate == "finish-old"
+        #: under data parallelism each state's engine is the load balancer's choice, and the
+        #: trace names it where an abort is issued (for the checker).
+        self.dp = False
 
     # -- add ------------------------------------------------------------------------------------
 
@@ -94,8 +97,12 @@ class OutputProcessor:
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
             parent.child_requests.append(rid)
-        self.world.record(self.component, "fe.add", rid, request.inc, uid=client_uid,
-                          external=request.external_req_id, index=index)
+        if self.dp:
+            self.world.record(self.component, "fe.add", rid, request.inc, uid=client_uid,
+                              external=request.external_req_id, index=index, dp_engine=engine)
+        else:
+            self.world.record(self.component, "fe.add", rid, request.inc, uid=client_uid,
+                              external=request.external_req_id, index=index)
         return state
 
     def finish_stream(self, request_id: str) -> None:
@@ -172,9 +179,11 @@ class OutputProcessor:
                 self._deliver(state, [], FinishReason.ABORT)
                 state.finished = True
 
-    def fail_engine(self, engine: int, reason: str) -> None:
-        """EngineDeadError: every request on the dead engine ends with an error."""
-        for rid in [r for r, s in self.request_states.items() if s.engine == engine]:
+    def fail_engine(self, engine: int | None, reason: str) -> None:
+        """EngineDeadError: every request on the dead engine (None: on any engine) ends with
+        an error."""
+        for rid in [r for r, s in self.request_states.items()
+                    if engine is None or s.engine == engine]:
             state = self.request_states[rid]
             if not state.finished:
                 top = state.parent.request_id if state.parent else rid
@@ -221,8 +230,12 @@ class OutputProcessor:
                               uid=state.client_uid)
             if stop_string:
                 reqs_to_abort.append(rid)
-                self.world.record(self.component, "fe.abort_issue", rid, state.inc, ids=[rid],
-                                  cause="stop-string")
+                if self.dp:
+                    self.world.record(self.component, "fe.abort_issue", rid, state.inc,
+                                      ids=[rid], cause="stop-string", engines=[state.engine])
+                else:
+                    self.world.record(self.component, "fe.abort_issue", rid, state.inc,
+                                      ids=[rid], cause="stop-string")
                 if bool(self.policy.pop_stop_string_finishes):  # (see EngineCore._abort)
                     self._pop(state, "stop-string")
                 else:
