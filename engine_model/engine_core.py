@@ -15,16 +15,14 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from racesim.engine_model.config import EngineConfig
+from racesim.engine_model.engine_outputs import EngineOutputs
 from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.kv_cache import KVCacheManager
 from racesim.engine_model.kv_connector import ConnectorScheduler
 from racesim.engine_model.messages import (
     AbortMessage,
-    EngineCoreOutput,
-    EngineCoreOutputs,
     EngineCoreRequest,
-    EngineDead,
     KVDoneNotice,
     KVHeartbeat,
     Token,
@@ -37,7 +35,6 @@ from racesim.engine_model.versions import VllmProfile
 from racesim.sim.world import World
 
 if TYPE_CHECKING:
-    from racesim.engine_model.data_parallel import DPCoordinator
     from racesim.engine_model.policies import LifecyclePolicy
 
 __all__ = ["EngineCore"]
@@ -69,16 +66,13 @@ class EngineCore:
         # also in input_queue).
         self._idle_clears_aborts = profile.idle_clears_aborts
         self.transfer_time = transfer_time
-        self.output_channels: dict[int, Channel] = {}
+        self.outputs = EngineOutputs(world, index, f"{name}.core")
+        self.output_channels: dict[int, Channel] = self.outputs.channels
         #: decode side: where transfer-done notices go, by remote engine index.
         self.notify_channels: dict[int, Channel] = {}
         self.dead: str | None = None
         #: ``pause_generation`` in "abort"/"wait" mode: adds of new IDs get a retryable ERROR.
         self.reject_new_requests = False
-        #: data parallelism (include_finished_set, core.py:130, 184): the IDs finished per
-        #: client since the last outputs, and the coordinator told of every step.
-        self.finished_by_client: dict[int, list[str]] | None = None
-        self.coordinator: DPCoordinator | None = None
         self._inbox: deque[Any] = deque()
         self.input_queue: deque[tuple[str, Any]] = deque()
         self.aborts_queue: deque[AbortMessage] = deque()
@@ -145,7 +139,7 @@ class EngineCore:
                 if msg.fault == "preprocess":
                     # core.py:2016-2020, 2161-2168: an exception in preprocess_add_request
                     # sends an ERROR output from this thread; nothing is queued.
-                    self._finish_unqueued(msg.request_id, msg.inc, msg.client_index,
+                    self.outputs.reject(msg.request_id, msg.inc, msg.client_index,
                                           "preprocess-error")
                     continue
                 self.input_queue.append(("add", Request(msg)))
@@ -212,7 +206,7 @@ class EngineCore:
         if kind == "add":
             if self.reject_new_requests and payload.request_id not in self.scheduler.requests:
                 # core.py:1796-1813: paused in "abort" mode, a new ADD gets a retryable ERROR.
-                self._finish_unqueued(payload.request_id, payload.inc, payload.client_index,
+                self.outputs.reject(payload.request_id, payload.inc, payload.client_index,
                                       "engine-paused")
                 return
             self.scheduler.add_request(payload)
@@ -224,34 +218,11 @@ class EngineCore:
     def _abort(self, msg: AbortMessage, cause: str) -> None:
         finished = self.scheduler.finish_requests(msg.request_ids, RequestStatus.FINISHED_ABORTED,
                                                   cause, msg.tag)
-        if self.finished_by_client is not None:
-            self._note_finished(finished)
+        self.outputs.note_finished(finished)
         # bool(): a third-party policy may set the flag to 1, which compiled code would refuse
         if finished and bool(self.policy.engine_final_abort):
             # njhill's proposal in #15326: a final "abort" output for every aborted request.
-            self._send_finish_outputs(finished, "abort")
-
-    def _note_finished(self, finished: list[Request]) -> None:
-        """Scheduler._free_request's finished_req_ids_dict (scheduler.py:3055-3056)."""
-        assert self.finished_by_client is not None
-        for req in finished:
-            self.finished_by_client.setdefault(req.client_index, []).append(req.request_id)
-
-    def _send_finish_outputs(self, finished: list[Request], reason: str) -> None:
-        """_send_finish_outputs_to_client (core.py:2249-2279): an empty final output per
-        request, grouped by client, its IDs also in ``finished_requests``."""
-        by_client: dict[int, list[EngineCoreOutput]] = {}
-        for req in finished:
-            by_client.setdefault(req.client_index, []).append(
-                EngineCoreOutput(req.request_id, (), reason, None, req.inc))
-        self._send_outputs(by_client, {c: [o.request_id for o in outs]
-                                       for c, outs in by_client.items()})
-
-    def _finish_unqueued(self, rid: str, inc: int, client: int, why: str) -> None:
-        """An ADD the engine answers with an ERROR output without scheduling it."""
-        self.world.record(self._c_core, "engine.reject", rid, inc, why=why)
-        self._send_outputs({client: [EngineCoreOutput(rid, (), "error", None, inc)]},
-                           {client: [rid]})
+            self.outputs.finish(finished, "abort")
 
     def _utility(self, msg: UtilityMessage) -> None:
         """pause_generation / resume_scheduler on this engine (core.py:2181-2237)."""
@@ -266,10 +237,9 @@ class EngineCore:
             # finish_requests(None, FINISHED_ABORTED), then _send_abort_outputs (:2202-2206).
             finished = sched.finish_requests(list(sched.requests), RequestStatus.FINISHED_ABORTED,
                                              "pause")
-            if self.finished_by_client is not None:
-                self._note_finished(finished)
+            self.outputs.note_finished(finished)
             if finished:
-                self._send_finish_outputs(finished, "abort")
+                self.outputs.finish(finished, "abort")
         sched.pause_state = "PAUSED_ALL" if msg.mode == "keep" else "PAUSED_NEW"
         self.reject_new_requests = msg.mode != "keep"
 
@@ -304,32 +274,9 @@ class EngineCore:
             yield ev
         self._process_kv_finished()
         results = sched.update_from_output(out, sampled)
-        finished = self.finished_by_client
-        if finished is not None:
-            self._dp_outputs(results, finished)
-        elif results:
-            by_client: dict[int, list[EngineCoreOutput]] = {}
-            for client, output in results:
-                by_client.setdefault(client, []).append(output)
-            self._send_outputs(by_client)
+        if results or self.outputs.finished_by_client is not None:
+            self.outputs.step_outputs(results)
         return True
-
-    def _dp_outputs(self, results: list[tuple[int, EngineCoreOutput]],
-                    finished: dict[int, list[str]]) -> None:
-        """The step's outputs with each client's finished IDs (scheduler.py:2646-2658), and
-        a note to the coordinator that the counts changed."""
-        by_client: dict[int, list[EngineCoreOutput]] = {}
-        for client, output in results:
-            by_client.setdefault(client, []).append(output)
-            if output.finish_reason is not None:
-                finished.setdefault(client, []).append(output.request_id)
-        for client in finished:
-            by_client.setdefault(client, [])
-        if by_client:
-            self._send_outputs(by_client, dict(finished))
-        finished.clear()
-        if self.coordinator is not None:
-            self.coordinator.note_change()
 
     def _process_aborts_queue(self) -> None:
         while self.aborts_queue:
@@ -348,23 +295,6 @@ class EngineCore:
         start = self._gpu_free_at if self._gpu_free_at > now else now
         self._gpu_free_at = start + delay
         return world.env.timeout(self._gpu_free_at - now, sampled)
-
-    def _send_outputs(self, by_client: dict[int, list[EngineCoreOutput]],
-                      finished: dict[int, list[str]] | None = None) -> None:
-        for client in (sorted(by_client) if len(by_client) > 1 else by_client):
-            outputs = by_client[client]
-            channel = self.output_channels.get(client)
-            if channel is None:
-                continue
-            done = finished.get(client) if finished is not None else None
-            detail = [[o.request_id, o.inc, len(o.new_tokens), o.finish_reason] for o in outputs]
-            if done and self.finished_by_client is not None:
-                channel.send(EngineCoreOutputs(self.index, tuple(outputs), tuple(done)),
-                             [o.request_id for o in outputs] or list(done), outputs=detail,
-                             finished=list(done))
-            else:
-                channel.send(EngineCoreOutputs(self.index, tuple(outputs), None),
-                             [o.request_id for o in outputs], outputs=detail)
 
     # -- P/D decode side ------------------------------------------------------------------------
 
@@ -401,5 +331,4 @@ class EngineCore:
     def _die(self, reason: str) -> None:
         self.dead = reason
         self.world.record(self._c_core, "engine.fatal", None, 0, error=reason)
-        for client in sorted(self.output_channels):
-            self.output_channels[client].send(EngineDead(self.index, reason), ["*"])
+        self.outputs.dead(reason)

@@ -181,8 +181,8 @@ class System:
                              1.0 - e.kv.num_free_blocks / e.kv.num_blocks) for e in engines],
             [fe.dp for fe in self.frontends if fe.dp is not None], latency)
         for engine in engines:
-            engine.finished_by_client = {}
-            engine.coordinator = coordinator
+            engine.outputs.finished_by_client = {}
+            engine.outputs.coordinator = coordinator
 
     def _pause_and_resume(self) -> Generator[simpy.Event, Any, None]:
         """API server 0 calls pause_generation, then resume_generation (async_llm.py:989-1028)."""
