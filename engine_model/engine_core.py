@@ -198,9 +198,36 @@ class EngineCore:
     def _process_kv_finished(self) -> None:
         if self.connector is None:
             return
+        if self.connector.failed_recving:
+            self._kv_load_failed(self.connector.take_failed_recving())
         done = self.connector.get_finished()
         for rid, cause in done:
             self.scheduler.finish_kv_transfers([rid], cause)
+
+    def _kv_load_failed(self, request_ids: list[str]) -> None:
+        """Failed remote KV reads (scheduler.py:3682-3694, 2556-2575): policy "fail" finishes
+        each request with an ERROR output; "recompute" drops its blocks and prefills the whole
+        prompt locally (:3476-3497)."""
+        sched = self.scheduler
+        recompute = self.config.kv_load_failure_policy == "recompute"
+        for rid in request_ids:
+            req = sched.requests.get(rid)
+            if req is None or req.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+                continue
+            self.world.record(self._c_core, "pd.load_failed", rid, req.inc,
+                              policy="recompute" if recompute else "fail")
+            if not recompute:
+                finished = sched.finish_requests([rid], RequestStatus.FINISHED_ERROR,
+                                                 "kv-load-failure")
+                self.outputs.note_finished(finished)
+                self.outputs.finish(finished, "error")
+                continue
+            assert self.connector is not None
+            self.connector.finished_recving.pop(rid, None)
+            self.kv.free(req)
+            req.num_computed_tokens = 0
+            req.remote_kv_ready = True
+            req.status = RequestStatus.WAITING
 
     def _apply_input(self, kind: str, payload: Any) -> None:
         if kind == "add":
@@ -309,6 +336,16 @@ class EngineCore:
         if ev is not None:
             yield ev
         if self.dead is not None:
+            return
+        if request.fault == "kv-load":
+            # The read ended without the blocks (failed_recving); no done-notice reaches P,
+            # whose hold then ends with its lease (the notice path on failure: unverified).
+            world.record(f"{self.name}.connector", "pd.read_failed", request.request_id,
+                         request.inc, remote_request=params.remote_request_id)
+            assert self.connector is not None
+            self.connector.finished_recving[request.request_id] = None
+            self.connector.failed_recving[request.request_id] = None
+            self._wake_loop()
             return
         world.record(f"{self.name}.connector", "pd.read", request.request_id, request.inc,
                      remote_engine=params.remote_engine, remote_request=params.remote_request_id,

@@ -19,11 +19,13 @@ class RequestStatus:
     FINISHED_STOPPED: Final = "FINISHED_STOPPED"
     FINISHED_LENGTH_CAPPED: Final = "FINISHED_LENGTH_CAPPED"
     FINISHED_ABORTED: Final = "FINISHED_ABORTED"
+    FINISHED_ERROR: Final = "FINISHED_ERROR"
 
     FINISH_REASON: ClassVar[dict[str, str]] = {
         FINISHED_STOPPED: "stop",
         FINISHED_LENGTH_CAPPED: "length",
         FINISHED_ABORTED: "abort",
+        FINISHED_ERROR: "error",
     }
 
 
@@ -32,7 +34,7 @@ class Request:
 
     __slots__ = ("request_id", "inc", "prompt_tokens", "max_tokens", "client_index", "eos_at",
                  "kv_transfer_params", "status", "num_computed_tokens", "output",
-                 "num_output_placeholders", "remote_kv_ready")
+                 "num_output_placeholders", "remote_kv_ready", "fault")
 
     def __init__(self, msg: EngineCoreRequest) -> None:
         self.request_id = msg.request_id
@@ -47,6 +49,7 @@ class Request:
         self.output: list[Token] = []
         self.num_output_placeholders = 0
         self.remote_kv_ready = False
+        self.fault = msg.fault
 
     @property
     def num_tokens(self) -> int:
