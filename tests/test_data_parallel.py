@@ -104,7 +104,7 @@ def test_08_aborted_the_cancelled_add_unconditionally_so_nothing_leaks() -> None
 
 def test_data_parallelism_on_08_is_bad_input_in_one_line(
         capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(InputError, match="data_parallel_size > 1 is modelled on vLLM 0.33"):
+    with pytest.raises(InputError, match=r"data_parallel_size > 1 is modelled on vLLM 0\.33"):
         run_workload(_single("0.8", data_parallel_size=2), load_policy("buggy"))
     with pytest.raises(SystemExit) as exit_:
         main(["run", "dp-stale-inflight", "--vllm", "0.8"])

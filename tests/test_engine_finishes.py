@@ -104,5 +104,5 @@ def test_engine_finish_features_are_refused_on_08(engine: dict[str, object]) -> 
     requests = (RequestSpec("X", preprocess_error=not engine),)
     workload = Workload(requests=requests,
                         engine=EngineConfig(vllm="0.8", **engine))  # type: ignore[arg-type]
-    with pytest.raises(InputError, match="not on profile '0.8'"):
+    with pytest.raises(InputError, match=r"not on profile '0\.8'"):
         run_workload(workload, load_policy("buggy"))
