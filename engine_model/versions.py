@@ -26,7 +26,7 @@ from racesim.engine_model.points import POINTS
 from racesim.sim.errors import InputError
 
 __all__ = ["Behaviour", "VllmProfile", "PROFILES", "DEFAULT_VLLM", "WIDTHS", "Reach",
-           "get_profile", "reach_of", "resolve_workload"]
+           "get_profile", "profile_gap", "reach_of", "resolve_workload"]
 
 WIDTHS = ("live", "yield", "latent")
 
@@ -254,8 +254,10 @@ def _check_catalogue() -> None:
 _check_catalogue()
 
 
-def _check_features(workload: Workload, profile: VllmProfile) -> None:
-    """A scenario using an engine feature its profile does not model is bad input."""
+def profile_gap(workload: Workload) -> str | None:
+    """Why ``workload`` cannot run on its profile (an engine feature the profile does not
+    model), or None."""
+    profile = get_profile(workload.engine.vllm)
     engine = workload.engine
     used = []
     if engine.dp_size > 1:
@@ -269,8 +271,9 @@ def _check_features(workload: Workload, profile: VllmProfile) -> None:
     for feature, key in used:
         if feature not in profile.features:
             have = [p.name for p in PROFILES.values() if feature in p.features]
-            raise InputError(f"{key} is modelled on vLLM {', '.join(have)} only, not on "
-                             f"profile {profile.name!r}")
+            return (f"{key} is modelled on vLLM {', '.join(have)} only, not on profile "
+                    f"{profile.name!r}")
+    return None
 
 
 def resolve_workload(workload: Workload) -> tuple[Workload, VllmProfile]:
@@ -283,7 +286,9 @@ def resolve_workload(workload: Workload) -> tuple[Workload, VllmProfile]:
         async_scheduling=(profile.async_scheduling if engine.async_scheduling is None
                           else engine.async_scheduling),
         eager_aborts=profile.eager_aborts if engine.eager_aborts is None else engine.eager_aborts)
-    _check_features(workload, profile)
+    gap = profile_gap(workload)
+    if gap is not None:
+        raise InputError(gap)
     pd = workload.pd
     if pd.hold_timeout is None:
         pd = replace(pd, hold_timeout=profile.hold_timeout)

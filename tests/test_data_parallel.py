@@ -158,3 +158,21 @@ def test_the_dp_workload_strategy_can_fail_under_buggy() -> None:
     assert not set(r.violated) <= SAFETY_OK
     assert replace(workload.engine, data_parallel_size=None).dp_size == 1
     assert replace(workload.engine, data_parallel_size=3).dp_size == 3
+
+
+def test_the_matrix_on_08_leaves_out_the_033_only_scenarios(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from racesim.engine_model.versions import profile_gap
+    from racesim.scenarios import bundled_names
+    names = bundled_names()
+    only_033 = [n for n in names if profile_gap(load_scenario(n).with_vllm("0.8").workload)]
+    assert {"dp-stale-inflight", "pause-abort-reuse", "pd-kv-load-failure"} <= set(only_033)
+    with pytest.raises(SystemExit) as exit_:
+        main(["matrix", "--vllm", "0.8", "-p", "buggy", "--budget", "1", "--json"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr()
+    cells = json.loads(out.out)["cells"]
+    assert sorted(c["scenario"] for c in cells) == sorted(set(names) - set(only_033))
+    assert "leaves out" in out.err
