@@ -127,10 +127,18 @@ class Client:
             yield ev
         world.record(self.name, "client.send", spec.id, 0, uid=self.uid, frontend=spec.frontend,
                      n=spec.n, prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens)
-        result = yield from self.gateway.add_request(
-            spec.id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
-            max_tokens=spec.max_tokens, n=spec.n, eos_at=spec.eos_at,
-            stop_string_at=spec.stop_string_at, fault=self._fault)
+        if spec.input_chunks:
+            gateway = self.gateway
+            assert isinstance(gateway, AsyncLLM)  # the loader allows sessions on one API server
+            result = yield from gateway.add_streaming_request(
+                spec.id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
+                max_tokens=spec.max_tokens, eos_at=spec.eos_at, chunks=spec.input_chunks,
+                interval=spec.chunk_interval)
+        else:
+            result = yield from self.gateway.add_request(
+                spec.id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
+                max_tokens=spec.max_tokens, n=spec.n, eos_at=spec.eos_at,
+                stop_string_at=spec.stop_string_at, fault=self._fault)
         if isinstance(result, str):
             self._terminate(result)
             return

@@ -125,9 +125,14 @@ class RequestSpec:
     preprocess_error: bool = False
     #: the decode side's read of this request's remote KV fails (P/D only).
     kv_load_fails: bool = False
+    #: a streaming-input session (vLLM #28973): this many more input chunks (each of
+    #: ``prompt_tokens`` tokens, generating up to ``max_tokens``) follow the first, one every
+    #: ``chunk_interval`` seconds; 0 is an ordinary request.
+    input_chunks: int = 0
+    chunk_interval: float = 0.05
 
     def __post_init__(self) -> None:
-        _float_times(self, "at", "abort_at", "cancel_at")
+        _float_times(self, "at", "abort_at", "cancel_at", "chunk_interval")
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,7 @@ class EngineOutputs:
                 self.send(by_client)
             return
         for client, output in results:
-            if output.finish_reason is not None:
+            if output.finish_reason is not None and not output.chunk_end:
                 finished.setdefault(client, []).append(output.request_id)
         for client in finished:
             by_client.setdefault(client, [])

@@ -63,12 +63,12 @@ class EngineCoreRequest:
     """An ADD: the request the frontend sends to an engine."""
 
     __slots__ = ("request_id", "external_req_id", "prompt_tokens", "max_tokens", "client_index",
-                 "eos_at", "kv_transfer_params", "inc", "fault")
+                 "eos_at", "kv_transfer_params", "inc", "fault", "resumable")
 
     def __init__(self, request_id: str, external_req_id: str, prompt_tokens: int,
                  max_tokens: int, client_index: int, eos_at: int | None,
                  kv_transfer_params: KVTransferParams | None, inc: int,
-                 fault: str = "") -> None:
+                 fault: str = "", resumable: bool = False) -> None:
         self.request_id = request_id
         self.external_req_id = external_req_id
         self.prompt_tokens = prompt_tokens
@@ -80,6 +80,8 @@ class EngineCoreRequest:
         #: a scripted fault this request meets: "preprocess" (the input thread fails on it) or
         #: "kv-load" (the decode side's remote KV read fails); "" for none.
         self.fault = fault
+        #: a streaming-input chunk (vLLM #28973); the session's final add is not resumable.
+        self.resumable = resumable
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,16 +98,21 @@ class AbortMessage:
 class EngineCoreOutput:
     """One request's new tokens from one step, and its finish reason when it finished."""
 
-    __slots__ = ("request_id", "new_tokens", "finish_reason", "kv_transfer_params", "inc")
+    __slots__ = ("request_id", "new_tokens", "finish_reason", "kv_transfer_params", "inc",
+                 "chunk_end")
 
     def __init__(self, request_id: str, new_tokens: tuple[Token, ...],
                  finish_reason: str | None = None,
-                 kv_transfer_params: KVTransferParams | None = None, inc: int = 0) -> None:
+                 kv_transfer_params: KVTransferParams | None = None, inc: int = 0,
+                 chunk_end: bool = False) -> None:
         self.request_id = request_id
         self.new_tokens = new_tokens
         self.finish_reason = finish_reason
         self.kv_transfer_params = kv_transfer_params
         self.inc = inc  # ground truth: the engine request object this output was built from
+        #: a streaming-input session's chunk ended; the request stays in the engine (its ID
+        #: is not among the finished ones).
+        self.chunk_end = chunk_end
 
 
 class EngineCoreOutputs:

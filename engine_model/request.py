@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import ClassVar, Final
 
 from racesim.engine_model.messages import EngineCoreRequest, KVTransferParams, Token
@@ -14,6 +15,7 @@ class RequestStatus:
 
     WAITING: Final = "WAITING"
     WAITING_FOR_REMOTE_KVS: Final = "WAITING_FOR_REMOTE_KVS"
+    WAITING_FOR_STREAMING_REQ: Final = "WAITING_FOR_STREAMING_REQ"
     RUNNING: Final = "RUNNING"
     PREEMPTED: Final = "PREEMPTED"
     FINISHED_STOPPED: Final = "FINISHED_STOPPED"
@@ -34,7 +36,8 @@ class Request:
 
     __slots__ = ("request_id", "inc", "prompt_tokens", "max_tokens", "client_index", "eos_at",
                  "kv_transfer_params", "status", "num_computed_tokens", "output",
-                 "num_output_placeholders", "remote_kv_ready", "fault")
+                 "num_output_placeholders", "remote_kv_ready", "fault", "resumable",
+                 "streaming_queue", "stale_tokens")
 
     def __init__(self, msg: EngineCoreRequest) -> None:
         self.request_id = msg.request_id
@@ -50,6 +53,12 @@ class Request:
         self.num_output_placeholders = 0
         self.remote_kv_ready = False
         self.fault = msg.fault
+        self.resumable = msg.resumable
+        #: a session's input chunks queued while a chunk runs (None: the session's end; the
+        #: attribute is None for a request that is not a session).
+        self.streaming_queue: deque[Request | None] | None = None
+        #: sampled tokens still in flight from a session's finished chunk, to be dropped.
+        self.stale_tokens = 0
 
     @property
     def num_tokens(self) -> int:

@@ -16,6 +16,7 @@ from racesim.engine_model.fatal import EngineFatal, checked_del, checked_get
 from racesim.engine_model.kv_cache import KVCacheManager
 from racesim.engine_model.messages import EngineCoreOutput, KVTransferParams, Token
 from racesim.engine_model.request import Request, RequestStatus
+from racesim.engine_model.sessions import add_to_session, chunk_stopped, open_session
 from racesim.engine_model.versions import VllmProfile, get_profile
 from racesim.sim.world import World
 
@@ -109,10 +110,14 @@ class Scheduler:
         rid = request.request_id
         prev = self.requests.get(rid)
         if prev is not None and self._assert_duplicate:
+            if add_to_session(self, prev, request):
+                return
             # vLLM 0.33 scheduler.py:2931-2936: a non-streaming duplicate fails an assert, which
             # _handle_client_request does not catch: the engine dies.
             self.world.record(self.component, "sched.duplicate", rid, request.inc, prev=prev.inc)
             raise EngineFatal(f"AssertionError: duplicate request id {rid!r}")
+        if request.resumable:
+            open_session(request)
         # vLLM before #28973: no duplicate check; the dict entry is overwritten.
         self.waiting.append(request)
         self.requests[rid] = request
@@ -333,6 +338,9 @@ class Scheduler:
             token = sampled.get(rid)
             if token is None:
                 continue  # a partial prefill chunk samples nothing
+            if req.stale_tokens:
+                req.stale_tokens -= 1  # a session's finished chunk: in flight, dropped
+                continue
             if self._async:
                 req.num_output_placeholders -= 1
                 if req.num_output_placeholders < 0:
@@ -345,6 +353,13 @@ class Scheduler:
             elif len(req.output) >= req.max_tokens:
                 req.status = RequestStatus.FINISHED_LENGTH_CAPPED
             params = None
+            if req.is_finished() and req.streaming_queue is not None:
+                reason = RequestStatus.FINISH_REASON[req.status]
+                self._remove_running(req)
+                if chunk_stopped(self, req):  # the chunk ended, the session goes on
+                    results.append((req.client_index, EngineCoreOutput(
+                        rid, (token,), reason, None, req.inc, chunk_end=True)))
+                    continue
             if req.is_finished():
                 reason = RequestStatus.FINISH_REASON[req.status]
                 self._remove_running(req)

@@ -154,7 +154,8 @@ PROFILES: dict[str, VllmProfile] = {
         pd_hold="lease",
         hold_timeout=30.0,
         remote_kv_abort="free-after-recv",
-        features=frozenset({"dp", "pause", "preprocess-error", "kv-load-failure"}),
+        features=frozenset({"dp", "pause", "preprocess-error", "kv-load-failure",
+                            "streaming-input"}),
         cancel_before_collector="nothing",
         widths=_WIDTHS,
         behaviours=(
@@ -197,6 +198,13 @@ PROFILES: dict[str, VllmProfile] = {
                       "mode='keep' freezes the queues (PAUSED_ALL)",
                       "v1/engine/core.py:1796-1813, 2181-2233, 2249-2279; "
                       "v1/core/sched/scheduler.py:723-725, 1050-1066"),
+            Behaviour("streaming-input sessions (#28973): chunks re-use the session's internal "
+                      "ID with resumable=True; the frontend queues them as streaming updates, "
+                      "the scheduler resumes the session with each (or queues it while a "
+                      "chunk runs) and ends it on the final non-resumable add; a "
+                      "non-resumable duplicate of any other live ID still asserts",
+                      "v1/engine/async_llm.py:590-700; output_processor.py:695-726, 844-882; "
+                      "v1/core/sched/scheduler.py:1879-1918, 2717-2742, 2931-2945"),
             Behaviour("an exception preprocessing an ADD in the input thread sends an ERROR "
                       "output at once; the request never reaches the scheduler",
                       "v1/engine/core.py:2016-2020, 2161-2168"),
@@ -268,6 +276,8 @@ def profile_gap(workload: Workload) -> str | None:
         used.append(("preprocess-error", "request.preprocess_error"))
     if any(r.kv_load_fails for r in workload.requests):
         used.append(("kv-load-failure", "request.kv_load_fails"))
+    if any(r.input_chunks for r in workload.requests):
+        used.append(("streaming-input", "request.input_chunks"))
     for feature, key in used:
         if feature not in profile.features:
             have = [p.name for p in PROFILES.values() if feature in p.features]

@@ -285,6 +285,12 @@ def _consistent(workload: Workload) -> None:
     for i, spec in enumerate(workload.requests):
         if spec.kv_load_fails and workload.topology != "pd":
             raise _Bad(("request", i, "kv_load_fails"), 'needs topology = "pd"', True)
+        if spec.input_chunks and (workload.topology != "single" or spec.n > 1
+                                  or spec.stop_string_at is not None):
+            # async_llm.py:713-724 refuses n > 1 and stop strings; the P/D proxy has no
+            # streaming input
+            raise _Bad(("request", i, "input_chunks"), 'needs topology = "single", n = 1 and '
+                       "no stop_string_at", spec.input_chunks)
 
 
 def _key(key: object) -> str:

@@ -134,6 +134,64 @@ class AsyncLLM:
             self._send(req, [rid], engine, incs=[req.inc])
         return collector
 
+    # -- streaming input ------------------------------------------------------------------------
+
+    def add_streaming_request(self, request_id: str, *, client_uid: int, prompt_tokens: int,
+                              max_tokens: int, eos_at: int | None, chunks: int,
+                              interval: float,
+                              ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]:
+        """_add_streaming_input_request (async_llm.py:590-700): one internal ID for the whole
+        session, the collector at once, and a task that adds each input chunk under that ID
+        (resumable) and then the final, non-resumable add."""
+        if self.engine_dead is not None:
+            self.world.record(self.name, "fe.reject", request_id, 0, uid=client_uid,
+                              reason="EngineDeadError")
+            return FinishReason.ERROR
+        internal = self.policy.assign_request_id(self, request_id)
+        collector = RequestOutputCollector(self.world.env, internal)
+        self.world.env.process(self._handle_inputs(
+            internal, request_id, collector, client_uid, prompt_tokens, max_tokens, eos_at,
+            chunks, interval, self._next_inc()))
+        return collector
+        yield  # a generator, like add_request
+
+    def _handle_inputs(self, internal: str, request_id: str,
+                       collector: RequestOutputCollector, client_uid: int, prompt_tokens: int,
+                       max_tokens: int, eos_at: int | None, chunks: int, interval: float,
+                       inc: int) -> Proc:
+        world = self.world
+        op = self.output_processor
+        for k in range(chunks + 1):
+            if k:
+                yield world.env.timeout(interval)
+                if not op.has_request(internal):
+                    return  # the session finished (aborted or errored): no more input
+            req = EngineCoreRequest(internal, request_id, prompt_tokens, max_tokens, self.index,
+                                    eos_at, None, inc, "", True)
+            yield from self._send_chunk(req, k == 0, collector, client_uid)
+        if op.has_request(internal):
+            final = EngineCoreRequest(internal, request_id, 1, max_tokens, self.index, eos_at,
+                                      None, inc, "", False)
+            yield from self._send_chunk(final, False, collector, client_uid)
+
+    def _send_chunk(self, req: EngineCoreRequest, first: bool,
+                    collector: RequestOutputCollector, client_uid: int) -> Proc:
+        """_add_request for one session add: register (or queue the update), then send. Only
+        the first add is a new incarnation for the checker; the others continue it."""
+        rid = req.request_id
+        op = self.output_processor
+        engine = self.engine if self.dp is None else self.dp.choose(rid, req.inc)
+        if first:
+            op.add_request(req, None, 0, collector, client_uid, engine, None)
+            op.open_session(rid)
+        else:
+            op.streaming_update(rid, req.resumable)
+        ev = self.world.sleep("frontend.add_request:before_send", 0.0, self.name)
+        if ev is not None:
+            yield ev
+        self._send(req, [rid], engine, incs=[req.inc] if first else [],
+                   resumable=req.resumable)
+
     # -- abort ----------------------------------------------------------------------------------
 
     def abort(self, request_id: str, internal: bool = False) -> Proc:

@@ -8,6 +8,7 @@ registered (``finish_stream``).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -58,6 +59,11 @@ class RequestState:
     num_generated: int = 0
     #: finished in the frontend (stop string or abort) but kept until the policy drops it.
     finished: bool = False
+    #: a streaming-input session expecting more input (output_processor.py:249-252).
+    streaming_input: bool = False
+    #: its input chunks not yet applied, each True when it is the last (None: the engine
+    #: finished the last chunk applied).
+    input_chunk_queue: deque[bool] | None = None
 
 
 class OutputProcessor:
@@ -104,6 +110,35 @@ class OutputProcessor:
             self.world.record(self.component, "fe.add", rid, request.inc, uid=client_uid,
                               external=request.external_req_id, index=index)
         return state
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.request_states
+
+    def open_session(self, request_id: str) -> None:
+        """The first chunk of a streaming-input session was registered."""
+        state = self.request_states[request_id]
+        state.streaming_input = True
+        state.input_chunk_queue = deque()
+
+    def streaming_update(self, request_id: str, resumable: bool) -> None:
+        """``_update_streaming_request_state`` (output_processor.py:695-726): an add for an ID
+        still here. A non-resumable one is the session's end, or, for a request that is no
+        session (or whose last chunk the engine finished), ends its stream at once."""
+        state = self.request_states[request_id]
+        queue = state.input_chunk_queue
+        if not resumable:
+            if queue is None:
+                self.finish_stream(request_id)
+            elif queue:
+                queue[-1] = True
+            else:
+                state.streaming_input = False
+            return
+        if queue is None:
+            state.streaming_input = True
+            state.input_chunk_queue = deque()
+        else:
+            queue.append(False)
 
     def finish_stream(self, request_id: str) -> None:
         """vLLM 0.33 ``_update_streaming_request_state`` for a non-resumable add of an ID that
@@ -223,9 +258,23 @@ class OutputProcessor:
                     state.num_generated -= extra
                 finish = FinishReason.STOP
                 stop_string = True
+            if finish is not None and state.streaming_input and finish not in (
+                    FinishReason.ABORT, FinishReason.ERROR):
+                # A chunk boundary (:844-875): the output is not final; the next queued
+                # chunk applies, or the state waits for one.
+                self._deliver(state, tokens, finish, out, boundary=True)
+                queue = state.input_chunk_queue
+                if queue:
+                    state.streaming_input = not queue.popleft()
+                else:
+                    state.input_chunk_queue = None
+                continue
             self._deliver(state, tokens, finish, out)
             if finish is None:
                 continue
+            if state.streaming_input:
+                # The engine may still hold the session: a chunk in flight can re-create it.
+                reqs_to_abort.append(rid)
             self.world.record(self.component, "fe.stats", rid, state.inc, reason=finish,
                               uid=state.client_uid)
             if stop_string:
@@ -251,9 +300,9 @@ class OutputProcessor:
                 self._pop(state, "abort-sent")
 
     def _deliver(self, state: RequestState, tokens: list[Token], finish: str | None,
-                 out: EngineCoreOutput | None = None) -> None:
+                 out: EngineCoreOutput | None = None, boundary: bool = False) -> None:
         parent = state.parent
-        finished = finish is not None
+        finished = finish is not None and not boundary
         if parent is not None and finished:
             parent.finished_children += 1
             finished = parent.finished_children >= len(parent.child_requests)
