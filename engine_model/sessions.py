@@ -12,14 +12,28 @@ fails the "duplicate request id" assert (:2931-2936).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from racesim.engine_model.request import Request, RequestStatus
-
-if TYPE_CHECKING:
-    from racesim.engine_model.scheduler import Scheduler
+from racesim.sim.world import World
 
 __all__ = ["add_to_session", "chunk_stopped", "open_session"]
+
+
+class Scheduler(Protocol):
+    """What a session needs of the scheduler (a Protocol: the scheduler imports this module)."""
+
+    @property
+    def world(self) -> World: ...
+
+    @property
+    def component(self) -> str: ...
+
+    @property
+    def waiting(self) -> deque[Request]: ...
+
+    def finish_requests(self, request_ids: tuple[str, ...] | list[str], status: str, cause: str,
+                        tag: int = 0) -> list[Request]: ...
 
 
 def open_session(request: Request) -> None:
