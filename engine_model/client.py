@@ -69,17 +69,15 @@ class Client:
         self._accepted = False
         #: the internal ID generate() holds once add_request returned (``q.request_id``).
         self._collector_id: str | None = None
-        self._proc = world.env.process(self._run())
+        # The cancellable wrapper only when a cancel is scripted: it adds a generator frame
+        # to every resume of the client.
+        self._proc = world.env.process(self._run() if spec.cancel_at is not None
+                                       else self._generate())
         if spec.abort_at is not None:
             # Armed now, so that at equal times scenario order decides who acts first.
             world.env.process(self._abort_at(spec.abort_at))
         if spec.cancel_at is not None:
             world.env.process(self._cancel_at(spec.cancel_at))
-
-    @property
-    def _fault(self) -> str:
-        spec = self.spec
-        return "preprocess" if spec.preprocess_error else "kv-load" if spec.kv_load_fails else ""
 
     @property
     def done(self) -> bool:
@@ -138,7 +136,9 @@ class Client:
             result = yield from self.gateway.add_request(
                 spec.id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
                 max_tokens=spec.max_tokens, n=spec.n, eos_at=spec.eos_at,
-                stop_string_at=spec.stop_string_at, fault=self._fault)
+                stop_string_at=spec.stop_string_at,
+                fault="preprocess" if spec.preprocess_error else
+                "kv-load" if spec.kv_load_fails else "")
         if isinstance(result, str):
             self._terminate(result)
             return

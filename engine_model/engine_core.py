@@ -22,6 +22,7 @@ from racesim.engine_model.kv_cache import KVCacheManager
 from racesim.engine_model.kv_connector import ConnectorScheduler
 from racesim.engine_model.messages import (
     AbortMessage,
+    EngineCoreOutput,
     EngineCoreRequest,
     KVDoneNotice,
     KVHeartbeat,
@@ -245,7 +246,8 @@ class EngineCore:
     def _abort(self, msg: AbortMessage, cause: str) -> None:
         finished = self.scheduler.finish_requests(msg.request_ids, RequestStatus.FINISHED_ABORTED,
                                                   cause, msg.tag)
-        self.outputs.note_finished(finished)
+        if self.outputs.finished_by_client is not None:
+            self.outputs.note_finished(finished)
         # bool(): a third-party policy may set the flag to 1, which compiled code would refuse
         if finished and bool(self.policy.engine_final_abort):
             # njhill's proposal in #15326: a final "abort" output for every aborted request.
@@ -301,8 +303,14 @@ class EngineCore:
             yield ev
         self._process_kv_finished()
         results = sched.update_from_output(out, sampled)
-        if results or self.outputs.finished_by_client is not None:
-            self.outputs.step_outputs(results)
+        outputs = self.outputs
+        if outputs.finished_by_client is not None:
+            outputs.step_outputs(results)
+        elif results:
+            by_client: dict[int, list[EngineCoreOutput]] = {}
+            for client, output in results:
+                by_client.setdefault(client, []).append(output)
+            outputs.send(by_client)
         return True
 
     def _process_aborts_queue(self) -> None:

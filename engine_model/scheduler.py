@@ -353,16 +353,14 @@ class Scheduler:
             elif len(req.output) >= req.max_tokens:
                 req.status = RequestStatus.FINISHED_LENGTH_CAPPED
             params = None
-            if req.is_finished() and req.streaming_queue is not None:
-                reason = RequestStatus.FINISH_REASON[req.status]
-                self._remove_running(req)
-                if chunk_stopped(self, req):  # the chunk ended, the session goes on
-                    results.append((req.client_index, EngineCoreOutput(
-                        rid, (token,), reason, None, req.inc, chunk_end=True)))
-                    continue
             if req.is_finished():
                 reason = RequestStatus.FINISH_REASON[req.status]
                 self._remove_running(req)
+                if req.streaming_queue is not None and chunk_stopped(self, req):
+                    # a session's chunk ended; the session goes on
+                    results.append((req.client_index, EngineCoreOutput(
+                        rid, (token,), reason, None, req.inc, True)))
+                    continue
                 self.world.record(self.component, "sched.finish", rid, req.inc,
                                   status=req.status, cause=reason)
                 params = self._free_request(req)

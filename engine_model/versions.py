@@ -272,11 +272,16 @@ def profile_gap(workload: Workload) -> str | None:
         used.append(("dp", "engine.data_parallel_size > 1"))
     if engine.pause_at is not None:
         used.append(("pause", "engine.pause_at"))
-    if any(r.preprocess_error for r in workload.requests):
+    preprocess = kv_load = chunks = False
+    for r in workload.requests:  # one pass: this runs before every run of an exploration
+        preprocess = preprocess or r.preprocess_error
+        kv_load = kv_load or r.kv_load_fails
+        chunks = chunks or r.input_chunks > 0
+    if preprocess:
         used.append(("preprocess-error", "request.preprocess_error"))
-    if any(r.kv_load_fails for r in workload.requests):
+    if kv_load:
         used.append(("kv-load-failure", "request.kv_load_fails"))
-    if any(r.input_chunks for r in workload.requests):
+    if chunks:
         used.append(("streaming-input", "request.input_chunks"))
     for feature, key in used:
         if feature not in profile.features:
