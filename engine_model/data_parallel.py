@@ -36,7 +36,7 @@ class DPLoadBalancer:
     """DPLBAsyncMPClient's routing state for one API server (``client_index``)."""
 
     __slots__ = ("world", "component", "client_count", "reqs_in_flight", "engine_inflight",
-                 "lb_engines", "eng_start_index", "_truth")
+                 "lb_engines", "eng_start_index", "streaming_reqs", "_truth")
 
     def __init__(self, world: World, component: str, num_engines: int, client_index: int,
                  client_count: int) -> None:
@@ -50,11 +50,17 @@ class DPLoadBalancer:
         #: [waiting, running, kv_cache_usage] per engine, as the coordinator last published.
         self.lb_engines: list[list[float]] = [[0, 0, 0.0] for _ in range(num_engines)]
         self.eng_start_index = (num_engines * client_index) // client_count
+        #: open streaming-input sessions, whose aborts go to every engine (:1729, 1752-1756).
+        self.streaming_reqs: dict[str, None] = {}
         self._truth: dict[str, int] = {}  # ground truth: the incarnation each entry was made for
 
-    def choose(self, request_id: str, inc: int) -> int:
+    def choose(self, request_id: str, inc: int, resumable: bool = False) -> int:
         """get_core_engine_for_request (core_client.py:1751-1811): affinity, else the lowest
         load score scanning from ``eng_start_index``; records the choice in reqs_in_flight."""
+        if resumable:
+            self.streaming_reqs[request_id] = None
+        elif self.streaming_reqs:
+            self.streaming_reqs.pop(request_id, None)  # a session's final add ends it
         engine = self.reqs_in_flight.get(request_id)
         if engine is not None:
             self._truth[request_id] = inc
@@ -91,10 +97,16 @@ class DPLoadBalancer:
 
     def route_aborts(self, request_ids: Sequence[str]) -> tuple[dict[int, list[str]], list[str]]:
         """abort_requests_async (core_client.py:1874-1900): the IDs per engine, and the IDs
-        with no entry, which are sent nowhere."""
+        with no entry, which are sent nowhere. An open session's abort goes to every engine:
+        a chunk in flight may have re-created it anywhere."""
         by_engine: dict[int, list[str]] = {}
         unrouted = []
         for rid in request_ids:
+            if rid in self.streaming_reqs:
+                del self.streaming_reqs[rid]
+                for e in range(len(self.engine_inflight)):
+                    by_engine.setdefault(e, []).append(rid)
+                continue
             engine = self.reqs_in_flight.get(rid)
             if engine is None:
                 unrouted.append(rid)

@@ -176,3 +176,29 @@ def test_the_matrix_on_08_leaves_out_the_033_only_scenarios(
     cells = json.loads(out.out)["cells"]
     assert sorted(c["scenario"] for c in cells) == sorted(set(names) - set(only_033))
     assert "leaves out" in out.err
+
+
+def test_an_open_sessions_abort_goes_to_every_engine() -> None:
+    lb = _lb(3)
+    lb.choose("S", 1, resumable=True)
+    assert lb.route_aborts(["S"]) == ({0: ["S"], 1: ["S"], 2: ["S"]}, [])
+    assert lb.route_aborts(["S"]) == ({0: ["S"]}, [])      # broadcast once, then by entry
+    lb.choose("T", 2, resumable=True)
+    lb.choose("T", 2)                                       # the session's final add
+    assert lb.route_aborts(["T"]) == ({1: ["T"]}, [])
+
+
+def test_a_session_under_data_parallelism_stays_on_its_engine() -> None:
+    workload = Workload(engine=EngineConfig(vllm="0.33", data_parallel_size=2),
+                        requests=(RequestSpec("S", max_tokens=4, input_chunks=2,
+                                              chunk_interval=0.05),
+                                  RequestSpec("U", max_tokens=4, input_chunks=1, abort_at=0.03,
+                                              chunk_interval=0.05)))
+    r = run_workload(workload, load_policy("internal-id"))
+    routes = [(e.request[0], e.detail["engine"], e.detail["affinity"]) for e in r.trace
+              if e.kind == "dp.route"]
+    assert [x for x in routes if x[0] == "S"] == [("S", 0, False), ("S", 0, True),
+                                                   ("S", 0, True), ("S", 0, True)]
+    assert r.requests[0].tokens == 12 and set(r.violated) <= SAFETY_OK
+    aborts = [e for e in r.trace if e.kind == "ipc.send" and e.detail["type"] == "AbortMessage"]
+    assert sorted(e.detail["to"] for e in aborts) == [0, 1]  # U's abort: every engine

@@ -180,7 +180,7 @@ class AsyncLLM:
         the first add is a new incarnation for the checker; the others continue it."""
         rid = req.request_id
         op = self.output_processor
-        engine = self.engine if self.dp is None else self.dp.choose(rid, req.inc)
+        engine = self.engine if self.dp is None else self.dp.choose(rid, req.inc, req.resumable)
         if first:
             op.add_request(req, None, 0, collector, client_uid, engine, None)
             op.open_session(rid)
