@@ -50,6 +50,8 @@ COMPILED = (
     "racesim.engine_model.runner",
     "racesim.engine_model.ipc",
     "racesim.engine_model.engine_core",
+    "racesim.engine_model.engine_outputs",
+    "racesim.engine_model.data_parallel",
     "racesim.engine_model.checker",
     "racesim.engine_model.monitors.truth",
     "racesim.engine_model.monitors.liveness",

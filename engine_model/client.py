@@ -34,6 +34,7 @@ class Gateway(Protocol):
                     max_tokens: int, n: int = 1, eos_at: int | None = None,
                     stop_string_at: int | None = None,
                     kv_transfer_params: KVTransferParams | None = None, prompt: str = "",
+                    fault: str = "",
                     ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]: ...
 
     def abort(self, request_id: str, internal: bool = False) -> Proc: ...
@@ -67,10 +68,17 @@ class Client:
         # the frontend lets go of it, nothing can put an output there, so the finished client's
         # listening process becomes garbage instead of living until the end of the run.
         self._accepted = False
-        world.env.process(self._run())
+        #: the internal ID generate() holds once add_request returned (``q.request_id``).
+        self._collector_id: str | None = None
+        # The cancellable wrapper only when a cancel is scripted: it adds a generator frame
+        # to every resume of the client.
+        self._proc = world.env.process(self._run() if spec.cancel_at is not None
+                                       else self._generate())
         if spec.abort_at is not None:
             # Armed now, so that at equal times scenario order decides who acts first.
             world.env.process(self._abort_at(spec.abort_at))
+        if spec.cancel_at is not None:
+            world.env.process(self._cancel_at(spec.cancel_at))
 
     @property
     def done(self) -> bool:
@@ -82,6 +90,32 @@ class Client:
                           tokens=self.tokens)
 
     def _run(self) -> Proc:
+        try:
+            yield from self._generate()
+        except simpy.Interrupt:
+            yield from self._cancelled()
+
+    def _cancel_at(self, at: float) -> Proc:
+        """``with_cancellation`` cancels the HTTP handler task (entrypoints/utils.py)."""
+        env = self.world.env
+        if at > env.now:
+            yield env.timeout(at - env.now)
+        if self.done or not self._proc.is_alive:
+            return
+        self.world.record(self.name, "client.cancel", self.spec.id, 0, uid=self.uid)
+        self._proc.interrupt("cancelled")
+
+    def _cancelled(self) -> Proc:
+        """generate()'s CancelledError path (async_llm.py:807-809): abort by the internal ID
+        if add_request had returned; otherwise AsyncLLM.add_request already did what vLLM
+        does there."""
+        if self.done:
+            return
+        self._terminate(FinishReason.ABORT)
+        if self._collector_id is not None:
+            yield from self.gateway.abort(self._collector_id, internal=True)
+
+    def _generate(self) -> Proc:
         world = self.world
         env = world.env
         spec = self.spec
@@ -96,15 +130,26 @@ class Client:
         world.record(self.name, "client.send", spec.id, 0, uid=self.uid, frontend=spec.frontend,
                      n=spec.n, prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens,
                      **named)
-        result = yield from self.gateway.add_request(
-            spec.id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
-            max_tokens=spec.max_tokens, n=spec.n, eos_at=spec.eos_at,
-            stop_string_at=spec.stop_string_at,
-            prompt=spec.prompt if spec.prompt is not None else f"#{self.uid}")
+        if spec.input_chunks:
+            gateway = self.gateway
+            assert isinstance(gateway, AsyncLLM)  # the loader allows sessions on one API server
+            result = yield from gateway.add_streaming_request(
+                spec.id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
+                max_tokens=spec.max_tokens, eos_at=spec.eos_at, chunks=spec.input_chunks,
+                interval=spec.chunk_interval)
+        else:
+            result = yield from self.gateway.add_request(
+                spec.id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
+                max_tokens=spec.max_tokens, n=spec.n, eos_at=spec.eos_at,
+                stop_string_at=spec.stop_string_at,
+                prompt=spec.prompt if spec.prompt is not None else f"#{self.uid}",
+                fault="preprocess" if spec.preprocess_error else
+                "kv-load" if spec.kv_load_fails else "")
         if isinstance(result, str):
             self._terminate(result)
             return
         self._accepted = True
+        self._collector_id = result.request_id
         disconnected = False
         while True:
             out = result.take()
@@ -159,16 +204,17 @@ class Proxy:
                     max_tokens: int, n: int = 1, eos_at: int | None = None,
                     stop_string_at: int | None = None,
                     kv_transfer_params: KVTransferParams | None = None, prompt: str = "",
+                    fault: str = "",
                     ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]:
         collector = RequestOutputCollector(self.world.env, request_id)
         self.world.env.process(self._run(collector, request_id, client_uid, prompt_tokens,
-                                         max_tokens, n, eos_at, stop_string_at, prompt))
+                                         max_tokens, n, eos_at, stop_string_at, prompt, fault))
         return collector
         yield  # a generator, like AsyncLLM.add_request
 
     def _run(self, collector: RequestOutputCollector, request_id: str, client_uid: int,
              prompt_tokens: int, max_tokens: int, n: int, eos_at: int | None,
-             stop_string_at: int | None, prompt: str) -> Proc:
+             stop_string_at: int | None, prompt: str, fault: str) -> Proc:
         world = self.world
         rid = request_id
         if self.config.proxy_ids == "uuid":
@@ -177,7 +223,8 @@ class Proxy:
         self._stage, self._stage_id = self.prefill, rid
         got = yield from self.prefill.add_request(
             rid, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=1, n=1,
-            kv_transfer_params=KVTransferParams(do_remote_decode=True), prompt=prompt)
+            kv_transfer_params=KVTransferParams(do_remote_decode=True), prompt=prompt,
+            fault="preprocess" if fault == "preprocess" else "")
         if isinstance(got, str):
             self._refused(collector, request_id, got)
             return
@@ -205,7 +252,7 @@ class Proxy:
         got = yield from self.decode.add_request(
             rid, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=max_tokens, n=n,
             eos_at=eos_at, stop_string_at=stop_string_at, kv_transfer_params=d_params,
-            prompt=prompt)
+            prompt=prompt, fault="kv-load" if fault == "kv-load" else "")
         if isinstance(got, str):
             self._refused(collector, request_id, got)
             return

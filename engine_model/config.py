@@ -46,9 +46,27 @@ class EngineConfig:
     #: reference count, and kept (evictable) after their owners free them. None: the profile's
     #: default.
     prefix_caching: bool | None = None
+    #: ``--data-parallel-size``: this many engine cores behind every API server, each API
+    #: server's DPLBAsyncMPClient choosing one per request (None: 1, no data parallelism).
+    data_parallel_size: int | None = None
+    #: ``AsyncLLM.pause_generation`` called by API server 0 at this time (None: never).
+    pause_at: float | None = None
+    #: its mode: "abort" (the default: abort every request, reject adds until resume) or
+    #: "keep" (freeze the queues; adds wait).
+    pause_mode: str | None = None
+    #: ``AsyncLLM.resume_generation`` at this time (None: never).
+    resume_at: float | None = None
+    #: NIXL ``kv_load_failure_policy`` on the decode side: "fail" (vLLM's default) or
+    #: "recompute". Only read when a request's remote KV read fails.
+    kv_load_failure_policy: str | None = None
 
     def __post_init__(self) -> None:
-        _float_times(self, "step_time", "preprocess_time")
+        _float_times(self, "step_time", "preprocess_time", "pause_at", "resume_at")
+
+    @property
+    def dp_size(self) -> int:
+        """The number of data-parallel engine cores (1 without data parallelism)."""
+        return self.data_parallel_size or 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +125,21 @@ class RequestSpec:
     n: int = 1
     frontend: int = 0
     prompt: str | None = None
+    #: the client's HTTP handler task is cancelled at this time (a disconnect or timeout):
+    #: ``generate()`` aborts by internal ID if ``add_request`` had returned, else nothing.
+    cancel_at: float | None = None
+    #: the engine's input thread fails to preprocess this request's ADD (an ERROR output).
+    preprocess_error: bool = False
+    #: the decode side's read of this request's remote KV fails (P/D only).
+    kv_load_fails: bool = False
+    #: a streaming-input session (vLLM #28973): this many more input chunks (each of
+    #: ``prompt_tokens`` tokens, generating up to ``max_tokens``) follow the first, one every
+    #: ``chunk_interval`` seconds; 0 is an ordinary request.
+    input_chunks: int = 0
+    chunk_interval: float = 0.05
 
     def __post_init__(self) -> None:
-        _float_times(self, "at", "abort_at")
+        _float_times(self, "at", "abort_at", "cancel_at", "chunk_interval")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from racesim.engine_model.config import EngineConfig
+from racesim.engine_model.engine_outputs import EngineOutputs
 from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.kv_cache import KVCacheManager
@@ -22,12 +23,11 @@ from racesim.engine_model.kv_connector import ConnectorScheduler
 from racesim.engine_model.messages import (
     AbortMessage,
     EngineCoreOutput,
-    EngineCoreOutputs,
     EngineCoreRequest,
-    EngineDead,
     KVDoneNotice,
     KVHeartbeat,
     Token,
+    UtilityMessage,
 )
 from racesim.engine_model.request import Request, RequestStatus
 from racesim.engine_model.runner import ModelRunner
@@ -68,10 +68,13 @@ class EngineCore:
         # also in input_queue).
         self._idle_clears_aborts = profile.idle_clears_aborts
         self.transfer_time = transfer_time
-        self.output_channels: dict[int, Channel] = {}
+        self.outputs = EngineOutputs(world, index, f"{name}.core")
+        self.output_channels: dict[int, Channel] = self.outputs.channels
         #: decode side: where transfer-done notices go, by remote engine index.
         self.notify_channels: dict[int, Channel] = {}
         self.dead: str | None = None
+        #: ``pause_generation`` in "abort"/"wait" mode: adds of new IDs get a retryable ERROR.
+        self.reject_new_requests = False
         self._inbox: deque[Any] = deque()
         self.input_queue: deque[tuple[str, Any]] = deque()
         self.aborts_queue: deque[AbortMessage] = deque()
@@ -135,11 +138,19 @@ class EngineCore:
             if self.dead is not None:
                 continue
             if isinstance(msg, EngineCoreRequest):
+                if msg.fault == "preprocess":
+                    # core.py:2016-2020, 2161-2168: an exception in preprocess_add_request
+                    # sends an ERROR output from this thread; nothing is queued.
+                    self.outputs.reject(msg.request_id, msg.inc, msg.client_index,
+                                          "preprocess-error")
+                    continue
                 self.input_queue.append(("add", Request(msg)))
             elif isinstance(msg, AbortMessage):
                 if self.config.eager_aborts:
                     self.aborts_queue.append(msg)
                 self.input_queue.append(("abort", msg))
+            elif isinstance(msg, UtilityMessage):
+                self.input_queue.append(("utility", msg))
             self._wake_loop()
 
     # -- busy loop ------------------------------------------------------------------------------
@@ -189,27 +200,78 @@ class EngineCore:
     def _process_kv_finished(self) -> None:
         if self.connector is None:
             return
+        if self.connector.failed_recving:
+            self._kv_load_failed(self.connector.take_failed_recving())
         done = self.connector.get_finished()
         for rid, cause in done:
             self.scheduler.finish_kv_transfers([rid], cause)
 
+    def _kv_load_failed(self, request_ids: list[str]) -> None:
+        """Failed remote KV reads (scheduler.py:3682-3694, 2556-2575): policy "fail" finishes
+        each request with an ERROR output; "recompute" drops its blocks and prefills the whole
+        prompt locally (:3476-3497)."""
+        sched = self.scheduler
+        recompute = self.config.kv_load_failure_policy == "recompute"
+        for rid in request_ids:
+            req = sched.requests.get(rid)
+            if req is None or req.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+                continue
+            self.world.record(self._c_core, "pd.load_failed", rid, req.inc,
+                              policy="recompute" if recompute else "fail")
+            if not recompute:
+                finished = sched.finish_requests([rid], RequestStatus.FINISHED_ERROR,
+                                                 "kv-load-failure")
+                self.outputs.note_finished(finished)
+                self.outputs.finish(finished, "error")
+                continue
+            assert self.connector is not None
+            self.connector.finished_recving.pop(rid, None)
+            self.kv.free(req)
+            req.num_computed_tokens = 0
+            req.remote_kv_ready = True
+            req.status = RequestStatus.WAITING
+
     def _apply_input(self, kind: str, payload: Any) -> None:
         if kind == "add":
+            if self.reject_new_requests and payload.request_id not in self.scheduler.requests:
+                # core.py:1796-1813: paused in "abort" mode, a new ADD gets a retryable ERROR.
+                self.outputs.reject(payload.request_id, payload.inc, payload.client_index,
+                                      "engine-paused")
+                return
             self.scheduler.add_request(payload)
-        else:
+        elif kind == "abort":
             self._abort(payload, "abort")
+        else:
+            self._utility(payload)
 
     def _abort(self, msg: AbortMessage, cause: str) -> None:
         finished = self.scheduler.finish_requests(msg.request_ids, RequestStatus.FINISHED_ABORTED,
                                                   cause, msg.tag)
+        if self.outputs.finished_by_client is not None:
+            self.outputs.note_finished(finished)
         # bool(): a third-party policy may set the flag to 1, which compiled code would refuse
         if finished and bool(self.policy.engine_final_abort):
             # njhill's proposal in #15326: a final "abort" output for every aborted request.
-            by_client: dict[int, list[EngineCoreOutput]] = {}
-            for req in finished:
-                by_client.setdefault(req.client_index, []).append(
-                    EngineCoreOutput(req.request_id, (), "abort", None, req.inc))
-            self._send_outputs(by_client)
+            self.outputs.finish(finished, "abort")
+
+    def _utility(self, msg: UtilityMessage) -> None:
+        """pause_generation / resume_scheduler on this engine (core.py:2181-2237)."""
+        sched = self.scheduler
+        self.world.record(self._c_core, "engine.utility", None, 0, method=msg.method,
+                          mode=msg.mode)
+        if msg.method != "pause_generation":
+            sched.pause_state = "UNPAUSED"
+            self.reject_new_requests = False
+            return
+        if msg.mode == "abort":
+            # finish_requests(None, FINISHED_ABORTED), then _send_abort_outputs (:2202-2206).
+            finished = sched.finish_requests(list(sched.requests), RequestStatus.FINISHED_ABORTED,
+                                             "pause")
+            self.outputs.note_finished(finished)
+            if finished:
+                self.outputs.finish(finished, "abort")
+        sched.pause_state = "PAUSED_ALL" if msg.mode == "keep" else "PAUSED_NEW"
+        self.reject_new_requests = msg.mode != "keep"
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -242,11 +304,14 @@ class EngineCore:
             yield ev
         self._process_kv_finished()
         results = sched.update_from_output(out, sampled)
-        if results:
+        outputs = self.outputs
+        if outputs.finished_by_client is not None:
+            outputs.step_outputs(results)
+        elif results:
             by_client: dict[int, list[EngineCoreOutput]] = {}
             for client, output in results:
                 by_client.setdefault(client, []).append(output)
-            self._send_outputs(by_client)
+            outputs.send(by_client)
         return True
 
     def _process_aborts_queue(self) -> None:
@@ -267,17 +332,6 @@ class EngineCore:
         self._gpu_free_at = start + delay
         return world.env.timeout(self._gpu_free_at - now, sampled)
 
-    def _send_outputs(self, by_client: dict[int, list[EngineCoreOutput]]) -> None:
-        for client in (sorted(by_client) if len(by_client) > 1 else by_client):
-            outputs = by_client[client]
-            channel = self.output_channels.get(client)
-            if channel is None:
-                continue
-            channel.send(EngineCoreOutputs(self.index, tuple(outputs)),
-                         [o.request_id for o in outputs],
-                         outputs=[[o.request_id, o.inc, len(o.new_tokens), o.finish_reason]
-                                  for o in outputs])
-
     # -- P/D decode side ------------------------------------------------------------------------
 
     def _start_kv_read(self, request: Request) -> None:
@@ -291,6 +345,16 @@ class EngineCore:
         if ev is not None:
             yield ev
         if self.dead is not None:
+            return
+        if request.fault == "kv-load":
+            # The read ended without the blocks (failed_recving); no done-notice reaches P,
+            # whose hold then ends with its lease (the notice path on failure: unverified).
+            world.record(f"{self.name}.connector", "pd.read_failed", request.request_id,
+                         request.inc, remote_request=params.remote_request_id)
+            assert self.connector is not None
+            self.connector.finished_recving[request.request_id] = None
+            self.connector.failed_recving[request.request_id] = None
+            self._wake_loop()
             return
         world.record(f"{self.name}.connector", "pd.read", request.request_id, request.inc,
                      remote_engine=params.remote_engine, remote_request=params.remote_request_id,
@@ -313,5 +377,4 @@ class EngineCore:
     def _die(self, reason: str) -> None:
         self.dead = reason
         self.world.record(self._c_core, "engine.fatal", None, 0, error=reason)
-        for client in sorted(self.output_channels):
-            self.output_channels[client].send(EngineDead(self.index, reason), ["*"])
+        self.outputs.dead(reason)

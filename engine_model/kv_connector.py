@@ -31,7 +31,7 @@ class ConnectorScheduler:
     __slots__ = ("world", "component", "engine_index", "kv", "hold_timeout", "reqs_need_send",
                  "finished_recving", "done_sending", "_start_read", "_lease", "_hb_interval",
                  "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat", "_handshaken",
-                 "_free_on_recv")
+                 "_free_on_recv", "failed_recving")
 
     def __init__(self, world: World, component: str, engine_index: int, kv: KVCacheManager,
                  hold_timeout: float, start_read: Callable[[Request], None],
@@ -44,6 +44,7 @@ class ConnectorScheduler:
         self.hold_timeout = hold_timeout
         self.reqs_need_send: dict[str, float] = {}      # P: ID -> expiry time
         self.finished_recving: dict[str, None] = {}     # D: IDs whose blocks arrived
+        self.failed_recving: dict[str, None] = {}       # D: IDs whose read failed
         self.done_sending: dict[str, str] = {}          # P: IDs to release -> cause
         self._start_read = start_read
         self._lease = profile.pd_hold == "lease"
@@ -169,6 +170,14 @@ class ConnectorScheduler:
     def start_recv(self, request: Request) -> None:
         self.world.record(self.component, "pd.recv_start", request.request_id, request.inc)
         self._start_read(request)
+
+    def take_failed_recving(self) -> list[str]:
+        """D: the IDs whose read failed since the last call; they need no more heartbeats."""
+        failed = list(self.failed_recving)
+        self.failed_recving.clear()
+        for rid in failed:
+            self._heartbeat.pop(rid, None)
+        return failed
 
     def take_finished_recving(self, request: Request) -> bool:
         rid = request.request_id

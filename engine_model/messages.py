@@ -19,7 +19,8 @@ from typing import Any, Final, NamedTuple
 from racesim.sim.points import reduce_by_fields
 
 __all__ = ["FinishReason", "Token", "KVTransferParams", "EngineCoreRequest", "AbortMessage",
-           "EngineCoreOutput", "EngineCoreOutputs", "EngineDead", "KVHeartbeat", "KVDoneNotice"]
+           "EngineCoreOutput", "EngineCoreOutputs", "EngineDead", "KVHeartbeat", "KVDoneNotice",
+           "UtilityMessage"]
 
 
 class FinishReason:
@@ -62,12 +63,12 @@ class EngineCoreRequest:
     """An ADD: the request the frontend sends to an engine."""
 
     __slots__ = ("request_id", "external_req_id", "prompt_tokens", "max_tokens", "client_index",
-                 "eos_at", "kv_transfer_params", "inc", "prompt")
+                 "eos_at", "kv_transfer_params", "inc", "prompt", "fault", "resumable")
 
     def __init__(self, request_id: str, external_req_id: str, prompt_tokens: int,
                  max_tokens: int, client_index: int, eos_at: int | None,
                  kv_transfer_params: KVTransferParams | None, inc: int,
-                 prompt: str = "") -> None:
+                 prompt: str = "", fault: str = "", resumable: bool = False) -> None:
         self.request_id = request_id
         self.external_req_id = external_req_id
         self.prompt_tokens = prompt_tokens
@@ -79,6 +80,11 @@ class EngineCoreRequest:
         #: the prompt's text, by name: equal names, equal tokens (prompt_token_ids in vLLM);
         #: "" is a text no other request has
         self.prompt = prompt
+        #: a scripted fault this request meets: "preprocess" (the input thread fails on it) or
+        #: "kv-load" (the decode side's remote KV read fails); "" for none.
+        self.fault = fault
+        #: a streaming-input chunk (vLLM #28973); the session's final add is not resumable.
+        self.resumable = resumable
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,26 +101,46 @@ class AbortMessage:
 class EngineCoreOutput:
     """One request's new tokens from one step, and its finish reason when it finished."""
 
-    __slots__ = ("request_id", "new_tokens", "finish_reason", "kv_transfer_params", "inc")
+    __slots__ = ("request_id", "new_tokens", "finish_reason", "kv_transfer_params", "inc",
+                 "chunk_end")
 
     def __init__(self, request_id: str, new_tokens: tuple[Token, ...],
                  finish_reason: str | None = None,
-                 kv_transfer_params: KVTransferParams | None = None, inc: int = 0) -> None:
+                 kv_transfer_params: KVTransferParams | None = None, inc: int = 0,
+                 chunk_end: bool = False) -> None:
         self.request_id = request_id
         self.new_tokens = new_tokens
         self.finish_reason = finish_reason
         self.kv_transfer_params = kv_transfer_params
         self.inc = inc  # ground truth: the engine request object this output was built from
+        #: a streaming-input session's chunk ended; the request stays in the engine (its ID
+        #: is not among the finished ones).
+        self.chunk_end = chunk_end
 
 
 class EngineCoreOutputs:
-    """One step's outputs for one frontend (client_index)."""
+    """One step's outputs for one frontend (client_index). ``finished_requests``: the IDs
+    this frontend's requests finished with since the last outputs, sent only under data
+    parallelism for the load balancer (vLLM 0.33 scheduler.py:2646-2658)."""
 
-    __slots__ = ("engine", "outputs")
+    __slots__ = ("engine", "outputs", "finished_requests")
 
-    def __init__(self, engine: int, outputs: tuple[EngineCoreOutput, ...]) -> None:
+    def __init__(self, engine: int, outputs: tuple[EngineCoreOutput, ...],
+                 finished_requests: tuple[str, ...] | None = None) -> None:
         self.engine = engine
         self.outputs = outputs
+        self.finished_requests = finished_requests
+
+
+@dataclass(frozen=True, slots=True)
+class UtilityMessage:
+    """A UTILITY call from an API server to an engine (pause_generation, resume_scheduler)."""
+
+    method: str
+    mode: str = ""
+
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return reduce_by_fields(self)
 
 
 @dataclass(frozen=True, slots=True)

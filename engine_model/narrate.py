@@ -14,14 +14,15 @@ KEY_KINDS = frozenset({
     "client.send", "client.abort", "client.disconnect", "client.done", "fe.add", "fe.reject",
     "fe.pop", "fe.abort_issue", "fe.drop", "fe.error", "ipc.send", "sched.add", "sched.finish",
     "sched.abort_miss", "sched.preempt", "pd.hold", "pd.release", "pd.read", "pd.notice",
-    "engine.fatal", "delay", "kv.free", "kv.hit_assert",
+    "engine.fatal", "delay", "kv.free", "kv.hit_assert", "client.cancel", "fe.add_cancelled",
+    "dp.route", "dp.abort_unrouted", "engine.reject", "engine.utility",
 })
 
 
 #: Message types by their vLLM names (the ``type`` of an ipc.send event).
 MESSAGE_NAMES = {"EngineCoreRequest": "ADD", "AbortMessage": "ABORT",
                  "EngineCoreOutputs": "outputs", "KVDoneNotice": "KV done",
-                 "EngineDead": "ENGINE DEAD"}
+                 "EngineDead": "ENGINE DEAD", "UtilityMessage": "UTILITY"}
 
 
 def _ids(d: dict[str, Any]) -> str:
@@ -81,6 +82,15 @@ _TEXT: dict[str, Callable[[TraceEvent, dict[str, Any]], str]] = {
     "pd.decode": lambda e, d: f"decode {e.request!r} with the transfer params",
     "pd.abort": lambda e, d: f"aborts {e.request!r} on {d['stage']}",
     "engine.fatal": lambda e, d: f"ENGINE DEAD: {d['error']}",
+    "client.cancel": lambda e, d: f"cancels its handler task for {e.request!r}",
+    "fe.add_cancelled": lambda e, d: f"add_request({e.request!r}) cancelled before its ADD "
+                                     f"was sent; request_states keeps it",
+    "dp.route": lambda e, d: f"load balancer sends {e.request!r} to engine {d['engine']}"
+                             + (" (reqs_in_flight affinity)" if d["affinity"] else ""),
+    "dp.abort_unrouted": lambda e, d: f"ABORT {_ids(d)} sent nowhere: no reqs_in_flight entry",
+    "engine.reject": lambda e, d: f"answers {e.request!r} with an ERROR output ({d['why']})",
+    "engine.utility": lambda e, d: f"{d['method']}({d['mode']!r})",
+    "fe.utility": lambda e, d: f"calls {d['method']}({d['mode']!r}) on every engine",
 }
 
 

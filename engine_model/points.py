@@ -37,4 +37,8 @@ POINTS = PointCatalogue([
                natural="pd.transfer_time"),
     AwaitPoint("pd.kv:notify", "decode -> prefill transfer-done notice in transit",
                natural="ipc.latency"),
+    AwaitPoint("dp.coordinator:publish",
+               "DP coordinator -> API servers: the engines' waiting/running counts the load "
+               "balancer reads, published every 100 ms (XPUB socket hop)",
+               natural="ipc.latency"),
 ])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import ClassVar, Final
 
 from racesim.engine_model.messages import EngineCoreRequest, KVTransferParams, Token
@@ -18,16 +19,19 @@ class RequestStatus:
 
     WAITING: Final = "WAITING"
     WAITING_FOR_REMOTE_KVS: Final = "WAITING_FOR_REMOTE_KVS"
+    WAITING_FOR_STREAMING_REQ: Final = "WAITING_FOR_STREAMING_REQ"
     RUNNING: Final = "RUNNING"
     PREEMPTED: Final = "PREEMPTED"
     FINISHED_STOPPED: Final = "FINISHED_STOPPED"
     FINISHED_LENGTH_CAPPED: Final = "FINISHED_LENGTH_CAPPED"
     FINISHED_ABORTED: Final = "FINISHED_ABORTED"
+    FINISHED_ERROR: Final = "FINISHED_ERROR"
 
     FINISH_REASON: ClassVar[dict[str, str]] = {
         FINISHED_STOPPED: "stop",
         FINISHED_LENGTH_CAPPED: "length",
         FINISHED_ABORTED: "abort",
+        FINISHED_ERROR: "error",
     }
 
 
@@ -37,7 +41,8 @@ class Request:
     __slots__ = ("request_id", "inc", "prompt_tokens", "max_tokens", "client_index", "eos_at",
                  "kv_transfer_params", "status", "num_computed_tokens", "output",
                  "num_output_placeholders", "remote_kv_ready", "prompt",
-                 "num_in_flight_tokens", "num_stale_output_tokens")
+                 "num_in_flight_tokens", "num_stale_output_tokens", "fault", "resumable",
+                 "streaming_queue", "stale_tokens")
 
     def __init__(self, msg: EngineCoreRequest) -> None:
         self.request_id = msg.request_id
@@ -59,6 +64,13 @@ class Request:
         #: output in flight when the request was preempted: delivered on return, but it must
         #: not touch the reset counters (vLLM request.py:163-165, scheduler.py:1824-1835)
         self.num_stale_output_tokens = 0
+        self.fault = msg.fault
+        self.resumable = msg.resumable
+        #: a session's input chunks queued while a chunk runs (None: the session's end; the
+        #: attribute is None for a request that is not a session).
+        self.streaming_queue: deque[Request | None] | None = None
+        #: sampled tokens still in flight from a session's finished chunk, to be dropped.
+        self.stale_tokens = 0
 
     @property
     def num_tokens(self) -> int:

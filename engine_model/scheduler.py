@@ -17,6 +17,7 @@ from racesim.engine_model.kv_cache import KVCacheManager
 from racesim.engine_model.messages import EngineCoreOutput, KVTransferParams, Token
 from racesim.engine_model.request import Request, RequestStatus
 from racesim.engine_model.sched_output import NewRequestData, SchedulerOutput
+from racesim.engine_model.sessions import add_to_session, chunk_stopped, open_session
 from racesim.engine_model.versions import VllmProfile, get_profile
 from racesim.sim.world import World
 
@@ -32,8 +33,8 @@ class Scheduler:
     """vLLM's Scheduler: requests by ID, waiting and running queues, the KV manager."""
 
     __slots__ = ("world", "component", "config", "kv", "requests", "waiting", "running",
-                 "finished_req_ids", "connector", "_step", "_async", "_assert_duplicate",
-                 "_free_after_recv")
+                 "finished_req_ids", "connector", "pause_state", "_step", "_async",
+                 "_assert_duplicate", "_free_after_recv")
 
     def __init__(self, world: World, component: str, config: EngineConfig,
                  kv: KVCacheManager, profile: VllmProfile | None = None) -> None:
@@ -49,6 +50,9 @@ class Scheduler:
         # An ordered set (a dict), shipped to the model runner with the next step.
         self.finished_req_ids: dict[str, None] = {}
         self.connector: ConnectorScheduler | None = None
+        #: vLLM 0.33 PauseState (scheduler.py:489): "UNPAUSED", "PAUSED_NEW" (waiting requests
+        #: stay queued) or "PAUSED_ALL" (nothing is scheduled, :723-725, 1050-1066).
+        self.pause_state = "UNPAUSED"
         self._step = 0
         self._async = bool(config.async_scheduling)
         self._assert_duplicate = profile.duplicate_add == "assert"
@@ -60,10 +64,14 @@ class Scheduler:
         rid = request.request_id
         prev = self.requests.get(rid)
         if prev is not None and self._assert_duplicate:
+            if add_to_session(self, prev, request):
+                return
             # vLLM 0.33 scheduler.py:2931-2936: a non-streaming duplicate fails an assert, which
             # _handle_client_request does not catch: the engine dies.
             self.world.record(self.component, "sched.duplicate", rid, request.inc, prev=prev.inc)
             raise EngineFatal(f"AssertionError: duplicate request id {rid!r}")
+        if request.resumable:
+            open_session(request)
         # vLLM before #28973: no duplicate check; the dict entry is overwritten.
         self.waiting.append(request)
         self.requests[rid] = request
@@ -163,6 +171,11 @@ class Scheduler:
         self._step += 1
         out = SchedulerOutput(self._step)
         budget = self.config.max_num_batched_tokens
+        admit = True
+        if self.pause_state != "UNPAUSED":
+            admit = False
+            if self.pause_state == "PAUSED_ALL":
+                budget = 0
         kv = self.kv
         running = self.running
         is_async = self._async
@@ -195,7 +208,7 @@ class Scheduler:
         caching = kv.caching
         skipped: list[Request] = []
         waiting = self.waiting
-        while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
+        while admit and waiting and budget > 0 and len(running) < self.config.max_num_seqs:
             req = waiting[0]
             if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 assert connector is not None
@@ -311,13 +324,16 @@ class Scheduler:
                     if req.num_stale_output_tokens < 0:  # another request's step, by ID
                         raise EngineFatal(
                             f"AssertionError: num_stale_output_tokens >= 0 for {rid!r}")
-                elif token is not None:
+                elif token is not None and not req.stale_tokens:
                     req.num_output_placeholders -= 1
                     if req.num_output_placeholders < 0:
                         raise EngineFatal(
                             f"AssertionError: num_output_placeholders >= 0 for {rid!r}")
             if token is None:
                 continue  # a partial prefill chunk samples nothing
+            if req.stale_tokens:
+                req.stale_tokens -= 1  # a session's finished chunk: in flight, dropped
+                continue
             req.output.append(token)
             applied.append([rid, req.inc, token.inc, token.ctx])
             reason = None
@@ -332,6 +348,11 @@ class Scheduler:
                     # a preempted request stopped by its stale output leaves waiting
                     # (scheduler.py:2486-2489, stopped_preempted_reqs)
                     self._remove_waiting(req)
+                if req.streaming_queue is not None and chunk_stopped(self, req):
+                    # a session's chunk ended; the session goes on
+                    results.append((req.client_index, EngineCoreOutput(
+                        rid, (token,), reason, None, req.inc, True)))
+                    continue
                 self.world.record(self.component, "sched.finish", rid, req.inc,
                                   status=req.status, cause=reason)
                 params = self._free_request(req)

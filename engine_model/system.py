@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+import simpy
 
 from racesim.engine_model.checker import Checker, Violation
 from racesim.engine_model.client import Client, Gateway, Proxy
 from racesim.engine_model.config import Workload
+from racesim.engine_model.data_parallel import DPCoordinator, DPLoadBalancer
 from racesim.engine_model.engine_core import EngineCore
 from racesim.engine_model.frontend.async_llm import AsyncLLM
 from racesim.engine_model.ipc import Channel
@@ -120,6 +123,9 @@ class System:
             gateways: list[Gateway] = [
                 Proxy(world, i, p_fes[spec.frontend], d_fes[spec.frontend], pd)
                 for i, spec in enumerate(workload.requests)]
+        elif workload.engine.dp_size > 1:
+            self._data_parallel(workload.engine.dp_size)
+            gateways = [self.frontends[spec.frontend] for spec in workload.requests]
         else:
             engine = EngineCore(world, 0, "engine", workload.engine, policy, profile)
             self.engines = [engine]
@@ -128,6 +134,8 @@ class System:
             gateways = [self.frontends[spec.frontend] for spec in workload.requests]
         for i, spec in enumerate(workload.requests):
             self.clients.append(Client(world, i, self.next_inc(), spec, gateways[i]))
+        if workload.engine.pause_at is not None:
+            world.env.process(self._pause_and_resume())
 
     def next_inc(self) -> int:
         """A fresh ground-truth number (incarnations, client uids, abort tags share one counter)."""
@@ -144,6 +152,48 @@ class System:
         engine.output_channels[index] = Channel(world, f"ipc:{engine.name}->{name}",
                                                 "ipc.output:transit", latency, fe.deliver)
         return fe
+
+    def _data_parallel(self, size: int) -> None:
+        """``size`` engines ("dp0", ...), every API server talking to each through its own
+        load balancer; outputs come back on the channel of the request's client_index."""
+        world, workload = self.world, self.workload
+        latency = workload.ipc.latency
+        self.engines = [EngineCore(world, e, f"dp{e}", workload.engine, self.policy,
+                                   self.profile) for e in range(size)]
+        count = workload.frontends
+        for i in range(count):
+            name = f"frontend{i}"
+            fe = AsyncLLM(world, i, name, 0, self.policy, workload.frontend, self.next_inc,
+                          self.profile)
+            fe.engines = tuple(range(size))
+            fe.dp = DPLoadBalancer(world, name, size, i, count)
+            fe.output_processor.dp = True
+            for engine in self.engines:
+                fe.input_channels[engine.index] = Channel(
+                    world, f"ipc:{name}->{engine.name}", "ipc.input:transit", latency,
+                    engine.deliver)
+                engine.output_channels[i] = Channel(world, f"ipc:{engine.name}->{name}",
+                                                    "ipc.output:transit", latency, fe.deliver)
+            self.frontends.append(fe)
+        engines = self.engines
+        coordinator = DPCoordinator(
+            world, lambda: [(len(e.scheduler.waiting), len(e.scheduler.running),
+                             1.0 - e.kv.num_free_blocks / e.kv.num_blocks) for e in engines],
+            [fe.dp for fe in self.frontends if fe.dp is not None], latency)
+        for engine in engines:
+            engine.outputs.finished_by_client = {}
+            engine.outputs.coordinator = coordinator
+
+    def _pause_and_resume(self) -> Generator[simpy.Event, Any, None]:
+        """API server 0 calls pause_generation, then resume_generation (async_llm.py:989-1028)."""
+        env = self.world.env
+        config = self.workload.engine
+        assert config.pause_at is not None
+        yield env.timeout(config.pause_at)
+        self.frontends[0].pause_generation("pause_generation", config.pause_mode or "abort")
+        if config.resume_at is not None:
+            yield env.timeout(config.resume_at - env.now)
+            self.frontends[0].pause_generation("resume_scheduler")
 
     def outcomes(self) -> tuple[RequestOutcome, ...]:
         return tuple(RequestOutcome(c.spec.id, c.spec.frontend, c.tokens, c.finish_reason)

@@ -26,7 +26,7 @@ from racesim.engine_model.points import POINTS
 from racesim.sim.errors import InputError
 
 __all__ = ["Behaviour", "VllmProfile", "PROFILES", "DEFAULT_VLLM", "WIDTHS", "Reach",
-           "get_profile", "reach_of", "resolve_workload"]
+           "get_profile", "profile_gap", "reach_of", "resolve_workload"]
 
 WIDTHS = ("live", "yield", "latent")
 
@@ -78,6 +78,13 @@ class VllmProfile:
     #: where freed blocks go: "append" (all to the tail of the free queue) or "lifo-uncached"
     #: (blocks without a hash to the front, reused first; hashed ones to the tail, LRU).
     free_order: str
+    #: engine-side features this release has and the model follows for it: "dp"
+    #: (DPLBAsyncMPClient), "pause" (pause_generation), "preprocess-error" (an ERROR output
+    #: from the input thread), "kv-load-failure" (kv_load_failure_policy).
+    features: frozenset[str]
+    #: a caller cancelled before ``add_request`` returned its collector: "abort" (generate()
+    #: aborted the request ID unconditionally) or "nothing" (``q`` is None: no abort).
+    cancel_before_collector: str
     widths: Mapping[str, str]
     behaviours: tuple[Behaviour, ...]
 
@@ -100,6 +107,7 @@ _WIDTHS = {
     "pd.proxy:after_prefill": "live",
     "pd.kv:read": "live",
     "pd.kv:notify": "live",
+    "dp.coordinator:publish": "live",
 }
 
 _WIDTH_SOURCES = Behaviour(
@@ -125,6 +133,8 @@ PROFILES: dict[str, VllmProfile] = {
         remote_kv_abort="free-now",
         prefix_caching=False,
         free_order="append",
+        features=frozenset(),
+        cancel_before_collector="abort",
         widths=_WIDTHS,
         behaviours=(
             Behaviour("Scheduler.add_request overwrites requests[id] for a live ID; the old "
@@ -153,6 +163,9 @@ PROFILES: dict[str, VllmProfile] = {
         remote_kv_abort="free-after-recv",
         prefix_caching=True,
         free_order="lifo-uncached",
+        features=frozenset({"dp", "pause", "preprocess-error", "kv-load-failure",
+                            "streaming-input"}),
+        cancel_before_collector="nothing",
         widths=_WIDTHS,
         behaviours=(
             Behaviour("Scheduler.add_request asserts 'duplicate request id' for an ID already in "
@@ -194,6 +207,35 @@ PROFILES: dict[str, VllmProfile] = {
                       "but does not touch the reset counters, and it is not resumed until that "
                       "output has drained",
                       "v1/core/sched/scheduler.py:930-980, 1084-1088, 1799-1843, 2313-2340"),
+            Behaviour("data parallelism: each API server's DPLBAsyncMPClient picks an engine "
+                      "per request (reqs_in_flight affinity first, else the least loaded from "
+                      "eng_start_index), routes aborts by reqs_in_flight and forgets an ID when "
+                      "an engine reports it in finished_requests; the ADD send is the only "
+                      "await (no FIRST_REQ message in this release)",
+                      "v1/engine/core_client.py:1607-1617, 1751-1811, 1819-1825, 1874-1900; "
+                      "v1/core/sched/scheduler.py:2646-2658, 3055-3056"),
+            Behaviour("a caller cancelled before add_request returned is not aborted "
+                      "(q is None); an ADD never sent leaves its state registered (#57061)",
+                      "v1/engine/async_llm.py:578-584, 772-809"),
+            Behaviour("pause_generation(mode='abort') finishes every request with an ABORT "
+                      "output and rejects new adds with a retryable ERROR until resume; "
+                      "mode='keep' freezes the queues (PAUSED_ALL)",
+                      "v1/engine/core.py:1796-1813, 2181-2233, 2249-2279; "
+                      "v1/core/sched/scheduler.py:723-725, 1050-1066"),
+            Behaviour("streaming-input sessions (#28973): chunks re-use the session's internal "
+                      "ID with resumable=True; the frontend queues them as streaming updates, "
+                      "the scheduler resumes the session with each (or queues it while a "
+                      "chunk runs) and ends it on the final non-resumable add; a "
+                      "non-resumable duplicate of any other live ID still asserts",
+                      "v1/engine/async_llm.py:590-700; output_processor.py:695-726, 844-882; "
+                      "v1/core/sched/scheduler.py:1879-1918, 2717-2742, 2931-2945"),
+            Behaviour("an exception preprocessing an ADD in the input thread sends an ERROR "
+                      "output at once; the request never reaches the scheduler",
+                      "v1/engine/core.py:2016-2020, 2161-2168"),
+            Behaviour("a failed remote KV read: kv_load_failure_policy='fail' (default) "
+                      "finishes the request with an ERROR output; 'recompute' recomputes the "
+                      "prompt locally", "v1/core/sched/scheduler.py:2292-2305, 2556-2575, "
+                      "3476-3497, 3682-3694; config/kv_transfer.py:88"),
             _WIDTH_SOURCES,
         ),
     ),
@@ -244,6 +286,35 @@ def _check_catalogue() -> None:
 _check_catalogue()
 
 
+def profile_gap(workload: Workload) -> str | None:
+    """Why ``workload`` cannot run on its profile (an engine feature the profile does not
+    model), or None."""
+    profile = get_profile(workload.engine.vllm)
+    engine = workload.engine
+    used = []
+    if engine.dp_size > 1:
+        used.append(("dp", "engine.data_parallel_size > 1"))
+    if engine.pause_at is not None:
+        used.append(("pause", "engine.pause_at"))
+    preprocess = kv_load = chunks = False
+    for r in workload.requests:  # one pass: this runs before every run of an exploration
+        preprocess = preprocess or r.preprocess_error
+        kv_load = kv_load or r.kv_load_fails
+        chunks = chunks or r.input_chunks > 0
+    if preprocess:
+        used.append(("preprocess-error", "request.preprocess_error"))
+    if kv_load:
+        used.append(("kv-load-failure", "request.kv_load_fails"))
+    if chunks:
+        used.append(("streaming-input", "request.input_chunks"))
+    for feature, key in used:
+        if feature not in profile.features:
+            have = [p.name for p in PROFILES.values() if feature in p.features]
+            return (f"{key} is modelled on vLLM {', '.join(have)} only, not on profile "
+                    f"{profile.name!r}")
+    return None
+
+
 def resolve_workload(workload: Workload) -> tuple[Workload, VllmProfile]:
     """The workload with every "the profile's default" (None) setting filled in from its
     profile, and that profile."""
@@ -256,6 +327,9 @@ def resolve_workload(workload: Workload) -> tuple[Workload, VllmProfile]:
         eager_aborts=profile.eager_aborts if engine.eager_aborts is None else engine.eager_aborts,
         prefix_caching=(profile.prefix_caching if engine.prefix_caching is None
                         else engine.prefix_caching))
+    gap = profile_gap(workload)
+    if gap is not None:
+        raise InputError(gap)
     pd = workload.pd
     if pd.hold_timeout is None:
         pd = replace(pd, hold_timeout=profile.hold_timeout)

@@ -21,6 +21,10 @@ returns:
     ``explore(abort-reuse, buggy, strategy=random, workers=1)``, checker on: runs per second of
     the whole call (baseline run included, no shrinking), in a fresh Python process as
     ``racesim explore`` runs it.
+``dp_schedules_per_s``
+    the same explore on the data-parallel scenario ``dp-reuse-across-engines`` (two engines,
+    two API servers) under ``internal-id``, on its own profile (0.33: data parallelism is not
+    modelled on 0.8), where it breaks nothing, so every run of the budget is made.
 ``first_bug``
     ``{scenario: {strategy: {runs, seconds}}}``: ``first_violation_run`` of ``explore`` under
     ``buggy`` (the first run violating something beyond the unperturbed baseline) and the wall
@@ -70,6 +74,7 @@ RACE_SCENARIOS = ("abort-reuse", "stop-string-reuse", "async-sched-reuse", "pd-r
 STRATEGIES = ("random", "pct", "grid", "hypothesis")
 _POLICY = "buggy"
 _SCHEDULES_SCENARIO = "abort-reuse"
+_DP_SCENARIO, _DP_POLICY = "dp-reuse-across-engines", "internal-id"
 
 #: Issue 7's targets: (figure, comparison, bound). Measured and reported, never asserted.
 TARGETS: tuple[tuple[str, str, float], ...] = (
@@ -194,18 +199,19 @@ def _model_events(runs: int, progress: Progress) -> dict[str, Any]:
 
 
 def _explore_timed(name: str, strategy: str, budget: int, workers: int,
-                   time_limit: float | None = None) -> tuple[Any, float, list[float]]:
+                   time_limit: float | None = None, policy: str = _POLICY,
+                   vllm: str | None = BENCH_VLLM) -> tuple[Any, float, list[float]]:
     from racesim.explore import explore
     from racesim.scenarios import load_scenario
 
-    scenario = load_scenario(name).with_vllm(BENCH_VLLM)
+    scenario = load_scenario(name).with_vllm(vllm)
     stamps: list[float] = []
 
     def tick(_runs: int, _total: int, _violating: int) -> None:
         stamps.append(time.perf_counter())  # one call per run after the baseline, in run order
 
     started = time.perf_counter()
-    res = explore(scenario, _POLICY, strategy=strategy, budget=budget, workers=workers,
+    res = explore(scenario, policy, strategy=strategy, budget=budget, workers=workers,
                   time_limit=time_limit, shrink_runs=0, progress=tick)
     seconds = time.perf_counter() - started
     return res, seconds, [s - started for s in stamps]
@@ -246,6 +252,13 @@ def _explore_child(budget: int, workers: int) -> dict[str, Any]:
             "distinct_traces": res.distinct_traces}
 
 
+def _dp_explore_child(budget: int) -> dict[str, Any]:
+    """The dp_schedules_per_s explore in a fresh process (the scenario's own profile)."""
+    res, seconds, _ = _explore_timed(_DP_SCENARIO, "random", budget, 1, policy=_DP_POLICY,
+                                     vllm=None)
+    return {"seconds": seconds, "runs": res.runs, "violating_runs": res.violating_runs}
+
+
 # -- the bench ----------------------------------------------------------------------------------
 
 def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[str, Any]:
@@ -278,6 +291,11 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
         twos.append(in_fresh_process(__name__, "_explore_child", sizes.explore_budget, 2))
         say(f"parallel capacity ({i + 1}/{sizes.repeats})")
         burns.append(parallel_capacity(sizes.burn))
+    dps = []
+    for i in repeats:
+        say(f"explore {_DP_SCENARIO}: 1 worker ({i + 1}/{sizes.repeats})")
+        dps.append(in_fresh_process(__name__, "_dp_explore_child", sizes.explore_budget))
+    dp = min(dps, key=lambda sample: sample["seconds"])
     one = min(ones, key=lambda sample: sample["seconds"])
     two = min(twos, key=lambda sample: sample["seconds"])
     one_s, two_s = one["seconds"], two["seconds"]
@@ -314,6 +332,11 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
         "model_events_per_s": round(model["events_per_s"]),
         "overhead_ratio": round(simpy_rate / model["events_per_s"], 2),
         "schedules_per_s": round(one["runs"] / one_s, 1),
+        "dp_schedules_per_s": round(dp["runs"] / dp["seconds"], 1),
+        "dp_schedules": {"scenario": _DP_SCENARIO, "policy": _DP_POLICY, "strategy": "random",
+                         "workers": 1, "runs": dp["runs"], "seconds": round(dp["seconds"], 3),
+                         "violating_runs": dp["violating_runs"],
+                         "samples_s": [round(r["seconds"], 3) for r in dps]},
         "first_bug": first_bug,
         "feature_schedules_per_s": {k: f["schedules_per_s"] for k, f in features.items()},
         "features": features,

@@ -27,6 +27,8 @@ def print_bench(console: Any, doc: dict[str, Any]) -> None:
         ("model_events_per_s", f"{doc['model_events_per_s']:,}", None),
         ("overhead_ratio", f"{doc['overhead_ratio']:g}", "overhead_ratio"),
         ("schedules_per_s", f"{doc['schedules_per_s']:,}", "schedules_per_s"),
+        (f"dp_schedules_per_s ({doc['dp_schedules']['scenario']})",
+         f"{doc['dp_schedules_per_s']:,}", None),
         ("first bug, worst scenario's best runs", _fmt(targets["first_bug_best_runs"]["value"]),
          "first_bug_best_runs"),
         *((f"schedules_per_s, {f['scenario']} ({figure}, {f['policy']}, {f['vllm']})",

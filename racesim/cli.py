@@ -28,7 +28,7 @@ from racesim.documents import read_counterexample, run_document
 from racesim.engine_model import INVARIANTS, POINTS, POLICIES
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.policies import policy_spec
-from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES, get_profile
+from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES, get_profile, profile_gap
 from racesim.explore import explore
 from racesim.matrix import run_matrix
 from racesim.progress import ProgressBar
@@ -292,6 +292,12 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
 
     Exits 0 when it completed, whatever it found; 1 with --fail-on-race and a racing cell."""
     scens = [load_scenario(n).with_vllm(vllm) for n in (scenario_names or bundled_names())]
+    if not scenario_names:  # every bundled scenario the profile can run
+        left = [s.name for s in scens if profile_gap(s.workload) is not None]
+        scens = [s for s in scens if s.name not in left]
+        if left:
+            click.echo(f"racesim: matrix on vLLM {vllm} leaves out {', '.join(left)} (they "
+                       f"use engine features not modelled on that profile)", err=True)
     pols = list(policies or POLICIES)
     for p in pols:
         import_from_cwd(p)

@@ -50,12 +50,14 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
     "horizon": (0, True), "frontends": (1, False), "engine.step_time": (0, True),
     **{f"engine.{k}": (1, False)
        for k in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens")},
-    "frontend.output_chunk_size": (1, False),
+    "frontend.output_chunk_size": (1, False), "engine.data_parallel_size": (1, False),
     **{f"request.{k}": (1, False) for k in ("prompt_tokens", "max_tokens", "n", "eos_at",
                                             "stop_string_at", "disconnect_after_tokens")},
 }
 _CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": ("client", "uuid"),
-                                        "engine.vllm": tuple(PROFILES)}
+                                        "engine.vllm": tuple(PROFILES),
+                                        "engine.pause_mode": ("abort", "keep"),
+                                        "engine.kv_load_failure_policy": ("fail", "recompute")}
 _REQUEST_ALWAYS = ("id", "at", "prompt_tokens", "max_tokens")  # written even when default
 _INT_LIMIT = 2**63 - 1  # TOML integers are 64-bit
 #: The longest request ID a scenario may use (README "Scenario files").
@@ -251,6 +253,8 @@ def _requests(data: object, frontends: int, horizon: float) -> tuple[RequestSpec
         if spec.prompt is not None and (not spec.prompt or spec.prompt.startswith("#")):
             raise _Bad(("request", i, "prompt"), "must be a non-empty name not starting with "
                        "'#' (an unnamed prompt is the request's own)", spec.prompt)
+        if spec.cancel_at is not None and spec.cancel_at < spec.at:
+            raise _Bad(("request", i, "cancel_at"), f"must be >= at ({spec.at!r})", spec.cancel_at)
         if spec.frontend >= frontends:
             raise _Bad(("request", i, "frontend"),
                        f"must be < frontends ({frontends}); frontends are numbered from 0",
@@ -269,6 +273,27 @@ def _fits(workload: Workload) -> None:
                        f"prompt_tokens + max_tokens needs {need} KV blocks of "
                        f"{engine.block_size} tokens, more than engine.num_blocks "
                        f"({engine.num_blocks}): it could never finish", spec.max_tokens)
+
+
+def _consistent(workload: Workload) -> None:
+    """Settings that only make sense together."""
+    engine = workload.engine
+    if engine.dp_size > 1 and workload.topology != "single":
+        raise _Bad(("engine", "data_parallel_size"), "data parallelism is modelled for "
+                   'topology = "single" only', engine.data_parallel_size)
+    if engine.resume_at is not None and (engine.pause_at is None
+                                         or engine.resume_at < engine.pause_at):
+        raise _Bad(("engine", "resume_at"), "needs engine.pause_at <= resume_at",
+                   engine.resume_at)
+    for i, spec in enumerate(workload.requests):
+        if spec.kv_load_fails and workload.topology != "pd":
+            raise _Bad(("request", i, "kv_load_fails"), 'needs topology = "pd"', True)
+        if spec.input_chunks and (workload.topology != "single" or spec.n > 1
+                                  or spec.stop_string_at is not None):
+            # async_llm.py:713-724 refuses n > 1 and stop strings; the P/D proxy has no
+            # streaming input
+            raise _Bad(("request", i, "input_chunks"), 'needs topology = "single", n = 1 and '
+                       "no stop_string_at", spec.input_chunks)
 
 
 def _key(key: object) -> str:
@@ -319,6 +344,7 @@ def _build(data: object, source: str) -> Scenario:
                         horizon=horizon, requests=_requests(data.get("request"), frontends,
                                                             horizon), **tables)
     _fits(workload)
+    _consistent(workload)
     return Scenario(name=str(top["name"]), summary=str(top.get("summary", "")),
                     workload=workload, delays=_plan(data.get("delays"), "delays"),
                     witness=_plan(data.get("witness"), "witness"), source=source,

@@ -39,6 +39,10 @@ def test_document_has_every_figure(doc: dict) -> None:
     assert doc["quick"] is True
     assert doc["simpy_events_per_s"] > 0 and doc["model_events_per_s"] > 0
     assert doc["overhead_ratio"] > 0 and doc["schedules_per_s"] > 0
+    assert doc["dp_schedules_per_s"] > 0
+    dp = doc["dp_schedules"]
+    assert dp["scenario"] == "dp-reuse-across-engines" and dp["violating_runs"] == 0
+    assert dp["runs"] > 1, "the clean DP explore spends its budget"
     assert doc["parallel"]["identical"], "the worker count never changes what explore finds"
     assert doc["repeats"] == 1 and len(doc["schedules"]["samples_s"]) == 1
     assert doc["parallel"]["capacity"] > 0

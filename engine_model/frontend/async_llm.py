@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from racesim.engine_model.config import FrontendConfig
+from racesim.engine_model.data_parallel import DPLoadBalancer
 from racesim.engine_model.frontend.output_processor import OutputProcessor, ParentRequest
 from racesim.engine_model.frontend.outputs import RequestOutputCollector
 from racesim.engine_model.ipc import Channel
@@ -23,6 +24,7 @@ from racesim.engine_model.messages import (
     EngineDead,
     FinishReason,
     KVTransferParams,
+    UtilityMessage,
 )
 from racesim.engine_model.versions import VllmProfile
 from racesim.sim.world import World
@@ -49,6 +51,14 @@ class AsyncLLM:
         self.config = config
         self.output_processor = OutputProcessor(world, name, policy, profile)
         self.input_channel: Channel | None = None
+        #: every engine this API server talks to (all of them under data parallelism).
+        self.engines: tuple[int, ...] = (engine,)
+        #: data parallelism: the load balancer, and an input channel per engine.
+        self.dp: DPLoadBalancer | None = None
+        self.input_channels: dict[int, Channel] = {}
+        #: vLLM 0.8's generate() aborted the request ID even when add_request was cancelled
+        #: before it returned (no ``q is None`` check).
+        self._cancel_aborts = profile.cancel_before_collector == "abort"
         self.engine_dead: str | None = None
         self._next_inc = next_inc
         self._inbox: deque[Any] = deque()
@@ -61,8 +71,14 @@ class AsyncLLM:
                     max_tokens: int, n: int = 1, eos_at: int | None = None,
                     stop_string_at: int | None = None,
                     kv_transfer_params: KVTransferParams | None = None, prompt: str = "",
+                    fault: str = "",
                     ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]:
-        """Register then send; returns the collector, or the finish reason of a refusal."""
+        """Register then send; returns the collector, or the finish reason of a refusal.
+
+        A caller cancelled at the await on the ADD send (``simpy.Interrupt``) leaves with the
+        ADD unsent (pyzmq drops a send it has not made when its future is cancelled) and, as
+        in vLLM 0.33, nothing aborted for n == 1: generate()'s ``q`` is still None
+        (async_llm.py:578-584, 772-809; vLLM #57061). n > 1 aborts the parent (:561-564)."""
         world = self.world
         op = self.output_processor
         if self.engine_dead is not None:
@@ -96,17 +112,86 @@ class AsyncLLM:
                 op.finish_stream(rid)
                 registered = False
             req = EngineCoreRequest(rid, request_id, prompt_tokens, max_tokens, self.index,
-                                    eos_at, kv_transfer_params, self._next_inc(), prompt)
+                                    eos_at, kv_transfer_params, self._next_inc(), prompt, fault)
+            # DPLBAsyncMPClient picks the engine inside add_request_async, before its only
+            # await (core_client.py:1607-1617): in the same tick as the registration.
+            engine = self.engine if self.dp is None else self.dp.choose(rid, req.inc)
             if registered:
-                op.add_request(req, parent, index, collector, client_uid, self.engine,
+                op.add_request(req, parent, index, collector, client_uid, engine,
                                stop_string_at)
             else:
                 op.note_unregistered(req, client_uid, index)
             ev = world.sleep("frontend.add_request:before_send", 0.0, self.name)
             if ev is not None:
-                yield ev
-            self._send(req, [rid], incs=[req.inc])
+                try:
+                    yield ev
+                except simpy.Interrupt:
+                    world.record(self.name, "fe.add_cancelled", rid, req.inc, uid=client_uid)
+                    if n > 1:
+                        yield from self.abort(internal, internal=True)
+                    elif self._cancel_aborts:
+                        yield from self.abort(request_id)
+                    raise
+            self._send(req, [rid], engine, incs=[req.inc])
         return collector
+
+    # -- streaming input ------------------------------------------------------------------------
+
+    def add_streaming_request(self, request_id: str, *, client_uid: int, prompt_tokens: int,
+                              max_tokens: int, eos_at: int | None, chunks: int,
+                              interval: float,
+                              ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]:
+        """_add_streaming_input_request (async_llm.py:590-700): one internal ID for the whole
+        session, the collector at once, and a task that adds each input chunk under that ID
+        (resumable) and then the final, non-resumable add."""
+        if self.engine_dead is not None:
+            self.world.record(self.name, "fe.reject", request_id, 0, uid=client_uid,
+                              reason="EngineDeadError")
+            return FinishReason.ERROR
+        internal = self.policy.assign_request_id(self, request_id)
+        collector = RequestOutputCollector(self.world.env, internal)
+        self.world.env.process(self._handle_inputs(
+            internal, request_id, collector, client_uid, prompt_tokens, max_tokens, eos_at,
+            chunks, interval, self._next_inc()))
+        return collector
+        yield  # a generator, like add_request
+
+    def _handle_inputs(self, internal: str, request_id: str,
+                       collector: RequestOutputCollector, client_uid: int, prompt_tokens: int,
+                       max_tokens: int, eos_at: int | None, chunks: int, interval: float,
+                       inc: int) -> Proc:
+        world = self.world
+        op = self.output_processor
+        for k in range(chunks + 1):
+            if k:
+                yield world.env.timeout(interval)
+                if not op.has_request(internal):
+                    return  # the session finished (aborted or errored): no more input
+            req = EngineCoreRequest(internal, request_id, prompt_tokens, max_tokens, self.index,
+                                    eos_at, None, inc, resumable=True)
+            yield from self._send_chunk(req, k == 0, collector, client_uid)
+        if op.has_request(internal):
+            final = EngineCoreRequest(internal, request_id, 1, max_tokens, self.index, eos_at,
+                                      None, inc, resumable=False)
+            yield from self._send_chunk(final, False, collector, client_uid)
+
+    def _send_chunk(self, req: EngineCoreRequest, first: bool,
+                    collector: RequestOutputCollector, client_uid: int) -> Proc:
+        """_add_request for one session add: register (or queue the update), then send. Only
+        the first add is a new incarnation for the checker; the others continue it."""
+        rid = req.request_id
+        op = self.output_processor
+        engine = self.engine if self.dp is None else self.dp.choose(rid, req.inc, req.resumable)
+        if first:
+            op.add_request(req, None, 0, collector, client_uid, engine, None)
+            op.open_session(rid)
+        else:
+            op.streaming_update(rid, req.resumable)
+        ev = self.world.sleep("frontend.add_request:before_send", 0.0, self.name)
+        if ev is not None:
+            yield ev
+        self._send(req, [rid], engine, incs=[req.inc] if first else [],
+                   resumable=req.resumable)
 
     # -- abort ----------------------------------------------------------------------------------
 
@@ -116,9 +201,15 @@ class AsyncLLM:
         if not ids:
             self.world.record(self.name, "fe.abort_noop", request_id, 0)
             return
-        incs = [self.output_processor.request_states[r].inc for r in ids]
-        self.world.record(self.name, "fe.abort_issue", request_id, incs[0] if len(incs) == 1 else 0,
-                          ids=ids, cause="abort")
+        states = self.output_processor.request_states
+        incs = [states[r].inc for r in ids]
+        if self.dp is None:
+            self.world.record(self.name, "fe.abort_issue", request_id,
+                              incs[0] if len(incs) == 1 else 0, ids=ids, cause="abort")
+        else:
+            self.world.record(self.name, "fe.abort_issue", request_id,
+                              incs[0] if len(incs) == 1 else 0, ids=ids, cause="abort",
+                              engines=[states[r].engine for r in ids])
         yield from self.policy.abort(self, ids)
 
     def send_abort(self, request_ids: Sequence[str], point: str) -> Proc:
@@ -126,18 +217,43 @@ class AsyncLLM:
         ev = self.world.sleep(point, 0.0, self.name)
         if ev is not None:
             yield ev
-        if request_ids:
-            tag = self._next_inc()
-            self._send(AbortMessage(tuple(request_ids), tag), list(request_ids), tag=tag)
+        if not request_ids:
+            return
+        tag = self._next_inc()
+        if self.dp is None:
+            self._send(AbortMessage(tuple(request_ids), tag), list(request_ids), self.engine,
+                       tag=tag)
+            return
+        # DPLBAsyncMPClient.abort_requests_async (core_client.py:1874-1900): each ID goes to
+        # the engine reqs_in_flight names; an ID with no entry is sent nowhere.
+        by_engine, unrouted = self.dp.route_aborts(request_ids)
+        if unrouted:
+            self.world.record(self.name, "dp.abort_unrouted", None, 0, ids=unrouted)
+        for engine in sorted(by_engine):
+            ids = by_engine[engine]
+            self._send(AbortMessage(tuple(ids), tag), ids, engine, tag=tag)
 
-    def _send(self, msg: Any, request_ids: list[str], **detail: Any) -> None:
-        assert self.input_channel is not None
-        self.input_channel.send(msg, request_ids, to=self.engine, **detail)
+    def pause_generation(self, method: str, mode: str = "") -> None:
+        """pause_generation / resume_generation: a UTILITY call to every engine (all mode
+        handling is the engine's, async_llm.py:989-1028)."""
+        self.world.record(self.name, "fe.utility", None, 0, method=method, mode=mode)
+        for engine in self.engines:
+            self._send(UtilityMessage(method, mode), ["*"], engine)
+
+    def _send(self, msg: Any, request_ids: list[str], engine: int, **detail: Any) -> None:
+        channel = self.input_channel if self.dp is None else self.input_channels[engine]
+        assert channel is not None
+        channel.send(msg, request_ids, to=engine, **detail)
 
     # -- output handler -------------------------------------------------------------------------
 
     def deliver(self, msg: Any) -> None:
-        """Output socket: EngineCoreOutputs (or the engine's death) arrived."""
+        """Output socket: EngineCoreOutputs (or the engine's death) arrived. The socket task
+        lets the load balancer forget finished IDs before the handler sees the outputs
+        (core_client.py:1819-1825)."""
+        dp = self.dp
+        if dp is not None and isinstance(msg, EngineCoreOutputs) and msg.finished_requests:
+            dp.finished(msg.finished_requests)
         self._inbox.append(msg)
         ev = self._wakeup
         if ev is not None and not ev.triggered:
@@ -156,7 +272,8 @@ class AsyncLLM:
             msg = inbox.popleft()
             if isinstance(msg, EngineDead):
                 self.engine_dead = msg.reason
-                op.fail_engine(msg.engine, msg.reason)
+                # Under data parallelism one dead engine fails the whole client.
+                op.fail_engine(msg.engine if self.dp is None else None, msg.reason)
                 continue
             assert isinstance(msg, EngineCoreOutputs)
             outputs = msg.outputs

@@ -8,6 +8,7 @@ registered (``finish_stream``).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -58,6 +59,11 @@ class RequestState:
     num_generated: int = 0
     #: finished in the frontend (stop string or abort) but kept until the policy drops it.
     finished: bool = False
+    #: a streaming-input session expecting more input (output_processor.py:249-252).
+    streaming_input: bool = False
+    #: its input chunks not yet applied, each True when it is the last (None: the engine
+    #: finished the last chunk applied).
+    input_chunk_queue: deque[bool] | None = None
 
 
 class OutputProcessor:
@@ -75,6 +81,9 @@ class OutputProcessor:
         #: abort's ID was looked up as given.
         self._unknown_external_noop = profile.abort_unknown_external == "noop"
         self.finishes_duplicates = profile.frontend_duplicate == "finish-old"
+        #: under data parallelism each state's engine is the load balancer's choice, and the
+        #: trace names it where an abort is issued (for the checker).
+        self.dp = False
 
     # -- add ------------------------------------------------------------------------------------
 
@@ -94,9 +103,42 @@ class OutputProcessor:
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
             parent.child_requests.append(rid)
-        self.world.record(self.component, "fe.add", rid, request.inc, uid=client_uid,
-                          external=request.external_req_id, index=index)
+        if self.dp:
+            self.world.record(self.component, "fe.add", rid, request.inc, uid=client_uid,
+                              external=request.external_req_id, index=index, dp_engine=engine)
+        else:
+            self.world.record(self.component, "fe.add", rid, request.inc, uid=client_uid,
+                              external=request.external_req_id, index=index)
         return state
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.request_states
+
+    def open_session(self, request_id: str) -> None:
+        """The first chunk of a streaming-input session was registered."""
+        state = self.request_states[request_id]
+        state.streaming_input = True
+        state.input_chunk_queue = deque()
+
+    def streaming_update(self, request_id: str, resumable: bool) -> None:
+        """``_update_streaming_request_state`` (output_processor.py:695-726): an add for an ID
+        still here. A non-resumable one is the session's end, or, for a request that is no
+        session (or whose last chunk the engine finished), ends its stream at once."""
+        state = self.request_states[request_id]
+        queue = state.input_chunk_queue
+        if not resumable:
+            if queue is None:
+                self.finish_stream(request_id)
+            elif queue:
+                queue[-1] = True
+            else:
+                state.streaming_input = False
+            return
+        if queue is None:
+            state.streaming_input = True
+            state.input_chunk_queue = deque()
+        else:
+            queue.append(False)
 
     def finish_stream(self, request_id: str) -> None:
         """vLLM 0.33 ``_update_streaming_request_state`` for a non-resumable add of an ID that
@@ -172,9 +214,11 @@ class OutputProcessor:
                 self._deliver(state, [], FinishReason.ABORT)
                 state.finished = True
 
-    def fail_engine(self, engine: int, reason: str) -> None:
-        """EngineDeadError: every request on the dead engine ends with an error."""
-        for rid in [r for r, s in self.request_states.items() if s.engine == engine]:
+    def fail_engine(self, engine: int | None, reason: str) -> None:
+        """EngineDeadError: every request on the dead engine (None: on any engine) ends with
+        an error."""
+        for rid in [r for r, s in self.request_states.items()
+                    if engine is None or s.engine == engine]:
             state = self.request_states[rid]
             if not state.finished:
                 top = state.parent.request_id if state.parent else rid
@@ -214,15 +258,33 @@ class OutputProcessor:
                     state.num_generated -= extra
                 finish = FinishReason.STOP
                 stop_string = True
+            if finish is not None and state.streaming_input and finish not in (
+                    FinishReason.ABORT, FinishReason.ERROR):
+                # A chunk boundary (:844-875): the output is not final; the next queued
+                # chunk applies, or the state waits for one.
+                self._deliver(state, tokens, finish, out, boundary=True)
+                queue = state.input_chunk_queue
+                if queue:
+                    state.streaming_input = not queue.popleft()
+                else:
+                    state.input_chunk_queue = None
+                continue
             self._deliver(state, tokens, finish, out)
             if finish is None:
                 continue
+            if state.streaming_input:
+                # The engine may still hold the session: a chunk in flight can re-create it.
+                reqs_to_abort.append(rid)
             self.world.record(self.component, "fe.stats", rid, state.inc, reason=finish,
                               uid=state.client_uid)
             if stop_string:
                 reqs_to_abort.append(rid)
-                self.world.record(self.component, "fe.abort_issue", rid, state.inc, ids=[rid],
-                                  cause="stop-string")
+                if self.dp:
+                    self.world.record(self.component, "fe.abort_issue", rid, state.inc,
+                                      ids=[rid], cause="stop-string", engines=[state.engine])
+                else:
+                    self.world.record(self.component, "fe.abort_issue", rid, state.inc,
+                                      ids=[rid], cause="stop-string")
                 if bool(self.policy.pop_stop_string_finishes):  # (see EngineCore._abort)
                     self._pop(state, "stop-string")
                 else:
@@ -238,9 +300,9 @@ class OutputProcessor:
                 self._pop(state, "abort-sent")
 
     def _deliver(self, state: RequestState, tokens: list[Token], finish: str | None,
-                 out: EngineCoreOutput | None = None) -> None:
+                 out: EngineCoreOutput | None = None, boundary: bool = False) -> None:
         parent = state.parent
-        finished = finish is not None
+        finished = finish is not None and not boundary
         if parent is not None and finished:
             parent.finished_children += 1
             finished = parent.finished_children >= len(parent.child_requests)

@@ -39,7 +39,7 @@ class LeakAudit:
             if engine.dead is None:
                 self._engine(engine, now)
         for fe in system.frontends:
-            if system.engines[fe.engine].dead is None:
+            if all(system.engines[e].dead is None for e in fe.engines):
                 self._frontend(fe, now)
 
     def _engine(self, engine: EngineCore, now: float | int) -> None:
@@ -74,6 +74,11 @@ class LeakAudit:
             if self.truth.leaky(inc, now):
                 self._leak((fe.name, "request_states", rid),
                            f"{fe.name} OutputProcessor.request_states", rid, inc, now)
+        if fe.dp is not None:
+            for rid, inc in fe.dp.live_ids():
+                if self.truth.leaky(inc, now):
+                    self._leak((fe.name, "reqs_in_flight", rid),
+                               f"{fe.name} DPLBAsyncMPClient.reqs_in_flight", rid, inc, now)
         for ext in op.orphan_external_ids():
             self._leak((fe.name, "external", ext),
                        f"{fe.name} OutputProcessor.external_req_ids", ext, 0, now)

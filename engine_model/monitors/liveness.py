@@ -32,7 +32,8 @@ class IdLiveness:
             ("sched.add", self.sched_add), ("sched.finish", self.sched_finish),
             ("sched.abort_miss", self.sched_abort_miss), ("sched.step", self.sched_step),
             ("sched.update", self.sched_update), ("pd.hold", self.pd_hold),
-            ("pd.release", self.pd_release),
+            ("pd.release", self.pd_release), ("dp.abort_unrouted", self.abort_unrouted),
+            ("engine.reject", self.engine_reject),
         ]
 
     # -- frontend -------------------------------------------------------------------------------
@@ -41,6 +42,8 @@ class IdLiveness:
         d = ev.detail
         truth = self.truth
         engine = truth.fe_engine.get(ev.component, "")
+        if "dp_engine" in d:  # data parallelism: the load balancer's choice
+            engine = truth.engine_names[d["dp_engine"]]
         i = Inc(ev.inc, d["uid"], d["index"], ev.component, engine, ev.request or "", ev.seq)
         if not d.get("tracked", True):  # vLLM 0.33: its ADD is sent, its frontend never knew it
             i.tracked = False
@@ -57,7 +60,10 @@ class IdLiveness:
     def fe_abort_issue(self, ev: TraceEvent) -> None:
         truth = self.truth
         engine = truth.fe_engine.get(ev.component, "")
-        for rid in ev.detail["ids"]:
+        engines = ev.detail.get("engines")
+        for n, rid in enumerate(ev.detail["ids"]):
+            if engines is not None:
+                engine = truth.engine_names[engines[n]]
             snap = truth.snapshot(engine, rid)
             self._issued.setdefault((ev.component, rid), deque()).append(snap)
             for inc in snap:
@@ -74,7 +80,7 @@ class IdLiveness:
                     i.status = "sent"
         elif kind == "AbortMessage":
             fe = truth.channel_fe.get(ev.component, "")
-            engine = truth.fe_engine.get(fe, "")
+            engine = truth.channel_engine.get(ev.component) or truth.fe_engine.get(fe, "")
             for rid in d["ids"]:
                 queue = self._issued.get((fe, rid))
                 if queue:
@@ -85,7 +91,24 @@ class IdLiveness:
                         truth.incs[inc].abort_pending += 1
                 self._snaps[(d["tag"], rid)] = snap
 
+    def abort_unrouted(self, ev: TraceEvent) -> None:
+        """Data parallelism: an ABORT the load balancer sent nowhere (no reqs_in_flight entry)
+        ends nothing, so the incarnations it meant have no ABORT pending any more."""
+        for rid in ev.detail["ids"]:
+            queue = self._issued.get((ev.component, rid))
+            if queue:
+                for inc in queue.popleft():
+                    i = self.truth.incs.get(inc)
+                    if i is not None and i.abort_pending > 0:
+                        i.abort_pending -= 1
+
     # -- engine ---------------------------------------------------------------------------------
+
+    def engine_reject(self, ev: TraceEvent) -> None:
+        """An ADD the engine answered with an ERROR output and never scheduled."""
+        i = self.truth.incs.get(ev.inc)
+        if i is not None:
+            i.status = "finished"
 
     def sched_add(self, ev: TraceEvent) -> None:
         truth = self.truth

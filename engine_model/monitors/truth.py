@@ -103,6 +103,7 @@ class GroundTruth:
         self.clients: dict[int, Client] = {}
         self.fe_engine: dict[str, str] = {}
         self.channel_fe: dict[str, str] = {}
+        self.channel_engine: dict[str, str] = {}
         self.engine_names: list[str] = []
         #: each engine's KV block size, by engine name
         self.block_sizes: dict[str, int] = {}
@@ -118,6 +119,10 @@ class GroundTruth:
             self.fe_engine[fe.name] = system.engines[fe.engine].name
             if fe.input_channel is not None:
                 self.channel_fe[fe.input_channel.name] = fe.name
+            # data parallelism: a channel per engine; a request's engine rides on its events
+            for engine, channel in fe.input_channels.items():
+                self.channel_fe[channel.name] = fe.name
+                self.channel_engine[channel.name] = self.engine_names[engine]
 
     def engine_of(self, component: str) -> str:
         engine = self._engines_by_component.get(component)
