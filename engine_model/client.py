@@ -13,6 +13,16 @@ from typing import Any, Protocol
 import simpy
 
 from racesim.engine_model.config import PDConfig, RequestSpec
+from racesim.engine_model.events.client import (
+    ClientAbort,
+    ClientDisconnect,
+    ClientDone,
+    ClientOutput,
+    ClientSend,
+    PdAbort,
+    PdDecode,
+    PdPrefill,
+)
 from racesim.engine_model.frontend.async_llm import AsyncLLM
 from racesim.engine_model.frontend.outputs import (
     CompletionOutput,
@@ -78,8 +88,7 @@ class Client:
 
     def _terminate(self, reason: str) -> None:
         self.finish_reason = reason
-        self.world.record(self.name, "client.done", self.spec.id, 0, uid=self.uid, reason=reason,
-                          tokens=self.tokens)
+        self.world.emit(self.name, self.spec.id, 0, ClientDone(self.uid, reason, self.tokens))
 
     def _run(self) -> Proc:
         world = self.world
@@ -90,8 +99,8 @@ class Client:
         ev = world.sleep("client.send", 0.0, self.name)
         if ev is not None:
             yield ev
-        world.record(self.name, "client.send", spec.id, 0, uid=self.uid, frontend=spec.frontend,
-                     n=spec.n, prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens)
+        world.emit(self.name, spec.id, 0, ClientSend(self.uid, spec.frontend, spec.n,
+                                                     spec.prompt_tokens, spec.max_tokens))
         result = yield from self.gateway.add_request(
             spec.id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
             max_tokens=spec.max_tokens, n=spec.n, eos_at=spec.eos_at,
@@ -109,8 +118,7 @@ class Client:
             tokens = [[c.index, t.inc, t.ctx] for c in out.outputs for t in c.tokens]
             reason = finish_reason_of(out)
             self.tokens += len(tokens)
-            world.record(self.name, "client.output", spec.id, 0, uid=self.uid, tokens=tokens,
-                         finish=reason, after_done=self.done)
+            world.emit(self.name, spec.id, 0, ClientOutput(self.uid, tokens, reason, self.done))
             if self.done:
                 continue  # still listening: anything arriving now breaks one-terminal-output
             if reason is not None:
@@ -120,7 +128,7 @@ class Client:
             if limit is not None and self.tokens >= limit and not disconnected:
                 disconnected = True
                 # The HTTP handler is cancelled; generate() aborts by its internal ID.
-                world.record(self.name, "client.disconnect", spec.id, 0, uid=self.uid)
+                world.emit(self.name, spec.id, 0, ClientDisconnect(self.uid))
                 self._terminate(FinishReason.ABORT)
                 yield from self.gateway.abort(result.request_id, internal=True)
                 return
@@ -131,7 +139,7 @@ class Client:
             yield env.timeout(at - env.now)
         if self.done or not self._accepted:
             return
-        self.world.record(self.name, "client.abort", self.spec.id, 0, uid=self.uid)
+        self.world.emit(self.name, self.spec.id, 0, ClientAbort(self.uid))
         yield from self.gateway.abort(self.spec.id)
 
 
@@ -168,7 +176,7 @@ class Proxy:
         rid = request_id
         if self.config.proxy_ids == "uuid":
             rid = f"{world.rng.stream('proxy-uuid').getrandbits(128):032x}"
-        world.record(self.name, "pd.prefill", rid, 0, uid=client_uid)
+        world.emit(self.name, rid, 0, PdPrefill(client_uid))
         self._stage, self._stage_id = self.prefill, rid
         got = yield from self.prefill.add_request(
             rid, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=1, n=1,
@@ -190,8 +198,7 @@ class Proxy:
         if self._aborted:
             collector.put(RequestOutput(request_id, [], True))
             return
-        world.record(self.name, "pd.decode", rid, 0, uid=client_uid,
-                     remote_request=params.remote_request_id)
+        world.emit(self.name, rid, 0, PdDecode(client_uid, params.remote_request_id))
         self._stage = None
         d_params = KVTransferParams(do_remote_prefill=True, remote_engine=params.remote_engine,
                                     remote_request_id=params.remote_request_id,
@@ -224,6 +231,6 @@ class Proxy:
         stage = self._stage
         if stage is None:
             return  # between stages: _run sees the flag
-        self.world.record(self.name, "pd.abort", self._stage_id, 0, stage=stage.name)
+        self.world.emit(self.name, self._stage_id, 0, PdAbort(stage.name))
         # The prefill stage is aborted by the ID the proxy sent; decode by its internal ID.
         yield from stage.abort(self._stage_id, internal=stage is self.decode)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from racesim.engine_model.config import EngineConfig
+from racesim.engine_model.events.engine import EngineFatalEvent
+from racesim.engine_model.events.pd import PdHeartbeat, PdNotice, PdNoticeUnknown, PdRead
 from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.kv_cache import KVCacheManager
@@ -99,15 +101,14 @@ class EngineCore:
         if self.dead is not None or self.connector is None:
             return
         if isinstance(notice, KVHeartbeat):
-            self.world.record(self._c_core, "pd.heartbeat", None, 0,
-                              ids=list(notice.request_ids))
+            self.world.emit(self._c_core, None, 0, PdHeartbeat(list(notice.request_ids)))
             self.connector.extend_lease(notice.request_ids)
             return
         rid = notice.request_id
         if not self.connector.recognizes(rid, self.scheduler.requests.get(rid)):
-            self.world.record(self._c_core, "pd.notice_unknown", rid, notice.remote_inc)
+            self.world.emit(self._c_core, rid, notice.remote_inc, PdNoticeUnknown())
             return
-        self.world.record(self._c_core, "pd.notice", rid, notice.remote_inc)
+        self.world.emit(self._c_core, rid, notice.remote_inc, PdNotice())
         self.connector.notice(rid)
         self._wake_loop()
 
@@ -291,9 +292,9 @@ class EngineCore:
             yield ev
         if self.dead is not None:
             return
-        world.record(f"{self.name}.connector", "pd.read", request.request_id, request.inc,
-                     remote_engine=params.remote_engine, remote_request=params.remote_request_id,
-                     remote_blocks=list(params.remote_block_ids), remote_inc=params.remote_inc)
+        world.emit(f"{self.name}.connector", request.request_id, request.inc,
+                   PdRead(params.remote_engine, params.remote_request_id,
+                          list(params.remote_block_ids), params.remote_inc))
         assert self.connector is not None
         self.connector.finished_recving[request.request_id] = None
         self._wake_loop()
@@ -311,6 +312,6 @@ class EngineCore:
 
     def _die(self, reason: str) -> None:
         self.dead = reason
-        self.world.record(self._c_core, "engine.fatal", None, 0, error=reason)
+        self.world.emit(self._c_core, None, 0, EngineFatalEvent(reason))
         for client in sorted(self.output_channels):
             self.output_channels[client].send(EngineDead(self.index, reason), ["*"])

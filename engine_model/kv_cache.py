@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
+from racesim.engine_model.events.engine import KvAlloc, KvFree
 from racesim.engine_model.request import Request
 from racesim.sim.world import World
 
@@ -65,8 +66,7 @@ class KVCacheManager:
                 owner[b] = request.inc
             blocks.extend(new)
             self.num_cached_block[rid] = len(blocks)
-            self.world.record(self.component, "kv.alloc", rid, request.inc, blocks=new,
-                              table=list(blocks))
+            self.world.emit(self.component, rid, request.inc, KvAlloc(new, list(blocks)))
         return True
 
     def free(self, request: Request) -> list[int]:
@@ -80,8 +80,7 @@ class KVCacheManager:
             for b in blocks:
                 owner[b] = 0
             self.free_queue.extend(reversed(blocks))
-            self.world.record(self.component, "kv.free", rid, request.inc, blocks=blocks,
-                              owners=owners)
+            self.world.emit(self.component, rid, request.inc, KvFree(blocks, owners))
         return blocks
 
     def get_block_ids(self, request_id: str) -> list[int]:

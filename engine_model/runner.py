@@ -9,6 +9,7 @@ request that reuses an ID can be fed the old one's token (§3).
 
 from __future__ import annotations
 
+from racesim.engine_model.events.engine import RunnerSample
 from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.messages import Token
 from racesim.engine_model.scheduler import SchedulerOutput
@@ -76,10 +77,9 @@ class ModelRunner:
             self._prev_sampled = sampled
         if sampled:
             trace = self.world.trace
-            if trace.reads("runner.sample"):
-                trace.record(self.component, "runner.sample", None, 0, {
-                    "step": out.step,
-                    "sampled": [[rid, t.inc, t.ctx, t.eos] for rid, t in sampled.items()]})
+            if trace.reads(RunnerSample.KIND):
+                trace.emit(self.component, None, 0, RunnerSample(
+                    out.step, [[rid, t.inc, t.ctx, t.eos] for rid, t in sampled.items()]))
             else:
                 trace.skip()
         return sampled

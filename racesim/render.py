@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from racesim.engine_model import RunResult
+from racesim.engine_model.events import IpcSend
 from racesim.engine_model.narrate import KEY_KINDS, describe
 from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, RACE, verdict
@@ -34,9 +35,9 @@ def timeline_events(result: RunResult, *, context: int = 3, limit: int = 48) -> 
     before the first violation) through the last violation, trimmed in the middle if long."""
     marked = _marked(result)
     events = [e for e in result.trace
-              if (e.kind in KEY_KINDS and e.kind != "ipc.send") or e.seq in marked
-              or (e.kind == "ipc.send" and e.detail.get("type") in ("AbortMessage",
-                                                                    "EngineCoreRequest"))]
+              if (e.kind in KEY_KINDS and e.kind != IpcSend.KIND) or e.seq in marked
+              or (isinstance(e.detail, IpcSend) and e.detail.type in ("AbortMessage",
+                                                                      "EngineCoreRequest"))]
     if not events:
         return []
     hits = sorted(v.event for v in result.violations if v.event >= 0)

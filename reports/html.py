@@ -15,6 +15,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from racesim.engine_model.checker import INVARIANTS, SAFETY_INVARIANTS
+from racesim.engine_model.events import Delay
 from racesim.engine_model.narrate import describe
 from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import POLICIES
@@ -82,8 +83,8 @@ def _point_meaning(name: str) -> str:
 
 
 def _schedule_rows(result: RunResult) -> list[dict[str, Any]]:
-    defaults = {(e.detail.get("point"), e.detail.get("occurrence")): e.detail.get("default")
-                for e in result.trace if e.kind == "delay"}
+    defaults = {(e.detail.point, e.detail.occurrence): e.detail.default
+                for e in result.trace if isinstance(e.detail, Delay)}
     return [{"point": d.point, "occurrence": d.occurrence, "delay": d.delay,
              "default": defaults.get((d.point, d.occurrence)),
              "meaning": _point_meaning(d.point)} for d in result.schedule]

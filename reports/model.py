@@ -9,8 +9,19 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
-from racesim.engine_model.narrate import MESSAGE_NAMES
+from racesim.engine_model.events import (
+    MESSAGE_NAMES,
+    ClientSend,
+    Delay,
+    EngineFatalEvent,
+    FeAbortIssue,
+    FeAdd,
+    IpcSend,
+    SchedStep,
+    SchedUpdate,
+)
 from racesim.sim.trace import TraceEvent
 
 __all__ = ["Lane", "Incarnation", "Message", "TraceModel", "PALETTE", "MSG_SHORT"]
@@ -187,15 +198,16 @@ class TraceModel:
         updated: dict[tuple[str, int], float] = {}
         deaths: dict[str, float] = {}
         for ev in self.events:
-            if ev.kind == "sched.step" and ev.detail.get("batch"):
+            d = ev.detail
+            if isinstance(d, SchedStep) and d.batch:
                 steps.append(ev)
-            elif ev.kind == "sched.update":
-                updated[(ev.component, int(ev.detail.get("step", 0)))] = ev.time
-            elif ev.kind == "engine.fatal":
+            elif isinstance(d, SchedUpdate):
+                updated[(ev.component, d.step)] = ev.time
+            elif isinstance(d, EngineFatalEvent):
                 deaths.setdefault(ev.component.rsplit(".", 1)[0], ev.time)
         out = []
         for k, st in enumerate(steps):
-            end = updated.get((st.component, int(st.detail.get("step", 0))))
+            end = updated.get((st.component, cast(SchedStep, st.detail).step))
             if end is not None:
                 out.append((st, end, True))
                 continue
@@ -209,12 +221,13 @@ class TraceModel:
     def _build_incarnations(self) -> None:
         client_of_uid: dict[int, str] = {}
         for e in self.events:
-            if e.kind == "client.send":
-                client_of_uid.setdefault(int(e.detail.get("uid", 0)), e.component)
+            if isinstance(e.detail, ClientSend):
+                client_of_uid.setdefault(e.detail.uid, e.component)
         for e in self.events:
             if e.inc and e.inc not in self.incarnations and e.request is not None:
-                uid = int(e.detail.get("uid", 0)) if e.kind == "fe.add" else 0
-                frontend = e.component if e.kind == "fe.add" else ""
+                added = isinstance(e.detail, FeAdd)
+                uid = cast(FeAdd, e.detail).uid if added else 0
+                frontend = e.component if added else ""
                 colour = PALETTE[len(self.incarnations) % len(PALETTE)]
                 self.incarnations[e.inc] = Incarnation(e.inc, e.request,
                                                        client_of_uid.get(uid, ""), uid,
@@ -253,13 +266,13 @@ class TraceModel:
         """The incarnations an event is about (client events map through their client uid)."""
         if event.inc:
             return (event.inc,)
-        if event.kind == "delay":
+        if event.kind == Delay.KIND:
             owner = getattr(self, "delay_owner", {}).get(event.seq)
             return owner[1] if owner else ()
-        if event.kind == "ipc.send":
+        if event.kind == IpcSend.KIND:
             msg = self.messages.get(event.seq)
             return msg.incs if msg else ()
-        uid = event.detail.get("uid")
+        uid = getattr(event.detail, "uid", None)  # the client events carry their client's uid
         if isinstance(uid, int) and uid in self._uid_inc:
             return (self._uid_inc[uid],)
         return ()
@@ -282,24 +295,24 @@ class TraceModel:
     def _build_messages(self) -> None:
         abort_inc: dict[tuple[str, str], int] = {}  # (frontend, id) -> inc of the latest abort
         for e in self.events:
-            if e.kind == "fe.abort_issue" and e.inc:
-                for rid in e.detail.get("ids", []):
-                    abort_inc[(e.component, str(rid))] = e.inc
-            if e.kind != "ipc.send":
+            d = e.detail
+            if isinstance(d, FeAbortIssue) and e.inc:
+                for rid in d.ids:
+                    abort_inc[(e.component, rid)] = e.inc
+            if not isinstance(d, IpcSend):
                 continue
             m = _CHANNEL.match(e.component)
-            d = e.detail
-            ids = tuple(str(i) for i in d.get("ids", []))
-            incs: list[int] = [int(i) for i in d.get("incs", [])]
-            incs += [int(o[1]) for o in d.get("outputs", []) if len(o) > 1]
-            if "remote_inc" in d:
-                incs.append(int(d["remote_inc"]))
+            ids = tuple(d.ids)
+            incs: list[int] = list(d.incs or ())
+            incs += [int(o[1]) for o in d.outputs or () if len(o) > 1]
+            if d.remote_inc is not None:
+                incs.append(d.remote_inc)
             if not m:
                 continue
             kind, src, dst = m.groups()
-            if d.get("type") == "AbortMessage":
+            if d.type == "AbortMessage":
                 incs += [abort_inc[(src, i)] for i in ids if (src, i) in abort_inc]
             self.messages[e.seq] = Message(
-                e.seq, e.component, str(d.get("type", "?")), ids, tuple(dict.fromkeys(incs)),
-                e.time, float(d.get("arrive", e.time)), self._endpoint(src, kind, True),
+                e.seq, e.component, d.type, ids, tuple(dict.fromkeys(incs)),
+                e.time, float(d.arrive), self._endpoint(src, kind, True),
                 self._endpoint(dst, kind, False))

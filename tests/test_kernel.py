@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from racesim.engine_model import EngineConfig, RequestSpec, Workload, load_policy, run_workload
+from racesim.engine_model.events import ClientSend, SchedAdd
 from racesim.engine_model.ipc import Channel
 from racesim.sim import (
     Decision,
@@ -155,9 +156,10 @@ def test_sleep_keeps_control_at_zero_delay_except_at_always_yield_points() -> No
 # -- trace -----------------------------------------------------------------------------------------
 
 def _record_story(recorder: TraceRecorder, clock: list[float]) -> None:
-    recorder.record("client0", "client.send", "X", 0, {"uid": 1})
+    recorder.emit("client0", "X", 0, ClientSend(1, 0, 1, 32, 5))
     clock[0] = 0.5
-    recorder.record("engine.scheduler", "sched.add", "X", 3, {"prev": 0})
+    recorder.emit("engine.scheduler", "X", 3, SchedAdd(0))
+    # the older form: the record of a kind by name, its fields as a dict
     recorder.record("engine.kv", "kv.alloc", "X", 3, {"blocks": [0, 1], "table": [0, 1]})
 
 

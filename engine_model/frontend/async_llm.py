@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from racesim.engine_model.config import FrontendConfig
+from racesim.engine_model.events.frontend import FeAbortIssue, FeAbortNoop, FeReject
 from racesim.engine_model.frontend.output_processor import OutputProcessor, ParentRequest
 from racesim.engine_model.frontend.outputs import RequestOutputCollector
 from racesim.engine_model.ipc import Channel
@@ -66,8 +67,7 @@ class AsyncLLM:
         world = self.world
         op = self.output_processor
         if self.engine_dead is not None:
-            world.record(self.name, "fe.reject", request_id, 0, uid=client_uid,
-                         reason="EngineDeadError")
+            world.emit(self.name, request_id, 0, FeReject(client_uid, "EngineDeadError"))
             return FinishReason.ERROR
         internal = self.policy.assign_request_id(self, request_id)
         if n == 1:
@@ -86,8 +86,8 @@ class AsyncLLM:
                     # generate(), whose error path aborts the children already registered
                     # (n > 1: another client took this child's ID while an earlier child's ADD
                     # awaited its send).
-                    world.record(self.name, "fe.reject", rid, 0, uid=client_uid,
-                                 reason="already running", external=request_id)
+                    world.emit(self.name, rid, 0,
+                               FeReject(client_uid, "already running", request_id))
                     if index > 0:
                         yield from self.abort(internal, internal=True)
                     return FinishReason.REJECTED
@@ -114,11 +114,11 @@ class AsyncLLM:
         """AsyncLLM.abort: what is dropped when, and when the ABORT leaves, is the policy's."""
         ids = self.output_processor.flatten_req_to_abort([request_id], internal)
         if not ids:
-            self.world.record(self.name, "fe.abort_noop", request_id, 0)
+            self.world.emit(self.name, request_id, 0, FeAbortNoop())
             return
         incs = [self.output_processor.request_states[r].inc for r in ids]
-        self.world.record(self.name, "fe.abort_issue", request_id, incs[0] if len(incs) == 1 else 0,
-                          ids=ids, cause="abort")
+        self.world.emit(self.name, request_id, incs[0] if len(incs) == 1 else 0,
+                        FeAbortIssue(ids, "abort"))
         yield from self.policy.abort(self, ids)
 
     def send_abort(self, request_ids: Sequence[str], point: str) -> Proc:
@@ -130,9 +130,10 @@ class AsyncLLM:
             tag = self._next_inc()
             self._send(AbortMessage(tuple(request_ids), tag), list(request_ids), tag=tag)
 
-    def _send(self, msg: Any, request_ids: list[str], **detail: Any) -> None:
+    def _send(self, msg: Any, request_ids: list[str], *, incs: list[int] | None = None,
+              tag: int | None = None) -> None:
         assert self.input_channel is not None
-        self.input_channel.send(msg, request_ids, to=self.engine, **detail)
+        self.input_channel.send(msg, request_ids, to=self.engine, incs=incs, tag=tag)
 
     # -- output handler -------------------------------------------------------------------------
 

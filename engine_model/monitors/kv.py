@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from racesim.engine_model.events import KvAlloc, KvFree, PdNotice, PdRead, PdRelease
 from racesim.engine_model.monitors.truth import GroundTruth, Handler, Reporter
 from racesim.sim.trace import TraceEvent
 
@@ -18,15 +21,16 @@ class KvOwnership:
         self._notice: dict[tuple[str, str], int] = {}
 
     def handlers(self) -> list[tuple[str, Handler]]:
-        return [("kv.alloc", self.kv_alloc), ("kv.free", self.kv_free),
-                ("pd.notice", self.pd_notice), ("pd.release", self.pd_release),
-                ("pd.read", self.pd_read)]
+        return [(KvAlloc.KIND, self.kv_alloc), (KvFree.KIND, self.kv_free),
+                (PdNotice.KIND, self.pd_notice), (PdRelease.KIND, self.pd_release),
+                (PdRead.KIND, self.pd_read)]
 
     def kv_alloc(self, ev: TraceEvent) -> None:
         truth = self.truth
         engine = truth.engine_of(ev.component)
         owners = self._owners.setdefault(engine, {})
-        new = ev.detail["blocks"]
+        d = cast(KvAlloc, ev.detail)
+        new = d.blocks
         for b in new:
             o = owners.get(b, 0)
             if o:
@@ -35,7 +39,7 @@ class KvOwnership:
                     f"{engine}: block {b} allocated to {truth.who(ev.inc)} while still "
                     f"owned by {truth.who(o)} (the free queue held it twice)")
             owners[b] = ev.inc
-        for b in ev.detail["table"]:
+        for b in d.table:
             o = owners.get(b, 0)
             if o != ev.inc:
                 self.report.violate(
@@ -49,7 +53,7 @@ class KvOwnership:
         truth = self.truth
         engine = truth.engine_of(ev.component)
         owners = self._owners.setdefault(engine, {})
-        for b in ev.detail["blocks"]:
+        for b in cast(KvFree, ev.detail).blocks:
             o = owners.get(b, 0)
             if o == 0:
                 self.report.violate("kv-ownership", ("double", ev.inc, b), ev, ev.request,
@@ -71,19 +75,19 @@ class KvOwnership:
         truth = self.truth
         engine = truth.engine_of(ev.component)
         meant = self._notice.pop((engine, ev.request or ""), 0)
-        if ev.detail["cause"] == "notify" and meant and meant != ev.inc:
+        if cast(PdRelease, ev.detail).cause == "notify" and meant and meant != ev.inc:
             self.report.violate(
                 "kv-ownership", ("release", ev.inc), ev, ev.request,
                 f"{engine}: the transfer-done notice for {truth.who(meant)} released "
                 f"the held blocks of {truth.who(ev.inc)} before its own transfer")
 
     def pd_read(self, ev: TraceEvent) -> None:
-        d = ev.detail
+        d = cast(PdRead, ev.detail)
         truth = self.truth
-        remote = truth.engine_names[d["remote_engine"]] if truth.engine_names else ""
+        remote = truth.engine_names[d.remote_engine] if truth.engine_names else ""
         owners = self._owners.get(remote, {})
-        want = d["remote_inc"]
-        for b in d["remote_blocks"]:
+        want = d.remote_inc
+        for b in d.remote_blocks:
             o = owners.get(b, 0)
             if o != want:
                 now = f"owned by {truth.who(o)}" if o else "free"
