@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,7 @@ from racesim.engine_model.frontend.async_llm import AsyncLLM
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import LifecyclePolicy
+from racesim.engine_model.topology import ChannelNode, EngineNode, FrontendNode, Topology
 from racesim.engine_model.versions import (
     Reach,
     VllmProfile,
@@ -68,6 +69,8 @@ class RunResult:
     decision_times: tuple[float, ...] = ()
     #: the positive fixed delays of the scenario's environment (``[delays]``), as (point, s).
     fixed_delays: tuple[tuple[str, float], ...] = ()
+    #: what each component of the run was (engines, frontends, channels, clients).
+    topology: Topology | None = None
 
     def reach(self, violation: Violation | None = None) -> Reach:
         """Live or latent: judged from the delays taken up to the violation (all of them when
@@ -100,10 +103,12 @@ class System:
         self.policy = policy
         self.profile = profile
         self._inc = 0
-        latency = workload.ipc.latency
         self.engines: list[EngineCore] = []
         self.frontends: list[AsyncLLM] = []
         self.clients: list[Client] = []
+        self._roles: dict[str, str] = {}
+        self._channels: list[ChannelNode] = []
+        proxies: list[str] = []
         if workload.topology == "pd":
             pd = workload.pd
             prefill = EngineCore(world, 0, "prefill", workload.engine, policy, profile,
@@ -111,15 +116,17 @@ class System:
             decode = EngineCore(world, 1, "decode", workload.engine, policy, profile,
                                 hold_timeout=pd.hold_timeout, transfer_time=pd.transfer_time)
             self.engines = [prefill, decode]
-            decode.notify_channels[0] = Channel(world, "nixl:decode->prefill", "pd.kv:notify",
-                                                latency, prefill.deliver_kv_notice)
+            self._roles = {"prefill": "prefill", "decode": "decode"}
+            decode.notify_channels[0] = self._channel("nixl", decode.name, prefill.name,
+                                                      "pd.kv:notify", prefill.deliver_kv_notice)
             n = workload.frontends
             p_fes = [self._frontend(i, f"P.frontend{i}", prefill) for i in range(n)]
             d_fes = [self._frontend(i, f"D.frontend{i}", decode) for i in range(n)]
             self.frontends = p_fes + d_fes
-            gateways: list[Gateway] = [
-                Proxy(world, i, p_fes[spec.frontend], d_fes[spec.frontend], pd)
-                for i, spec in enumerate(workload.requests)]
+            proxy_list = [Proxy(world, i, p_fes[spec.frontend], d_fes[spec.frontend], pd)
+                          for i, spec in enumerate(workload.requests)]
+            proxies = [p.name for p in proxy_list]
+            gateways: list[Gateway] = list(proxy_list)
         else:
             engine = EngineCore(world, 0, "engine", workload.engine, policy, profile)
             self.engines = [engine]
@@ -128,6 +135,29 @@ class System:
             gateways = [self.frontends[spec.frontend] for spec in workload.requests]
         for i, spec in enumerate(workload.requests):
             self.clients.append(Client(world, i, self.next_inc(), spec, gateways[i]))
+        #: what each component is: the checker and the reports read this, never the names.
+        self.topology = self._topology(proxies)
+
+    def _topology(self, proxies: list[str]) -> Topology:
+        roles = self._roles
+        frontends = []
+        for fe in self.frontends:
+            engine = self.engines[fe.engine]
+            frontends.append(FrontendNode(
+                fe.name, fe.index, fe.engine, roles.get(engine.name, ""),
+                fe.input_channel.name if fe.input_channel is not None else "",
+                engine.output_channels[fe.index].name))
+        return Topology(
+            tuple(EngineNode(e.name, e.index, roles.get(e.name, "")) for e in self.engines),
+            tuple(frontends), tuple(self._channels), tuple(c.name for c in self.clients),
+            tuple(proxies))
+
+    def _channel(self, kind: str, src: str, dst: str, point: str,
+                 deliver: Callable[[Any], None]) -> Channel:
+        """A socket from ``src`` to ``dst`` (component groups), recorded in the topology."""
+        name = f"{kind}:{src}->{dst}"
+        self._channels.append(ChannelNode(name, kind, src, dst))
+        return Channel(self.world, name, point, self.workload.ipc.latency, deliver)
 
     def next_inc(self) -> int:
         """A fresh ground-truth number (incarnations, client uids, abort tags share one counter)."""
@@ -135,14 +165,12 @@ class System:
         return self._inc
 
     def _frontend(self, index: int, name: str, engine: EngineCore) -> AsyncLLM:
-        world = self.world
-        latency = self.workload.ipc.latency
-        fe = AsyncLLM(world, index, name, engine.index, self.policy, self.workload.frontend,
+        fe = AsyncLLM(self.world, index, name, engine.index, self.policy, self.workload.frontend,
                       self.next_inc, self.profile)
-        fe.input_channel = Channel(world, f"ipc:{name}->{engine.name}", "ipc.input:transit",
-                                   latency, engine.deliver)
-        engine.output_channels[index] = Channel(world, f"ipc:{engine.name}->{name}",
-                                                "ipc.output:transit", latency, fe.deliver)
+        fe.input_channel = self._channel("ipc", name, engine.name, "ipc.input:transit",
+                                         engine.deliver)
+        engine.output_channels[index] = self._channel("ipc", engine.name, name,
+                                                      "ipc.output:transit", fe.deliver)
         return fe
 
     def outcomes(self) -> tuple[RequestOutcome, ...]:
@@ -182,4 +210,4 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     return RunResult(seed, policy.name, world.trace.hexdigest(), world.trace.count,
                      float(world.env.now), world.schedule, violations, system.outcomes(),
                      world.occurrences, world.trace.events, steps, profile.name,
-                     world.decision_times, fixed)
+                     world.decision_times, fixed, system.topology)

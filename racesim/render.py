@@ -12,22 +12,24 @@ from rich.text import Text
 from racesim.engine_model import RunResult
 from racesim.engine_model.events import IpcSend
 from racesim.engine_model.narrate import KEY_KINDS, describe
+from racesim.engine_model.topology import Topology
 from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, RACE, verdict
 from racesim.sim.trace import TraceEvent
 
 __all__ = ["print_run", "timeline_events"]
 
-_LANE_STYLE = {"client": "cyan", "frontend": "green", "P.frontend": "green", "D.frontend": "green",
-               "ipc": "dim", "engine": "magenta", "prefill": "magenta", "decode": "blue",
-               "proxy": "yellow", "nixl": "dim"}
+#: Component styles by kind (engines: by P/D role).
+_KIND_STYLE = {"client": "cyan", "frontend": "green", "channel": "dim", "proxy": "yellow"}
 
 
-def _style(component: str) -> str:
-    for prefix, style in _LANE_STYLE.items():
-        if component.startswith(prefix):
-            return style
-    return ""
+def _style(topology: Topology | None, component: str) -> str:
+    c = topology.component(component) if topology is not None else None
+    if c is None:
+        return ""
+    if c.kind == "engine":
+        return "blue" if c.role == "decode" else "magenta"
+    return _KIND_STYLE.get(c.kind, "")
 
 
 def timeline_events(result: RunResult, *, context: int = 3, limit: int = 48) -> list[TraceEvent]:
@@ -123,7 +125,7 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
             elif e.kind in ("delay",):
                 text.stylize("bold yellow")
             tl.add_row(str(e.seq), f"{e.time:.4f}",
-                       Text(printable(e.component), style=_style(e.component)),
+                       Text(printable(e.component), style=_style(result.topology, e.component)),
                        str(e.inc) if e.inc else "", text)
         console.print(tl)
     if skip:

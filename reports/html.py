@@ -22,7 +22,7 @@ from racesim.engine_model.policies import POLICIES
 from racesim.engine_model.system import RunResult
 from racesim.reports._io import write_text
 from racesim.reports.commands import replay_command
-from racesim.reports.model import TraceModel
+from racesim.reports.model import TraceModel, topology_of
 from racesim.reports.overview import build_overview
 from racesim.reports.swimlane import (
     ARROW_COLOURS,
@@ -139,7 +139,7 @@ def _opener_text(model: TraceModel, opener: Any) -> str:
 
 def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result: RunResult,
                  command: str, budget: int = 80) -> dict[str, Any]:
-    model = TraceModel(result.trace)
+    model = TraceModel(result.trace, topology_of(result))
     diagrams = build_diagrams(model, result.violations, result.sim_time, budget=budget)
     by_seq = {e.seq: e for e in result.trace}
     viol: dict[int, list[str]] = {}

@@ -163,8 +163,9 @@ class _Page:
         text = model.relabel(describe(ev))
         names = tuple(self.viol.get(ev.seq, ()))
         who = ev.component
-        if msg is not None:
-            who = who.split(":", 1)[-1].replace("->", "→")
+        channel = model.topology.channel(who) if msg is not None else None
+        if channel is not None:
+            who = f"{channel.src}→{channel.dst}"
         return Row("event", y, ROW_H, ev.time, ev.time, ev.seq, self.lane_x.get(lane, LEFT_W),
                    model.colour_of(incs), who, clip(inc_label, 16),
                    clip(text, max(30, 84 - len(inc_label) - sum(len(x) + 2 for x in names))),

@@ -27,7 +27,7 @@ from racesim.engine_model.events import (
 from racesim.engine_model.narrate import KEY_KINDS, describe
 from racesim.engine_model.system import RunResult
 from racesim.reports._io import write_text
-from racesim.reports.model import TraceModel
+from racesim.reports.model import TraceModel, topology_of
 
 __all__ = ["chrome_trace", "write_chrome_trace", "dumps"]
 
@@ -41,7 +41,7 @@ def _us(t: float) -> int:
 class _Builder:
     def __init__(self, result: RunResult) -> None:
         self.result = result
-        self.model = TraceModel(result.trace)
+        self.model = TraceModel(result.trace, topology_of(result))
         self.meta: list[dict[str, Any]] = []
         self.out: list[dict[str, Any]] = []
         self.pid: dict[str, int] = {}  # lane group -> pid
@@ -138,7 +138,8 @@ class _Builder:
                 ends.append(end)
             ends[slot] = end
             where = self._where(lane) if slot == 0 else self._extra(
-                f"{lane}#{slot}", lane, f"{lane.rsplit('.', 1)[0]} steps in flight ({slot + 1})")
+                f"{lane}#{slot}", lane,
+                f"{self.model.lane_group(lane)} steps in flight ({slot + 1})")
             batch = [[str(b[0]), int(b[1]), int(b[2])] for b in step.batch]
             self._slice(f"step {n}", st.time, end, where,
                         {"step": n, "batch": batch, "what": describe(st),

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from racesim.engine_model.invariants import Violation
+from racesim.engine_model.topology import ENGINE_PARTS
 from racesim.sim.trace import TraceEvent
 from racesim.sim.world import World
 
@@ -103,17 +104,19 @@ class GroundTruth:
         self._engines_by_component: dict[str, str] = {}
 
     def attach(self, system: SystemView) -> None:
-        self.engine_names = [e.name for e in system.engines]
-        for fe in system.frontends:
-            self.fe_engine[fe.name] = system.engines[fe.engine].name
-            if fe.input_channel is not None:
-                self.channel_fe[fe.input_channel.name] = fe.name
+        topology = system.topology
+        self.engine_names = [e.name for e in topology.engines]
+        for fe in topology.frontends:
+            self.fe_engine[fe.name] = topology.engines[fe.engine].name
+            if fe.input_channel:
+                self.channel_fe[fe.input_channel] = fe.name
+        for e in topology.engines:
+            for part in ENGINE_PARTS:
+                self._engines_by_component[e.part(part)] = e.name
 
     def engine_of(self, component: str) -> str:
-        engine = self._engines_by_component.get(component)
-        if engine is None:
-            engine = self._engines_by_component[component] = component.split(".", 1)[0]
-        return engine
+        """The engine an engine component (scheduler, KV manager, ...) belongs to."""
+        return self._engines_by_component.get(component, "")
 
     def who(self, inc: int) -> str:
         i = self.incs.get(inc)
