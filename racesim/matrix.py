@@ -10,7 +10,7 @@ from typing import Any
 from racesim.engine_model.checker import SAFETY_INVARIANTS
 from racesim.explore import ExploreResult, explore
 from racesim.reports.verdict import reach_label
-from racesim.runner import PolicyError
+from racesim.runner import PolicyError, RunSpec
 from racesim.scenarios import Scenario
 
 __all__ = ["MatrixResult", "run_matrix"]
@@ -88,7 +88,7 @@ def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget
                               workers=workers, dask=dask, skip=skip, out_dir=out_dir,
                               progress=progress, time_limit=time_limit)
             except PolicyError as exc:
-                res = ExploreResult(scen, policy, {}, strategy, seed, tuple(skip),
+                res = ExploreResult(RunSpec(scen, policy, (), seed, tuple(skip)), strategy,
                                     error=str(exc))
             result.cells.append(res)
             if on_cell is not None:

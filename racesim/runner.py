@@ -7,6 +7,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from racesim.engine_model import POLICIES, RunResult, load_policy, run_workload
 from racesim.engine_model.checker import check_invariant_names
@@ -16,8 +17,8 @@ from racesim.reports.commands import replay_command, run_command
 from racesim.scenarios import Scenario
 from racesim.sim import Decider, Decision, DelayPlan, InputError, check_delay, parse_point_key
 
-__all__ = ["run_scenario", "parse_delay_option", "replay_command", "run_command", "PlanEntry",
-           "PolicyError", "policy_title", "import_from_cwd"]
+__all__ = ["RunSpec", "run_scenario", "parse_delay_option", "replay_command", "run_command",
+           "PlanEntry", "PolicyError", "policy_title", "import_from_cwd"]
 
 PlanEntry = tuple[str, int | None, float]
 
@@ -33,6 +34,42 @@ def parse_delay_option(text: str) -> PlanEntry:
     except ValueError:
         seconds = value
     return point, k, check_delay(seconds, f"--delay {text!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """What a run is of, apart from its delays: a scenario, a policy and its options, a seed,
+    and the invariants left unchecked. Explore, shrink, matrix and the hypothesis search pass
+    one around (it pickles, for worker processes); :meth:`run` runs it with a delay source."""
+
+    scenario: Scenario
+    policy: str
+    options: tuple[tuple[str, str], ...] = ()
+    seed: int = 0
+    skip: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
+           seed: int = 0, skip: Iterable[str] = ()) -> RunSpec:
+        """A spec with its options sorted and its skipped invariants checked and sorted."""
+        return cls(scenario, policy, tuple(sorted((options or {}).items())), seed,
+                   tuple(sorted(check_invariant_names(tuple(skip)))))
+
+    @property
+    def option_dict(self) -> dict[str, str]:
+        return dict(self.options)
+
+    def with_scenario(self, scenario: Scenario) -> RunSpec:
+        return replace(self, scenario=scenario)
+
+    def run(self, *, witness: bool = False, delays: Iterable[PlanEntry] = (),
+            schedule: Sequence[Decision] | None = None, decider: Decider | None = None,
+            retain_trace: bool = True, hash_trace: bool = True) -> RunResult:
+        """One run of the spec (see :func:`run_scenario` for the delay sources)."""
+        return run_scenario(self.scenario, self.policy, options=self.option_dict,
+                            seed=self.seed, witness=witness, delays=delays, schedule=schedule,
+                            decider=decider, skip=self.skip, retain_trace=retain_trace,
+                            hash_trace=hash_trace)
 
 
 def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
