@@ -81,9 +81,11 @@ class Topology:
     _by_name: dict[str, Component] = field(default_factory=dict, compare=False, repr=False)
     _channels: dict[str, ChannelNode] = field(default_factory=dict, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def _index(self) -> dict[str, Component]:
+        # built on first use: a run builds its topology, but only reports ask it about names
         by = self._by_name
-        by.clear()
+        if by:
+            return by
         self._channels.update((c.name, c) for c in self.channels)
         for i, name in enumerate(self.clients):
             by[name] = Component(name, "client", name, i)
@@ -97,13 +99,14 @@ class Topology:
             for part in ENGINE_PARTS:
                 name = e.part(part)
                 by[name] = Component(name, "engine", e.name, e.index, part, e.role)
+        return by
 
     def component(self, name: str) -> Component | None:
-        return self._by_name.get(name)
+        return self._index().get(name)
 
     def engine_of(self, component: str) -> str:
         """The engine an engine component belongs to ("" for any other component)."""
-        c = self._by_name.get(component)
+        c = self._index().get(component)
         return c.group if c is not None and c.kind == "engine" else ""
 
     def engine(self, name: str) -> EngineNode | None:
@@ -111,6 +114,7 @@ class Topology:
         return next((e for e in self.engines if e.name == name), None)
 
     def channel(self, name: str) -> ChannelNode | None:
+        self._index()
         return self._channels.get(name)
 
     @property
