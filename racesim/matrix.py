@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from racesim.engine_model.checker import SAFETY_INVARIANTS
 from racesim.explore import ExploreResult, explore
-from racesim.reports.verdict import reach_label
+from racesim.reports.verdict import RACE, reach_label, verdict
 from racesim.runner import PolicyError, RunSpec
 from racesim.scenarios import Scenario
 
@@ -41,7 +40,7 @@ class MatrixResult:
         cell = {k: doc[k] for k in _CELL_KEYS}
         cx = doc["counterexample"]
         cell["reach"] = cx["reach"] if cx is not None else None
-        if set(doc["baseline_violations"]) & set(SAFETY_INVARIANTS):
+        if verdict(doc["baseline_violations"]) == RACE:
             cell["reach"] = doc["baseline_reach"]  # a race with no delay at all
         cell["label"] = reach_label(doc["invariants"], cell["reach"])
         return cell

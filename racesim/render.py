@@ -13,6 +13,8 @@ from racesim.engine_model import RunResult
 from racesim.engine_model.events import IpcSend
 from racesim.engine_model.narrate import KEY_KINDS, describe
 from racesim.engine_model.topology import Topology
+from racesim.reports.focus import race_span
+from racesim.reports.model import TraceModel
 from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, RACE, verdict
 from racesim.sim.trace import TraceEvent
@@ -33,8 +35,8 @@ def _style(topology: Topology | None, component: str) -> str:
 
 
 def timeline_events(result: RunResult, *, context: int = 3, limit: int = 48) -> list[TraceEvent]:
-    """Key events from where the race window opened (the first injected delay, or a little
-    before the first violation) through the last violation, trimmed in the middle if long."""
+    """Key events from where the race window opened (:func:`racesim.reports.focus.race_span`,
+    the rule the HTML report uses) through the last violation, trimmed in the middle if long."""
     marked = _marked(result)
     events = [e for e in result.trace
               if (e.kind in KEY_KINDS and e.kind != IpcSend.KIND) or e.seq in marked
@@ -45,8 +47,10 @@ def timeline_events(result: RunResult, *, context: int = 3, limit: int = 48) -> 
     hits = sorted(v.event for v in result.violations if v.event >= 0)
     if not hits:
         return events[-limit:]
-    delays = [e.seq for e in events if e.kind == "delay"]
-    start_seq = min(delays[0], hits[0]) if delays else hits[0]
+    span = None
+    if result.topology is not None:
+        span = race_span(TraceModel(result.trace, result.topology), result.violations)
+    start_seq = result.trace[span[0]].seq if span is not None else hits[0]
     idx_start = next(i for i, e in enumerate(events) if e.seq >= start_seq)
     idx_last = max(i for i, e in enumerate(events) if e.seq <= hits[-1])
     lo = max(0, idx_start - 2 * context)

@@ -32,7 +32,7 @@ from racesim.reports.swimlane import (
     race_span,
 )
 from racesim.reports.text import printable
-from racesim.reports.verdict import verdict
+from racesim.reports.verdict import RACE, verdict
 
 __all__ = ["render_run_report", "write_run_report", "render_explore_report",
            "write_explore_report", "render_matrix_report", "write_matrix_report",
@@ -176,7 +176,7 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
         "violations": violations, "first": first, "verdict": verdict(result.violated),
         "vllm": result.vllm,
         "reach": (result.reach().describe(result.vllm)
-                  if verdict(result.violated) == "race" else ""),
+                  if verdict(result.violated) == RACE else ""),
         "policy_summary": _policy_summary(policy),
         "first_what": violations[result.violations.index(first)]["what"] if first else "",
         "first_detail": model.relabel(first.detail) if first else "",
@@ -279,7 +279,7 @@ def render_matrix_report(doc: Mapping[str, Any],
                 "error": c.get("error"), "safety": [i in SAFETY_INVARIANTS for i in invariants],
                 "href": _safe_href(links.get((s, p))), "cx": c.get("counterexample")})
         table.append((s, row))
-    failing = sum(1 for c in cells.values() if verdict(c.get("invariants") or []) == "race")
+    failing = sum(1 for c in cells.values() if verdict(c.get("invariants") or []) == RACE)
     summaries = {p: POLICIES[p].summary if p in POLICIES else _policy_summary(p)
                  for p in policies}
     seen = {i for c in cells.values() for i in c.get("invariants") or []}
