@@ -8,7 +8,7 @@ from pathlib import Path
 
 from racesim.run_summary import RunSummary
 from racesim.runner import RunSpec
-from racesim.sim.strategies import StrategyConfig
+from racesim.sim.strategies import StrategyConfig, delay_alphabet
 
 __all__ = ["hypothesis_search", "schedule_strategy"]
 
@@ -21,8 +21,7 @@ def schedule_strategy(config: StrategyConfig, max_delays: int = 6):  # type: ign
     """
     from hypothesis import strategies as st
 
-    scale = config.scale
-    alphabet = (0.0, scale / 100, scale, 5 * scale)
+    alphabet = delay_alphabet(config.scale)
     points = config.points
     decision = st.sampled_from(points).flatmap(
         lambda p: st.tuples(st.just(p), st.integers(0, max(0, config.occurrences[p] - 1)),

@@ -15,7 +15,9 @@ from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import LifecyclePolicy, policy_spec
 from racesim.reports.commands import replay_command, run_command
 from racesim.scenarios import Scenario
-from racesim.sim import Decider, Decision, DelayPlan, InputError, check_delay, parse_point_key
+from racesim.sim import Decider, Decision, DelayPlan, InputError, parse_point_key
+from racesim.sim.points import delay_entry
+from racesim.sim.strategies import Replay
 
 __all__ = ["RunSpec", "run_scenario", "parse_delay_option", "replay_command", "run_command",
            "PlanEntry", "PolicyError", "policy_title", "import_from_cwd"]
@@ -33,7 +35,7 @@ def parse_delay_option(text: str) -> PlanEntry:
         seconds: object = float(value)
     except ValueError:
         seconds = value
-    return point, k, check_delay(seconds, f"--delay {text!r}")
+    return delay_entry(point, k, seconds, POINTS, f"--delay {text!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +79,9 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
                  schedule: Sequence[Decision] | None = None, decider: Decider | None = None,
                  skip: Iterable[str] = (), retain_trace: bool = True,
                  hash_trace: bool = True) -> RunResult:
-    """One deterministic run. ``schedule`` replays a recorded run exactly (it wins over all)."""
+    """One deterministic run. Its delays come from the scenario's ``[delays]``, then ``witness``
+    and ``delays`` (which win), then one decider: ``decider`` (exploration) or ``schedule``
+    (a recorded run, replayed exactly by :class:`~racesim.sim.strategies.Replay`)."""
     skip_set = check_invariant_names(tuple(skip))
     overrides: list[PlanEntry] = []
     if witness:
@@ -86,7 +90,9 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
         overrides.extend(scenario.witness)
     overrides.extend(delays)
     if schedule is not None:
-        overrides.extend((d.point, d.occurrence, d.delay) for d in schedule)
+        if decider is not None:
+            raise ValueError("a replayed schedule is the run's decider: give schedule or decider")
+        decider = Replay(schedule)
     plan = DelayPlan(environment=scenario.delays, overrides=overrides, decider=decider)
     import_from_cwd(policy)
     try:

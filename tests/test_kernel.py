@@ -21,6 +21,7 @@ from racesim.sim import (
     stable_seed,
     trace_hash_of,
 )
+from racesim.sim.strategies import Replay
 
 # -- seeds and streams -----------------------------------------------------------------------------
 
@@ -116,7 +117,7 @@ def test_a_replayed_schedule_takes_the_same_decisions() -> None:
     first = World(0, DelayPlan(decider=lambda point, k, d: 0.1 * k))
     for _ in range(4):
         first.pause("p", 0.0, "test")
-    again = World(0, DelayPlan.replay([], first.schedule))
+    again = World(0, DelayPlan(decider=Replay(first.schedule)))
     assert [again.pause("p", 0.0, "test") for _ in range(4)] == [0.1 * k for k in range(4)]
     assert again.schedule == first.schedule
 
