@@ -4,7 +4,7 @@ The runner keeps its own ``requests`` dict keyed by ID. ``_update_states`` remov
 IDs, adds the new requests, then looks up every cached one unchecked: a missing ID is the
 KeyError that kills EngineCore (``_update_states``, vLLM #15326). Under async scheduling the
 sampled tokens of step N are fed into step N+1 by ID match (``prev_req_id_to_index``), so a new
-request that reuses an ID can be fed the old one's token (§3).
+request that reuses an ID can be fed the old one's token.
 """
 
 from __future__ import annotations
