@@ -41,7 +41,7 @@ How to add an event kind
 2. Emit it: ``world.emit(component, request_id, inc, DpWave(wave, engine))``. The older form
    ``world.record(component, "dp.wave", request_id, inc, wave=..., engine=...)`` builds the same
    record by name (and fails at once on a kind nobody declared), but only tests may use it:
-   tests/test_events.py rejects it in the model's sources, since the lookup costs a run time.
+   tests/test_events.py rejects it in the sources, since the lookup by name costs every run.
 3. Read it by attribute: a monitor registers a handler for ``DpWave.KIND`` and reads
    ``ev.detail`` as a ``DpWave``; reports test ``ev.kind == DpWave.KIND`` or
    ``isinstance(ev.detail, DpWave)``.
