@@ -13,6 +13,17 @@ from typing import Any, Protocol
 import simpy
 
 from racesim.engine_model.config import PDConfig, RequestSpec
+from racesim.engine_model.events.client import (
+    ClientAbort,
+    ClientCancel,
+    ClientDisconnect,
+    ClientDone,
+    ClientOutput,
+    ClientSend,
+    PdAbort,
+    PdDecode,
+    PdPrefill,
+)
 from racesim.engine_model.frontend.async_llm import AsyncLLM
 from racesim.engine_model.frontend.outputs import (
     CompletionOutput,
@@ -86,8 +97,7 @@ class Client:
 
     def _terminate(self, reason: str) -> None:
         self.finish_reason = reason
-        self.world.record(self.name, "client.done", self.spec.id, 0, uid=self.uid, reason=reason,
-                          tokens=self.tokens)
+        self.world.emit(self.name, self.spec.id, 0, ClientDone(self.uid, reason, self.tokens))
 
     def _run(self) -> Proc:
         try:
@@ -102,7 +112,7 @@ class Client:
             yield env.timeout(at - env.now)
         if self.done or not self._proc.is_alive:
             return
-        self.world.record(self.name, "client.cancel", self.spec.id, 0, uid=self.uid)
+        self.world.emit(self.name, self.spec.id, 0, ClientCancel(self.uid))
         self._proc.interrupt("cancelled")
 
     def _cancelled(self) -> Proc:
@@ -126,10 +136,9 @@ class Client:
             yield ev
         # a named prompt rides on the event (the checker compares shared blocks' prompts); an
         # unnamed one adds nothing, so traces without shared prompts keep their shape
-        named = {} if spec.prompt is None else {"prompt": spec.prompt}
-        world.record(self.name, "client.send", spec.id, 0, uid=self.uid, frontend=spec.frontend,
-                     n=spec.n, prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens,
-                     **named)
+        world.emit(self.name, spec.id, 0, ClientSend(self.uid, spec.frontend, spec.n,
+                                                     spec.prompt_tokens, spec.max_tokens,
+                                                     spec.prompt))
         if spec.input_chunks:
             gateway = self.gateway
             assert isinstance(gateway, AsyncLLM)  # the loader allows sessions on one API server
@@ -159,8 +168,7 @@ class Client:
             tokens = [[c.index, t.inc, t.ctx] for c in out.outputs for t in c.tokens]
             reason = finish_reason_of(out)
             self.tokens += len(tokens)
-            world.record(self.name, "client.output", spec.id, 0, uid=self.uid, tokens=tokens,
-                         finish=reason, after_done=self.done)
+            world.emit(self.name, spec.id, 0, ClientOutput(self.uid, tokens, reason, self.done))
             if self.done:
                 continue  # still listening: anything arriving now breaks one-terminal-output
             if reason is not None:
@@ -170,7 +178,7 @@ class Client:
             if limit is not None and self.tokens >= limit and not disconnected:
                 disconnected = True
                 # The HTTP handler is cancelled; generate() aborts by its internal ID.
-                world.record(self.name, "client.disconnect", spec.id, 0, uid=self.uid)
+                world.emit(self.name, spec.id, 0, ClientDisconnect(self.uid))
                 self._terminate(FinishReason.ABORT)
                 yield from self.gateway.abort(result.request_id, internal=True)
                 return
@@ -181,7 +189,7 @@ class Client:
             yield env.timeout(at - env.now)
         if self.done or not self._accepted:
             return
-        self.world.record(self.name, "client.abort", self.spec.id, 0, uid=self.uid)
+        self.world.emit(self.name, self.spec.id, 0, ClientAbort(self.uid))
         yield from self.gateway.abort(self.spec.id)
 
 
@@ -219,7 +227,7 @@ class Proxy:
         rid = request_id
         if self.config.proxy_ids == "uuid":
             rid = f"{world.rng.stream('proxy-uuid').getrandbits(128):032x}"
-        world.record(self.name, "pd.prefill", rid, 0, uid=client_uid)
+        world.emit(self.name, rid, 0, PdPrefill(client_uid))
         self._stage, self._stage_id = self.prefill, rid
         got = yield from self.prefill.add_request(
             rid, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=1, n=1,
@@ -242,8 +250,7 @@ class Proxy:
         if self._aborted:
             collector.put(RequestOutput(request_id, [], True))
             return
-        world.record(self.name, "pd.decode", rid, 0, uid=client_uid,
-                     remote_request=params.remote_request_id)
+        world.emit(self.name, rid, 0, PdDecode(client_uid, params.remote_request_id))
         self._stage = None
         d_params = KVTransferParams(do_remote_prefill=True, remote_engine=params.remote_engine,
                                     remote_request_id=params.remote_request_id,
@@ -277,6 +284,6 @@ class Proxy:
         stage = self._stage
         if stage is None:
             return  # between stages: _run sees the flag
-        self.world.record(self.name, "pd.abort", self._stage_id, 0, stage=stage.name)
+        self.world.emit(self.name, self._stage_id, 0, PdAbort(stage.name))
         # The prefill stage is aborted by the ID the proxy sent; decode by its internal ID.
         yield from stage.abort(self._stage_id, internal=stage is self.decode)

@@ -21,6 +21,7 @@ from typing import Any
 
 import simpy
 
+from racesim.engine_model.events.dp import DpRoute
 from racesim.sim.world import World
 
 __all__ = ["DPLoadBalancer", "DPCoordinator", "STATS_INTERVAL"]
@@ -64,8 +65,7 @@ class DPLoadBalancer:
         engine = self.reqs_in_flight.get(request_id)
         if engine is not None:
             self._truth[request_id] = inc
-            self.world.record(self.component, "dp.route", request_id, inc, engine=engine,
-                              affinity=True)
+            self.world.emit(self.component, request_id, inc, DpRoute(engine, True))
             return engine
         counts = self.lb_engines
         n = len(counts)
@@ -83,8 +83,7 @@ class DPLoadBalancer:
         self.reqs_in_flight[request_id] = chosen
         self.engine_inflight[chosen] += 1
         self._truth[request_id] = inc
-        self.world.record(self.component, "dp.route", request_id, inc, engine=chosen,
-                          affinity=False)
+        self.world.emit(self.component, request_id, inc, DpRoute(chosen, False))
         return chosen
 
     def finished(self, request_ids: Sequence[str]) -> None:

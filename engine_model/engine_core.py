@@ -16,6 +16,15 @@ import simpy
 
 from racesim.engine_model.config import EngineConfig
 from racesim.engine_model.engine_outputs import EngineOutputs
+from racesim.engine_model.events.engine import EngineFatalEvent, EngineUtility
+from racesim.engine_model.events.pd import (
+    PdHeartbeat,
+    PdLoadFailed,
+    PdNotice,
+    PdNoticeUnknown,
+    PdRead,
+    PdReadFailed,
+)
 from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.kv_cache import KVCacheManager
@@ -103,15 +112,14 @@ class EngineCore:
         if self.dead is not None or self.connector is None:
             return
         if isinstance(notice, KVHeartbeat):
-            self.world.record(self._c_core, "pd.heartbeat", None, 0,
-                              ids=list(notice.request_ids))
+            self.world.emit(self._c_core, None, 0, PdHeartbeat(list(notice.request_ids)))
             self.connector.extend_lease(notice.request_ids)
             return
         rid = notice.request_id
         if not self.connector.recognizes(rid, self.scheduler.requests.get(rid)):
-            self.world.record(self._c_core, "pd.notice_unknown", rid, notice.remote_inc)
+            self.world.emit(self._c_core, rid, notice.remote_inc, PdNoticeUnknown())
             return
-        self.world.record(self._c_core, "pd.notice", rid, notice.remote_inc)
+        self.world.emit(self._c_core, rid, notice.remote_inc, PdNotice())
         self.connector.notice(rid)
         self._wake_loop()
 
@@ -216,8 +224,8 @@ class EngineCore:
             req = sched.requests.get(rid)
             if req is None or req.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
                 continue
-            self.world.record(self._c_core, "pd.load_failed", rid, req.inc,
-                              policy="recompute" if recompute else "fail")
+            self.world.emit(self._c_core, rid, req.inc,
+                            PdLoadFailed("recompute" if recompute else "fail"))
             if not recompute:
                 finished = sched.finish_requests([rid], RequestStatus.FINISHED_ERROR,
                                                  "kv-load-failure")
@@ -257,8 +265,7 @@ class EngineCore:
     def _utility(self, msg: UtilityMessage) -> None:
         """pause_generation / resume_scheduler on this engine (core.py:2181-2237)."""
         sched = self.scheduler
-        self.world.record(self._c_core, "engine.utility", None, 0, method=msg.method,
-                          mode=msg.mode)
+        self.world.emit(self._c_core, None, 0, EngineUtility(msg.method, msg.mode))
         if msg.method != "pause_generation":
             sched.pause_state = "UNPAUSED"
             self.reject_new_requests = False
@@ -349,16 +356,16 @@ class EngineCore:
         if request.fault == "kv-load":
             # The read ended without the blocks (failed_recving); no done-notice reaches P,
             # whose hold then ends with its lease (the notice path on failure: unverified).
-            world.record(f"{self.name}.connector", "pd.read_failed", request.request_id,
-                         request.inc, remote_request=params.remote_request_id)
+            world.emit(f"{self.name}.connector", request.request_id, request.inc,
+                       PdReadFailed(params.remote_request_id))
             assert self.connector is not None
             self.connector.finished_recving[request.request_id] = None
             self.connector.failed_recving[request.request_id] = None
             self._wake_loop()
             return
-        world.record(f"{self.name}.connector", "pd.read", request.request_id, request.inc,
-                     remote_engine=params.remote_engine, remote_request=params.remote_request_id,
-                     remote_blocks=list(params.remote_block_ids), remote_inc=params.remote_inc)
+        world.emit(f"{self.name}.connector", request.request_id, request.inc,
+                   PdRead(params.remote_engine, params.remote_request_id,
+                          list(params.remote_block_ids), params.remote_inc))
         assert self.connector is not None
         self.connector.finished_recving[request.request_id] = None
         self._wake_loop()
@@ -376,5 +383,5 @@ class EngineCore:
 
     def _die(self, reason: str) -> None:
         self.dead = reason
-        self.world.record(self._c_core, "engine.fatal", None, 0, error=reason)
+        self.world.emit(self._c_core, None, 0, EngineFatalEvent(reason))
         self.outputs.dead(reason)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from racesim.engine_model.events.engine import EngineReject
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.messages import EngineCoreOutput, EngineCoreOutputs, EngineDead
 from racesim.engine_model.request import Request
@@ -78,7 +79,7 @@ class EngineOutputs:
 
     def reject(self, rid: str, inc: int, client: int, why: str) -> None:
         """An ADD answered with an ERROR output and never scheduled."""
-        self.world.record(self.component, "engine.reject", rid, inc, why=why)
+        self.world.emit(self.component, rid, inc, EngineReject(why))
         self.send({client: [EngineCoreOutput(rid, (), "error", None, inc)]}, {client: [rid]})
 
     def send(self, by_client: dict[int, list[EngineCoreOutput]],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from racesim.engine_model.events.engine import IpcSend
 from racesim.sim.world import World
 
 __all__ = ["Channel", "message_kind"]
@@ -37,7 +38,12 @@ class Channel:
     def _arrive(self, ev: Any) -> None:
         self._deliver(ev.value)
 
-    def send(self, msg: Any, request_ids: list[str], **detail: Any) -> None:
+    def send(self, msg: Any, request_ids: list[str], *, to: int | None = None,
+             incs: list[int] | None = None, tag: int | None = None,
+             outputs: list[list[Any]] | None = None, remote_inc: int | None = None,
+             finished: list[str] | None = None, resumable: bool | None = None) -> None:
+        """Put ``msg`` on the wire for ``request_ids``; the keywords are what the trace's
+        ipc.send event records about it (see :class:`IpcSend`)."""
         world = self.world
         delay = world.pause(self.point, self.latency, self.name)
         now = world.now
@@ -47,8 +53,8 @@ class Channel:
         self._last = at
         self._seq += 1
         name = self.name
-        world.trace.record(name, "ipc.send", request_ids[0] if len(request_ids) == 1 else None, 0,
-                           {"msg": f"{name}#{self._seq}", "type": type(msg).__name__,
-                            "ids": request_ids, "arrive": at, **detail})
+        world.trace.emit(name, request_ids[0] if len(request_ids) == 1 else None, 0,
+                         IpcSend(f"{name}#{self._seq}", type(msg).__name__, request_ids, at,
+                                 to, incs, tag, outputs, remote_inc, finished, resumable))
         # The message rides on the timeout as its value: no closure per message.
         world.env.timeout(at - now, msg).callbacks.append(self._arrived)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
+from racesim.engine_model.events.engine import KvAlloc, KvFree, KvHitAssert
 from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.request import BlockHash, Request
 from racesim.sim.world import World
@@ -149,8 +150,7 @@ class KVCacheManager:
                 owner[b] = request.inc
             blocks.extend(new)
             self.num_cached_block[rid] = len(blocks)
-            self.world.record(self.component, "kv.alloc", rid, request.inc, blocks=new,
-                              table=list(blocks))
+            self.world.emit(self.component, rid, request.inc, KvAlloc(new, list(blocks)))
         return True
 
     def _allocate_counted(self, request: Request, rid: str, blocks: list[int],
@@ -159,8 +159,7 @@ class KVCacheManager:
         if computed and rid in self.num_cached_block:
             # single_type_kv_cache_manager.py:230-232: an ID with a block table is taken for a
             # running request, which can have no new prefix hits.
-            self.world.record(self.component, "kv.hit_assert", rid, request.inc,
-                              blocks=list(computed))
+            self.world.emit(self.component, rid, request.inc, KvHitAssert(list(computed)))
             raise EngineFatal(f"AssertionError: prefix hit for {rid!r}, which already has "
                               f"blocks (single_type_kv_cache_manager: len(new_computed_blocks)"
                               f" == 0)")
@@ -210,12 +209,8 @@ class KVCacheManager:
                 owner[b] = inc
             blocks.extend(new)
         if new or computed:
-            if computed:
-                self.world.record(self.component, "kv.alloc", rid, inc, blocks=new,
-                                  table=list(blocks), hit=list(computed))
-            else:
-                self.world.record(self.component, "kv.alloc", rid, inc, blocks=new,
-                                  table=list(blocks))
+            self.world.emit(self.component, rid, inc,
+                            KvAlloc(new, list(blocks), list(computed) if computed else None))
         if self.caching:
             if not delay_cache:
                 self._cache_blocks(request, blocks, total)
@@ -237,8 +232,7 @@ class KVCacheManager:
             for b in blocks:
                 owner[b] = 0
             self.free_queue.extend(reversed(blocks))
-            self.world.record(self.component, "kv.free", rid, request.inc, blocks=blocks,
-                              owners=owners)
+            self.world.emit(self.component, rid, request.inc, KvFree(blocks, owners))
         return blocks
 
     def _free_counted(self, request: Request, rid: str, blocks: list[int]) -> None:
@@ -281,12 +275,8 @@ class KVCacheManager:
         if first:
             fq.extendleft(reversed(first))
         fq.extend(last)
-        if kept:
-            self.world.record(self.component, "kv.free", rid, inc, blocks=blocks,
-                              owners=owners, kept=kept[::-1])
-        else:
-            self.world.record(self.component, "kv.free", rid, inc, blocks=blocks,
-                              owners=owners)
+        self.world.emit(self.component, rid, inc,
+                        KvFree(blocks, owners, kept[::-1] if kept else None))
 
     def get_block_ids(self, request_id: str) -> list[int]:
         # vLLM reads req_to_blocks[request_id] on a defaultdict: a miss creates an empty entry.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from racesim.engine_model.events.pd import PdHold, PdRecvStart
 from racesim.engine_model.kv_cache import KVCacheManager
 from racesim.engine_model.messages import KVTransferParams
 from racesim.engine_model.request import Request, RequestStatus
@@ -75,8 +76,7 @@ class ConnectorScheduler:
             return False, None
         expiry = self.world.now + self.hold_timeout
         self.reqs_need_send[request.request_id] = expiry
-        self.world.record(self.component, "pd.hold", request.request_id, request.inc,
-                          blocks=blocks, expiry=expiry)
+        self.world.emit(self.component, request.request_id, request.inc, PdHold(blocks, expiry))
         return True, KVTransferParams(do_remote_prefill=True, remote_engine=self.engine_index,
                                       remote_request_id=request.request_id,
                                       remote_block_ids=tuple(blocks), remote_inc=request.inc)
@@ -168,7 +168,7 @@ class ConnectorScheduler:
         self._free_on_recv[request.request_id] = request
 
     def start_recv(self, request: Request) -> None:
-        self.world.record(self.component, "pd.recv_start", request.request_id, request.inc)
+        self.world.emit(self.component, request.request_id, request.inc, PdRecvStart())
         self._start_read(request)
 
     def take_failed_recving(self) -> list[str]:

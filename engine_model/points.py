@@ -1,4 +1,5 @@
-"""The await-point catalogue of the vLLM V1 model (DESIGN's required names, plus extras)."""
+"""The await-point catalogue of the vLLM V1 model: every point a scenario, a schedule or a
+report may name."""
 
 from __future__ import annotations
 

@@ -4,11 +4,12 @@ The runner keeps its own ``requests`` dict keyed by ID. ``_update_states`` remov
 IDs, adds the new requests, then looks up every cached one unchecked: a missing ID is the
 KeyError that kills EngineCore (``_update_states``, vLLM #15326). Under async scheduling the
 sampled tokens of step N are fed into step N+1 by ID match (``prev_req_id_to_index``), so a new
-request that reuses an ID can be fed the old one's token (§3).
+request that reuses an ID can be fed the old one's token.
 """
 
 from __future__ import annotations
 
+from racesim.engine_model.events.engine import RunnerSample
 from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.messages import Token
 from racesim.engine_model.scheduler import SchedulerOutput
@@ -76,10 +77,9 @@ class ModelRunner:
             self._prev_sampled = sampled
         if sampled:
             trace = self.world.trace
-            if trace.reads("runner.sample"):
-                trace.record(self.component, "runner.sample", None, 0, {
-                    "step": out.step,
-                    "sampled": [[rid, t.inc, t.ctx, t.eos] for rid, t in sampled.items()]})
+            if trace.reads(RunnerSample.KIND):
+                trace.emit(self.component, None, 0, RunnerSample(
+                    out.step, [[rid, t.inc, t.ctx, t.eos] for rid, t in sampled.items()]))
             else:
                 trace.skip()
         return sampled

@@ -12,6 +12,16 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from racesim.engine_model.config import EngineConfig
+from racesim.engine_model.events.engine import (
+    SchedAbortMiss,
+    SchedAdd,
+    SchedDuplicate,
+    SchedFinish,
+    SchedPreempt,
+    SchedStep,
+    SchedUpdate,
+)
+from racesim.engine_model.events.pd import PdRelease
 from racesim.engine_model.fatal import EngineFatal, checked_del, checked_get
 from racesim.engine_model.kv_cache import KVCacheManager
 from racesim.engine_model.messages import EngineCoreOutput, KVTransferParams, Token
@@ -68,7 +78,7 @@ class Scheduler:
                 return
             # vLLM 0.33 scheduler.py:2931-2936: a non-streaming duplicate fails an assert, which
             # _handle_client_request does not catch: the engine dies.
-            self.world.record(self.component, "sched.duplicate", rid, request.inc, prev=prev.inc)
+            self.world.emit(self.component, rid, request.inc, SchedDuplicate(prev.inc))
             raise EngineFatal(f"AssertionError: duplicate request id {rid!r}")
         if request.resumable:
             open_session(request)
@@ -77,8 +87,8 @@ class Scheduler:
         self.requests[rid] = request
         if self.connector is not None:
             self.connector.on_new_request(request)
-        self.world.record(self.component, "sched.add", rid, request.inc,
-                          prev=prev.inc if prev is not None else 0)
+        self.world.emit(self.component, rid, request.inc,
+                        SchedAdd(prev.inc if prev is not None else 0))
 
     def finish_requests(self, request_ids: tuple[str, ...] | list[str], status: str,
                         cause: str, tag: int = 0) -> list[Request]:
@@ -88,8 +98,8 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or req.is_finished():
                 # vLLM #25067: an ABORT for a finished request held for transfer is ignored.
-                self.world.record(self.component, "sched.abort_miss", rid,
-                                  req.inc if req is not None else 0, cause=cause, abort=tag)
+                self.world.emit(self.component, rid, req.inc if req is not None else 0,
+                                SchedAbortMiss(cause, tag))
                 continue
             if req.status == RequestStatus.RUNNING:
                 self._remove_running(req)
@@ -102,8 +112,7 @@ class Scheduler:
                           and self.connector is not None
                           and not self.connector.recv_done(req))
             req.status = status
-            self.world.record(self.component, "sched.finish", rid, req.inc, status=status,
-                              cause=cause, abort=tag)
+            self.world.emit(self.component, rid, req.inc, SchedFinish(status, cause, tag))
             if delay_free:
                 assert self.connector is not None
                 self.finished_req_ids[rid] = None
@@ -161,8 +170,7 @@ class Scheduler:
             if rid not in self.requests:
                 raise EngineFatal(f"AssertionError: finished_sending {rid!r} not in requests")
             req = self.requests[rid]
-            self.world.record(self.component, "pd.release", rid, req.inc, cause=cause,
-                              status=req.status)
+            self.world.emit(self.component, rid, req.inc, PdRelease(cause, req.status))
             self._free_blocks(req)
 
     # -- schedule -------------------------------------------------------------------------------
@@ -257,11 +265,11 @@ class Scheduler:
             connector.build_meta()
         self._update_after_schedule(out)
         if out.num_scheduled_tokens or out.finished_req_ids:
-            self.world.record(
-                self.component, "sched.step", None, 0, step=out.step,
-                batch=[[r.request_id, r.inc, out.num_scheduled_tokens.get(r.request_id, 0)]
-                       for r in out.scheduled_objects],
-                finished=out.finished_req_ids)
+            self.world.emit(self.component, None, 0, SchedStep(
+                out.step,
+                [[r.request_id, r.inc, out.num_scheduled_tokens.get(r.request_id, 0)]
+                 for r in out.scheduled_objects],
+                out.finished_req_ids))
         return out
 
     def _note(self, out: SchedulerOutput, req: Request, n: int) -> None:
@@ -281,11 +289,8 @@ class Scheduler:
         req.num_stale_output_tokens = stale
         req.num_output_placeholders = 0
         self.waiting.appendleft(req)
-        if stale:
-            self.world.record(self.component, "sched.preempt", req.request_id, req.inc,
-                              stale=stale)
-        else:
-            self.world.record(self.component, "sched.preempt", req.request_id, req.inc)
+        self.world.emit(self.component, req.request_id, req.inc,
+                        SchedPreempt(stale if stale else None))
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         # Keyed by ID, as in vLLM: with two objects under one ID only the dict's one advances.
@@ -353,12 +358,10 @@ class Scheduler:
                     results.append((req.client_index, EngineCoreOutput(
                         rid, (token,), reason, None, req.inc, True)))
                     continue
-                self.world.record(self.component, "sched.finish", rid, req.inc,
-                                  status=req.status, cause=reason)
+                self.world.emit(self.component, rid, req.inc, SchedFinish(req.status, reason))
                 params = self._free_request(req)
             results.append((req.client_index,
                             EngineCoreOutput(rid, (token,), reason, params, req.inc)))
         if out.scheduled_objects:
-            self.world.record(self.component, "sched.update", None, 0, step=out.step,
-                              applied=applied)
+            self.world.emit(self.component, None, 0, SchedUpdate(out.step, applied))
         return results

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Protocol
 
+from racesim.engine_model.events.engine import SchedSession
 from racesim.engine_model.request import Request, RequestStatus
 from racesim.sim.world import World
 
@@ -50,13 +51,13 @@ def add_to_session(sched: Scheduler, session: Request, update: Request) -> bool:
         if session.streaming_queue is None:
             return False
         session.streaming_queue.append(update if update.resumable else None)
-        sched.world.record(sched.component, "sched.session", rid, session.inc,
-                           action="queue" if update.resumable else "queue-end")
+        sched.world.emit(sched.component, rid, session.inc,
+                         SchedSession("queue" if update.resumable else "queue-end"))
     elif update.resumable:
         _resume(sched, session, update)
         sched.waiting.append(session)
     else:
-        sched.world.record(sched.component, "sched.session", rid, session.inc, action="end")
+        sched.world.emit(sched.component, rid, session.inc, SchedSession("end"))
         sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED, "session-end")
     return True
 
@@ -79,8 +80,7 @@ def chunk_stopped(sched: Scheduler, req: Request) -> bool:
         sched.waiting.append(req)
     else:
         req.status = RequestStatus.WAITING_FOR_STREAMING_REQ
-        sched.world.record(sched.component, "sched.session", req.request_id, req.inc,
-                           action="wait")
+        sched.world.emit(sched.component, req.request_id, req.inc, SchedSession("wait"))
     return True
 
 
@@ -93,5 +93,5 @@ def _resume(sched: Scheduler, session: Request, update: Request) -> None:
     session.max_tokens = update.max_tokens
     session.eos_at = update.eos_at
     session.status = RequestStatus.WAITING
-    sched.world.record(sched.component, "sched.session", session.request_id, session.inc,
-                       action="resume", prompt_tokens=session.prompt_tokens)
+    sched.world.emit(sched.component, session.request_id, session.inc,
+                     SchedSession("resume", session.prompt_tokens))

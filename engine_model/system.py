@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from racesim.engine_model.frontend.async_llm import AsyncLLM
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import LifecyclePolicy
+from racesim.engine_model.topology import ChannelNode, EngineNode, FrontendNode, Topology
 from racesim.engine_model.versions import (
     Reach,
     VllmProfile,
@@ -71,6 +72,8 @@ class RunResult:
     decision_times: tuple[float, ...] = ()
     #: the positive fixed delays of the scenario's environment (``[delays]``), as (point, s).
     fixed_delays: tuple[tuple[str, float], ...] = ()
+    #: what each component of the run was (engines, frontends, channels, clients).
+    topology: Topology | None = None
 
     def reach(self, violation: Violation | None = None) -> Reach:
         """Live or latent: judged from the delays taken up to the violation (all of them when
@@ -103,10 +106,12 @@ class System:
         self.policy = policy
         self.profile = profile
         self._inc = 0
-        latency = workload.ipc.latency
         self.engines: list[EngineCore] = []
         self.frontends: list[AsyncLLM] = []
         self.clients: list[Client] = []
+        self._roles: dict[str, str] = {}
+        self._channels: list[ChannelNode] = []
+        proxies: list[str] = []
         if workload.topology == "pd":
             pd = workload.pd
             prefill = EngineCore(world, 0, "prefill", workload.engine, policy, profile,
@@ -114,15 +119,17 @@ class System:
             decode = EngineCore(world, 1, "decode", workload.engine, policy, profile,
                                 hold_timeout=pd.hold_timeout, transfer_time=pd.transfer_time)
             self.engines = [prefill, decode]
-            decode.notify_channels[0] = Channel(world, "nixl:decode->prefill", "pd.kv:notify",
-                                                latency, prefill.deliver_kv_notice)
+            self._roles = {"prefill": "prefill", "decode": "decode"}
+            decode.notify_channels[0] = self._channel("nixl", decode.name, prefill.name,
+                                                      "pd.kv:notify", prefill.deliver_kv_notice)
             n = workload.frontends
             p_fes = [self._frontend(i, f"P.frontend{i}", prefill) for i in range(n)]
             d_fes = [self._frontend(i, f"D.frontend{i}", decode) for i in range(n)]
             self.frontends = p_fes + d_fes
-            gateways: list[Gateway] = [
-                Proxy(world, i, p_fes[spec.frontend], d_fes[spec.frontend], pd)
-                for i, spec in enumerate(workload.requests)]
+            proxy_list = [Proxy(world, i, p_fes[spec.frontend], d_fes[spec.frontend], pd)
+                          for i, spec in enumerate(workload.requests)]
+            proxies = [p.name for p in proxy_list]
+            gateways: list[Gateway] = list(proxy_list)
         elif workload.engine.dp_size > 1:
             self._data_parallel(workload.engine.dp_size)
             gateways = [self.frontends[spec.frontend] for spec in workload.requests]
@@ -136,6 +143,31 @@ class System:
             self.clients.append(Client(world, i, self.next_inc(), spec, gateways[i]))
         if workload.engine.pause_at is not None:
             world.env.process(self._pause_and_resume())
+        #: what each component is: the checker and the reports read this, never the names.
+        self.topology = self._topology(proxies)
+
+    def _topology(self, proxies: list[str]) -> Topology:
+        roles = self._roles
+        dp = len(self.engines) > 1 and not roles
+        frontends = []
+        for fe in self.frontends:
+            engine = self.engines[fe.engine]
+            frontends.append(FrontendNode(
+                fe.name, fe.index, fe.engine, roles.get(engine.name, ""),
+                fe.input_channel.name if fe.input_channel is not None else "",
+                engine.output_channels[fe.index].name))
+        return Topology(
+            tuple(EngineNode(e.name, e.index, roles.get(e.name, ""), e.index if dp else 0)
+                  for e in self.engines),
+            tuple(frontends), tuple(self._channels), tuple(c.name for c in self.clients),
+            tuple(proxies))
+
+    def _channel(self, kind: str, src: str, dst: str, point: str,
+                 deliver: Callable[[Any], None]) -> Channel:
+        """A socket from ``src`` to ``dst`` (component groups), recorded in the topology."""
+        name = f"{kind}:{src}->{dst}"
+        self._channels.append(ChannelNode(name, kind, src, dst))
+        return Channel(self.world, name, point, self.workload.ipc.latency, deliver)
 
     def next_inc(self) -> int:
         """A fresh ground-truth number (incarnations, client uids, abort tags share one counter)."""
@@ -143,14 +175,12 @@ class System:
         return self._inc
 
     def _frontend(self, index: int, name: str, engine: EngineCore) -> AsyncLLM:
-        world = self.world
-        latency = self.workload.ipc.latency
-        fe = AsyncLLM(world, index, name, engine.index, self.policy, self.workload.frontend,
+        fe = AsyncLLM(self.world, index, name, engine.index, self.policy, self.workload.frontend,
                       self.next_inc, self.profile)
-        fe.input_channel = Channel(world, f"ipc:{name}->{engine.name}", "ipc.input:transit",
-                                   latency, engine.deliver)
-        engine.output_channels[index] = Channel(world, f"ipc:{engine.name}->{name}",
-                                                "ipc.output:transit", latency, fe.deliver)
+        fe.input_channel = self._channel("ipc", name, engine.name, "ipc.input:transit",
+                                         engine.deliver)
+        engine.output_channels[index] = self._channel("ipc", engine.name, name,
+                                                      "ipc.output:transit", fe.deliver)
         return fe
 
     def _data_parallel(self, size: int) -> None:
@@ -169,11 +199,10 @@ class System:
             fe.dp = DPLoadBalancer(world, name, size, i, count)
             fe.output_processor.dp = True
             for engine in self.engines:
-                fe.input_channels[engine.index] = Channel(
-                    world, f"ipc:{name}->{engine.name}", "ipc.input:transit", latency,
-                    engine.deliver)
-                engine.output_channels[i] = Channel(world, f"ipc:{engine.name}->{name}",
-                                                    "ipc.output:transit", latency, fe.deliver)
+                fe.input_channels[engine.index] = self._channel(
+                    "ipc", name, engine.name, "ipc.input:transit", engine.deliver)
+                engine.output_channels[i] = self._channel(
+                    "ipc", engine.name, name, "ipc.output:transit", fe.deliver)
             self.frontends.append(fe)
         engines = self.engines
         coordinator = DPCoordinator(
@@ -232,4 +261,4 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     return RunResult(seed, policy.name, world.trace.hexdigest(), world.trace.count,
                      float(world.env.now), world.schedule, violations, system.outcomes(),
                      world.occurrences, world.trace.events, steps, profile.name,
-                     world.decision_times, fixed)
+                     world.decision_times, fixed, system.topology)

@@ -1,4 +1,4 @@
-"""What the checker reads of the built system: its engines and its frontends.
+"""What the checker reads of the built system: its engines, its frontends and its layout.
 
 ``System`` builds the checker and attaches itself to it; the checker depends on this Protocol
 instead of importing ``racesim.engine_model.system`` back, which would close an import cycle.
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from racesim.engine_model.engine_core import EngineCore
     from racesim.engine_model.frontend.async_llm import AsyncLLM
+    from racesim.engine_model.topology import Topology
 
 __all__ = ["SystemView"]
 
@@ -27,4 +28,9 @@ class SystemView(Protocol):
     @property
     def frontends(self) -> Sequence[AsyncLLM]:
         """Every API-server process's AsyncLLM."""
+        ...
+
+    @property
+    def topology(self) -> Topology:
+        """What every component name is (engines, frontends, channels, clients)."""
         ...

@@ -2,9 +2,9 @@
 await point in it.
 
 A profile is orthogonal to the lifecycle policy: the policy is the lifecycle code under test,
-the profile is the release it runs on (DESIGN "vLLM versions, point widths, reach, and
-backends"). Each behaviour a profile changes names the vLLM file or PR it follows; the facts are
-in the vLLM sources each line names (the 0.33.0 wheel was read for every 0.33 line).
+the profile is the release it runs on. Each behaviour a profile changes names the vLLM file
+or PR it follows; the facts are in the vLLM sources each line names (the 0.33.0 wheel was read
+for every 0.33 line).
 
 Width of an await point:
 
@@ -138,14 +138,14 @@ PROFILES: dict[str, VllmProfile] = {
         widths=_WIDTHS,
         behaviours=(
             Behaviour("Scheduler.add_request overwrites requests[id] for a live ID; the old "
-                      "object keeps running", "v1/core/sched/scheduler.py at f90d34b (§1)"),
+                      "object keeps running", "v1/core/sched/scheduler.py at f90d34b"),
             Behaviour("OutputProcessor.add_request raises 'Request id ... already running' for "
-                      "an ID in its own request_states", "v1/engine/output_processor.py (§1)"),
+                      "an ID in its own request_states", "v1/engine/output_processor.py"),
             Behaviour("synchronous scheduling by default", "before #27614"),
             Behaviour("one input queue: an ABORT is applied only between steps",
                       "v1/engine/core.py before #29987"),
             Behaviour("P/D: the prefill side holds a finished request's blocks for a fixed "
-                      "480 s timeout", "nixl_connector.py, #20139 and #25897 (§4)"),
+                      "480 s timeout", "nixl_connector.py, #20139 and #25897"),
             _WIDTH_SOURCES,
         ),
     ),

@@ -16,7 +16,8 @@ from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.points import POINTS
 from racesim.reports.verdict import verdict
 from racesim.scenarios import Scenario, scenario_from_dict
-from racesim.sim import Decision, InputError, check_delay
+from racesim.sim import Decision, InputError
+from racesim.sim.points import delay_entry
 
 __all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
            "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts",
@@ -130,12 +131,10 @@ def _schedule(items: Iterable[Any], src: str) -> tuple[Decision, ...]:
         where = f"{src}: schedule[{i}]"
         if not isinstance(item, dict) or set(item) != {"point", "occurrence", "delay"}:
             raise InputError(f"{where} must be {{point, occurrence, delay}} (got {item!r})")
-        point, occ = item["point"], item["occurrence"]
-        if not isinstance(point, str) or point not in POINTS:
-            raise InputError(f"{where}: unknown await point {point!r}")
-        if isinstance(occ, bool) or not isinstance(occ, int) or occ < 0:
-            raise InputError(f"{where}: occurrence must be a whole number >= 0 (got {occ!r})")
-        out.append(Decision(point, occ, check_delay(item["delay"], where)))
+        point, occ, delay = delay_entry(item["point"], item["occurrence"], item["delay"],
+                                        POINTS, where, every=False)
+        assert occ is not None
+        out.append(Decision(point, occ, delay))
     return tuple(out)
 
 

@@ -24,13 +24,12 @@ from racesim.documents import (
     write_counterexample,
 )
 from racesim.engine_model import RunResult
-from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.policies import policy_spec
 from racesim.engine_model.versions import get_profile, reach_of
 from racesim.parallel import executor, ordered_map
 from racesim.reports.verdict import verdict
 from racesim.run_summary import RunSummary
-from racesim.runner import import_from_cwd, run_scenario
+from racesim.runner import RunSpec, import_from_cwd
 from racesim.scenarios import Scenario
 from racesim.shrink import shrink
 from racesim.sim import Decision, InputError
@@ -49,23 +48,17 @@ _POINT = itemgetter(0)  # Decision.point, read in C
 class _Context:
     """Everything a worker needs to reproduce run i (pickled once per batch)."""
 
-    scenario: Scenario
-    policy: str
-    options: tuple[tuple[str, str], ...]
-    seed: int
+    spec: RunSpec
     strategy: str
-    skip: tuple[str, ...]
     config: StrategyConfig
 
 
 def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:
     strategy = make_strategy(ctx.strategy, ctx.config)
     out = []
-    options = dict(ctx.options)
+    run = ctx.spec.run
     for i in runs:
-        r = run_scenario(ctx.scenario, ctx.policy, options=options, seed=ctx.seed,
-                         decider=strategy.decider(i), skip=ctx.skip, retain_trace=False,
-                         hash_trace=False)
+        r = run(decider=strategy.decider(i), retain_trace=False, hash_trace=False)
         out.append(RunSummary(i, r.trace_hash, r.violated, r.schedule))
     return out
 
@@ -74,12 +67,8 @@ def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:
 class ExploreResult:
     """What one exploration found: counts, coverage, and its (shrunk) counterexample."""
 
-    scenario: Scenario
-    policy: str
-    options: dict[str, str]
+    spec: RunSpec
     strategy: str
-    seed: int
-    skip: tuple[str, ...]
     runs: int = 0
     violating_runs: int = 0
     elapsed_s: float = 0.0
@@ -102,6 +91,26 @@ class ExploreResult:
     baseline_reach: str = "live"
     #: a user policy raised (one line, file:line); the cell has no verdict
     error: str | None = None
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.spec.scenario
+
+    @property
+    def policy(self) -> str:
+        return self.spec.policy
+
+    @property
+    def options(self) -> dict[str, str]:
+        return self.spec.option_dict
+
+    @property
+    def seed(self) -> int:
+        return self.spec.seed
+
+    @property
+    def skip(self) -> tuple[str, ...]:
+        return self.spec.skip
 
     @property
     def first_violation_run(self) -> int | None:
@@ -185,15 +194,13 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
         raise InputError(f"--budget must be >= 1, got {budget}")
     if time_limit is not None and not time_limit > 0:
         raise InputError(f"--time-limit must be > 0 seconds, got {time_limit}")
-    opts = dict(options or {})
     import_from_cwd(policy)  # a module:Class in the current folder, as run and matrix find it
     policy_spec(policy)  # fail fast on an unknown policy, before any worker starts
-    skip = tuple(sorted(check_invariant_names(tuple(skip))))
+    spec = RunSpec.of(scenario, policy, options=options, seed=seed, skip=skip)
     started = time.monotonic()
-    res = ExploreResult(scenario, policy, opts, strategy, seed, skip, reach=reach)
+    res = ExploreResult(spec, strategy, reach=reach)
     try:
-        baseline = run_scenario(scenario, policy, options=opts, seed=seed, skip=skip,
-                                retain_trace=False)
+        baseline = spec.run(retain_trace=False)
     except KeyboardInterrupt:  # nothing found yet: say so rather than unwind the caller
         res.interrupted = True
         res.elapsed_s = time.monotonic() - started
@@ -229,21 +236,18 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     try:
         if strategy == "hypothesis":
             from racesim.hypothesis_search import hypothesis_search
-            minimal = hypothesis_search(scenario, policy, opts, seed, skip, config, budget - 1,
-                                        standing, record, lambda: _over(started, time_limit),
-                                        progress, out_dir)
+            minimal = hypothesis_search(spec, config, budget - 1, standing, record,
+                                        lambda: _over(started, time_limit), progress, out_dir)
             if minimal is not None and res.found_run is not None:
                 # hypothesis's own shrunk example replaces the first one it tripped over
-                r = run_scenario(scenario, policy, options=opts, seed=seed, delays=minimal,
-                                 skip=skip, retain_trace=False, hash_trace=False)
+                r = spec.run(delays=minimal, retain_trace=False, hash_trace=False)
                 res.found_run = RunSummary(res.found_run.run, "", r.violated, r.schedule)
         else:
             strat = make_strategy(strategy, config)
             res.strategy_info = strat.info()
             size = strat.size()
             total = budget if size is None else min(budget, size)
-            ctx = _Context(scenario, policy, tuple(sorted(opts.items())), seed, strategy, skip,
-                           config)
+            ctx = _Context(spec, strategy, config)
             with executor(workers, dask) as ex:
                 for s in ordered_map(_run_batch, ctx, range(1, total), ex):
                     record(s)
@@ -268,16 +272,15 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
 def _shrink_found(res: ExploreResult, found: RunSummary, standing: frozenset[str],
                   shrink_runs: int, out_dir: Path | None) -> None:
     """Shrink the found run, write ``<stem>.json`` and drop the ``.unshrunk.json`` stand-in."""
-    scenario, policy, opts, seed, skip = res.scenario, res.policy, res.options, res.seed, res.skip
+    spec = res.spec
     target = frozenset(set(found.violated) - standing) or frozenset(found.violated)
-    shrunk = shrink(scenario, policy, opts, seed, found.schedule, skip, target,
-                    max_runs=shrink_runs)
+    shrunk = shrink(spec, found.schedule, target, max_runs=shrink_runs)
     res.shrink_runs = shrunk.runs
-    final = run_scenario(shrunk.scenario, policy, options=opts, seed=seed,
-                         schedule=shrunk.schedule, skip=skip)
+    final = spec.with_scenario(shrunk.scenario).run(schedule=shrunk.schedule)
     cx = _counterexample(res, shrunk.scenario, final, len(found.schedule), found.run)
     if out_dir is not None:
-        path = counterexample_path(out_dir, scenario.name, policy, res.strategy, seed)
+        path = counterexample_path(out_dir, spec.scenario.name, spec.policy, res.strategy,
+                                   spec.seed)
         write_counterexample(path, cx)
         unshrunk_path(path).unlink(missing_ok=True)  # ours, and now superseded
         res.counterexample_path = str(path)
@@ -311,8 +314,7 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
 
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:
     if not s.trace_hash:  # found by an unhashed run: one more run, with its hash, to record it
-        r = run_scenario(res.scenario, res.policy, options=res.options, seed=res.seed,
-                         schedule=s.schedule, skip=res.skip, retain_trace=False)
+        r = res.spec.run(schedule=s.schedule, retain_trace=False)
         s = RunSummary(s.run, r.trace_hash, r.violated, r.schedule)
     cx = _counterexample(res, res.scenario, s, shrunk_from, s.run)
     path = unshrunk_path(counterexample_path(out_dir, res.scenario.name, res.policy,

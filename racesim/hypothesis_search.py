@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from racesim.run_summary import RunSummary
-from racesim.runner import run_scenario
-from racesim.scenarios import Scenario
-from racesim.sim.strategies import StrategyConfig
+from racesim.runner import RunSpec
+from racesim.sim.strategies import StrategyConfig, delay_alphabet
 
 __all__ = ["hypothesis_search", "schedule_strategy"]
 
@@ -22,8 +21,7 @@ def schedule_strategy(config: StrategyConfig, max_delays: int = 6):  # type: ign
     """
     from hypothesis import strategies as st
 
-    scale = config.scale
-    alphabet = (0.0, scale / 100, scale, 5 * scale)
+    alphabet = delay_alphabet(config.scale)
     points = config.points
     decision = st.sampled_from(points).flatmap(
         lambda p: st.tuples(st.just(p), st.integers(0, max(0, config.occurrences[p] - 1)),
@@ -31,8 +29,7 @@ def schedule_strategy(config: StrategyConfig, max_delays: int = 6):  # type: ign
     return st.lists(decision, max_size=max_delays, unique_by=lambda d: (d[0], d[1]))
 
 
-def hypothesis_search(scenario: Scenario, policy: str, options: dict[str, str], seed: int,
-                      skip: Sequence[str], config: StrategyConfig, budget: int,
+def hypothesis_search(spec: RunSpec, config: StrategyConfig, budget: int,
                       standing: frozenset[str], record: Callable[..., None],
                       over: Callable[[], bool],
                       progress: Callable[[int, int, int], None] | None,
@@ -51,8 +48,7 @@ def hypothesis_search(scenario: Scenario, policy: str, options: dict[str, str], 
     def violates(entries: list[tuple[str, int, float]]) -> bool:
         if over():
             return False
-        r = run_scenario(scenario, policy, options=options, seed=seed, delays=entries,
-                         skip=skip, retain_trace=False, hash_trace=False)
+        r = spec.run(delays=entries, retain_trace=False, hash_trace=False)
         state["runs"] += 1  # run 0 is the baseline, recorded by the caller
         record(RunSummary(state["runs"], r.trace_hash, r.violated, r.schedule))
         if r.violated:
@@ -69,7 +65,7 @@ def hypothesis_search(scenario: Scenario, policy: str, options: dict[str, str], 
              settings=settings(max_examples=budget, database=None, deadline=None,
                                suppress_health_check=list(HealthCheck),
                                phases=[Phase.generate, Phase.shrink]),
-             random=random.Random(seed))
+             random=random.Random(spec.seed))
     except NoSuchExample:
         return None
     finally:

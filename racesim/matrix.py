@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from racesim.engine_model.checker import SAFETY_INVARIANTS
 from racesim.explore import ExploreResult, explore
-from racesim.reports.verdict import reach_label
-from racesim.runner import PolicyError
+from racesim.reports.verdict import RACE, reach_label, verdict
+from racesim.runner import PolicyError, RunSpec
 from racesim.scenarios import Scenario
 
 __all__ = ["MatrixResult", "run_matrix"]
@@ -41,7 +40,7 @@ class MatrixResult:
         cell = {k: doc[k] for k in _CELL_KEYS}
         cx = doc["counterexample"]
         cell["reach"] = cx["reach"] if cx is not None else None
-        if set(doc["baseline_violations"]) & set(SAFETY_INVARIANTS):
+        if verdict(doc["baseline_violations"]) == RACE:
             cell["reach"] = doc["baseline_reach"]  # a race with no delay at all
         cell["label"] = reach_label(doc["invariants"], cell["reach"])
         return cell
@@ -88,7 +87,7 @@ def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget
                               workers=workers, dask=dask, skip=skip, out_dir=out_dir,
                               progress=progress, time_limit=time_limit)
             except PolicyError as exc:
-                res = ExploreResult(scen, policy, {}, strategy, seed, tuple(skip),
+                res = ExploreResult(RunSpec(scen, policy, (), seed, tuple(skip)), strategy,
                                     error=str(exc))
             result.cells.append(res)
             if on_cell is not None:

@@ -343,7 +343,8 @@ def _plan(delays: Iterable[DelaySpec] | Mapping[str, float]) -> list[tuple[str, 
                                                                         float]]:
     from racesim.engine_model.points import POINTS
     from racesim.runner import parse_delay_option
-    from racesim.sim import Decision, InputError, check_delay, plan_entries
+    from racesim.sim import Decision, InputError, plan_entries
+    from racesim.sim.points import delay_entry
 
     if isinstance(delays, Mapping):
         return plan_entries(delays, POINTS, "delays")
@@ -356,12 +357,7 @@ def _plan(delays: Iterable[DelaySpec] | Mapping[str, float]) -> list[tuple[str, 
         if isinstance(d, str):
             out.append(parse_delay_option(d))
         elif isinstance(d, tuple) and len(d) == 3:
-            point, k, seconds = d
-            if not isinstance(point, str) or point not in POINTS:
-                POINTS.get(str(point))  # raises the InputError that lists the known points
-            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
-                raise InputError(f"delay {d!r}: occurrence must be None or a whole number >= 0")
-            out.append((point, k, check_delay(seconds, f"delay {d!r}")))
+            out.append(delay_entry(*d, POINTS, f"delay {d!r}"))
         else:
             raise InputError(f"delay {d!r}: expected a racesim.sim.Decision, (point, occurrence, "
                              f"seconds) or 'POINT[#K]=SECONDS'")

@@ -10,40 +10,47 @@ from rich.table import Table
 from rich.text import Text
 
 from racesim.engine_model import RunResult
+from racesim.engine_model.events import IpcSend
 from racesim.engine_model.narrate import KEY_KINDS, describe
+from racesim.engine_model.topology import Topology
+from racesim.reports.focus import race_span
+from racesim.reports.model import TraceModel
 from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, RACE, verdict
 from racesim.sim.trace import TraceEvent
 
 __all__ = ["print_run", "timeline_events"]
 
-_LANE_STYLE = {"client": "cyan", "frontend": "green", "P.frontend": "green", "D.frontend": "green",
-               "ipc": "dim", "engine": "magenta", "prefill": "magenta", "decode": "blue",
-               "proxy": "yellow", "nixl": "dim"}
+#: Component styles by kind (engines: by P/D role).
+_KIND_STYLE = {"client": "cyan", "frontend": "green", "channel": "dim", "proxy": "yellow"}
 
 
-def _style(component: str) -> str:
-    for prefix, style in _LANE_STYLE.items():
-        if component.startswith(prefix):
-            return style
-    return ""
+def _style(topology: Topology | None, component: str) -> str:
+    c = topology.component(component) if topology is not None else None
+    if c is None:
+        return ""
+    if c.kind == "engine":
+        return "blue" if c.role == "decode" else "magenta"
+    return _KIND_STYLE.get(c.kind, "")
 
 
 def timeline_events(result: RunResult, *, context: int = 3, limit: int = 48) -> list[TraceEvent]:
-    """Key events from where the race window opened (the first injected delay, or a little
-    before the first violation) through the last violation, trimmed in the middle if long."""
+    """Key events from where the race window opened (:func:`racesim.reports.focus.race_span`,
+    the rule the HTML report uses) through the last violation, trimmed in the middle if long."""
     marked = _marked(result)
     events = [e for e in result.trace
-              if (e.kind in KEY_KINDS and e.kind != "ipc.send") or e.seq in marked
-              or (e.kind == "ipc.send" and e.detail.get("type") in ("AbortMessage",
-                                                                    "EngineCoreRequest"))]
+              if (e.kind in KEY_KINDS and e.kind != IpcSend.KIND) or e.seq in marked
+              or (isinstance(e.detail, IpcSend) and e.detail.type in ("AbortMessage",
+                                                                      "EngineCoreRequest"))]
     if not events:
         return []
     hits = sorted(v.event for v in result.violations if v.event >= 0)
     if not hits:
         return events[-limit:]
-    delays = [e.seq for e in events if e.kind == "delay"]
-    start_seq = min(delays[0], hits[0]) if delays else hits[0]
+    span = None
+    if result.topology is not None:
+        span = race_span(TraceModel(result.trace, result.topology), result.violations)
+    start_seq = result.trace[span[0]].seq if span is not None else hits[0]
     idx_start = next(i for i, e in enumerate(events) if e.seq >= start_seq)
     idx_last = max(i for i, e in enumerate(events) if e.seq <= hits[-1])
     lo = max(0, idx_start - 2 * context)
@@ -122,7 +129,7 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
             elif e.kind in ("delay",):
                 text.stylize("bold yellow")
             tl.add_row(str(e.seq), f"{e.time:.4f}",
-                       Text(printable(e.component), style=_style(e.component)),
+                       Text(printable(e.component), style=_style(result.topology, e.component)),
                        str(e.inc) if e.inc else "", text)
         console.print(tl)
     if skip:

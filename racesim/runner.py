@@ -7,6 +7,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from racesim.engine_model import POLICIES, RunResult, load_policy, run_workload
 from racesim.engine_model.checker import check_invariant_names
@@ -14,10 +15,12 @@ from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import LifecyclePolicy, policy_spec
 from racesim.reports.commands import replay_command, run_command
 from racesim.scenarios import Scenario
-from racesim.sim import Decider, Decision, DelayPlan, InputError, check_delay, parse_point_key
+from racesim.sim import Decider, Decision, DelayPlan, InputError, parse_point_key
+from racesim.sim.points import delay_entry
+from racesim.sim.strategies import Replay
 
-__all__ = ["run_scenario", "parse_delay_option", "replay_command", "run_command", "PlanEntry",
-           "PolicyError", "policy_title", "import_from_cwd"]
+__all__ = ["RunSpec", "run_scenario", "parse_delay_option", "replay_command", "run_command",
+           "PlanEntry", "PolicyError", "policy_title", "import_from_cwd"]
 
 PlanEntry = tuple[str, int | None, float]
 
@@ -32,7 +35,43 @@ def parse_delay_option(text: str) -> PlanEntry:
         seconds: object = float(value)
     except ValueError:
         seconds = value
-    return point, k, check_delay(seconds, f"--delay {text!r}")
+    return delay_entry(point, k, seconds, POINTS, f"--delay {text!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """What a run is of, apart from its delays: a scenario, a policy and its options, a seed,
+    and the invariants left unchecked. Explore, shrink, matrix and the hypothesis search pass
+    one around (it pickles, for worker processes); :meth:`run` runs it with a delay source."""
+
+    scenario: Scenario
+    policy: str
+    options: tuple[tuple[str, str], ...] = ()
+    seed: int = 0
+    skip: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
+           seed: int = 0, skip: Iterable[str] = ()) -> RunSpec:
+        """A spec with its options sorted and its skipped invariants checked and sorted."""
+        return cls(scenario, policy, tuple(sorted((options or {}).items())), seed,
+                   tuple(sorted(check_invariant_names(tuple(skip)))))
+
+    @property
+    def option_dict(self) -> dict[str, str]:
+        return dict(self.options)
+
+    def with_scenario(self, scenario: Scenario) -> RunSpec:
+        return replace(self, scenario=scenario)
+
+    def run(self, *, witness: bool = False, delays: Iterable[PlanEntry] = (),
+            schedule: Sequence[Decision] | None = None, decider: Decider | None = None,
+            retain_trace: bool = True, hash_trace: bool = True) -> RunResult:
+        """One run of the spec (see :func:`run_scenario` for the delay sources)."""
+        return run_scenario(self.scenario, self.policy, options=self.option_dict,
+                            seed=self.seed, witness=witness, delays=delays, schedule=schedule,
+                            decider=decider, skip=self.skip, retain_trace=retain_trace,
+                            hash_trace=hash_trace)
 
 
 def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
@@ -40,7 +79,9 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
                  schedule: Sequence[Decision] | None = None, decider: Decider | None = None,
                  skip: Iterable[str] = (), retain_trace: bool = True,
                  hash_trace: bool = True) -> RunResult:
-    """One deterministic run. ``schedule`` replays a recorded run exactly (it wins over all)."""
+    """One deterministic run. Its delays come from the scenario's ``[delays]``, then ``witness``
+    and ``delays`` (which win), then one decider: ``decider`` (exploration) or ``schedule``
+    (a recorded run, replayed exactly by :class:`~racesim.sim.strategies.Replay`)."""
     skip_set = check_invariant_names(tuple(skip))
     overrides: list[PlanEntry] = []
     if witness:
@@ -49,7 +90,9 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
         overrides.extend(scenario.witness)
     overrides.extend(delays)
     if schedule is not None:
-        overrides.extend((d.point, d.occurrence, d.delay) for d in schedule)
+        if decider is not None:
+            raise ValueError("a replayed schedule is the run's decider: give schedule or decider")
+        decider = Replay(schedule)
     plan = DelayPlan(environment=scenario.delays, overrides=overrides, decider=decider)
     import_from_cwd(policy)
     try:

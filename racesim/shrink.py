@@ -9,11 +9,11 @@ re-running it, so the result is a real failing run, never an extrapolation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from racesim.engine_model.versions import get_profile
-from racesim.runner import run_scenario
+from racesim.runner import RunSpec
 from racesim.scenarios import Scenario
 from racesim.sim import Decision
 
@@ -34,19 +34,20 @@ class _Budget(Exception):
     pass
 
 
-def shrink(scenario: Scenario, policy: str, options: Mapping[str, str], seed: int,
-           schedule: Sequence[Decision], skip: Sequence[str], target: frozenset[str],
-           *, max_runs: int = 400) -> ShrinkResult:
-    """Shrink ``schedule`` (and the scenario's requests) while some ``target`` invariant fails."""
+def shrink(spec: RunSpec, schedule: Sequence[Decision], target: frozenset[str], *,
+           max_runs: int = 400) -> ShrinkResult:
+    """Shrink ``schedule`` (and the requests of the spec's scenario) while some ``target``
+    invariant fails."""
     runs = 0
+    scenario = spec.scenario
 
     def fails(scen: Scenario, sched: Sequence[Decision]) -> bool:
         nonlocal runs
         if runs >= max_runs:
             raise _Budget
         runs += 1
-        result = run_scenario(scen, policy, options=options, seed=seed, schedule=tuple(sched),
-                              skip=skip, retain_trace=False, hash_trace=False)
+        result = spec.with_scenario(scen).run(schedule=tuple(sched), retain_trace=False,
+                                              hash_trace=False)
         return any(v in target for v in result.violated)
 
     best_scen, best = scenario, tuple(sorted(schedule))

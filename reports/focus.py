@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from racesim.engine_model.checker import Violation
+from racesim.engine_model.events import Delay, EngineFatalEvent, FeAbortIssue, IpcSend
 from racesim.engine_model.narrate import KEY_KINDS
 from racesim.reports.model import TraceModel
 from racesim.sim.trace import TraceEvent
@@ -20,7 +21,8 @@ MUST, FOCUS, KEY, FILLER, BOOKKEEPING = 0, 1, 2, 3, 9
 
 
 def _ids_of(ev: TraceEvent) -> set[str]:
-    ids = {str(i) for i in ev.detail.get("ids", [])}
+    d = ev.detail
+    ids = set(d.ids) if isinstance(d, (IpcSend, FeAbortIssue)) else set()
     if ev.request is not None:
         ids.add(ev.request)
     return ids
@@ -36,13 +38,13 @@ def priorities(events: Sequence[TraceEvent], viol: dict[int, list[str]],
     out = []
     last_outputs: dict[str, tuple[object, object]] = {}
     for ev in events:
-        if ev.seq in viol or ev.kind in ("delay", "engine.fatal"):
+        d = ev.detail
+        if ev.seq in viol or isinstance(d, (Delay, EngineFatalEvent)):
             out.append(MUST)
         elif ev.kind not in KEY_KINDS:
             out.append(BOOKKEEPING)
-        elif ev.kind == "ipc.send" and ev.detail.get("type") == "EngineCoreOutputs":
-            sig = (tuple(ev.detail.get("ids", [])),
-                   tuple(tuple(o[:2]) for o in ev.detail.get("outputs", [])))
+        elif isinstance(d, IpcSend) and d.type == "EngineCoreOutputs":
+            sig = (tuple(d.ids), tuple(tuple(o[:2]) for o in d.outputs or ()))
             same = last_outputs.get(ev.component) == sig
             last_outputs[ev.component] = sig
             out.append(FILLER if same else FOCUS if _ids_of(ev) & focus_ids else KEY)
@@ -95,7 +97,7 @@ def race_span(model: TraceModel, violations: Sequence[Violation]) -> tuple[int, 
         return None
     first_v = min(firsts, key=lambda v: v.event)
     first = index[first_v.event]
-    delays = [i for i in range(first + 1) if model.events[i].kind == "delay"]
+    delays = [i for i in range(first + 1) if model.events[i].kind == Delay.KIND]
     owned = [i for i in delays
              if model.delay_owner.get(model.events[i].seq, ("",))[0] == first_v.request]
     if owned:

@@ -15,13 +15,14 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from racesim.engine_model.checker import INVARIANTS, SAFETY_INVARIANTS
+from racesim.engine_model.events import Delay
 from racesim.engine_model.narrate import describe
 from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import POLICIES
 from racesim.engine_model.system import RunResult
 from racesim.reports._io import write_text
 from racesim.reports.commands import replay_command
-from racesim.reports.model import TraceModel
+from racesim.reports.model import TraceModel, topology_of
 from racesim.reports.overview import build_overview
 from racesim.reports.swimlane import (
     ARROW_COLOURS,
@@ -31,7 +32,7 @@ from racesim.reports.swimlane import (
     race_span,
 )
 from racesim.reports.text import printable
-from racesim.reports.verdict import verdict
+from racesim.reports.verdict import RACE, verdict
 
 __all__ = ["render_run_report", "write_run_report", "render_explore_report",
            "write_explore_report", "render_matrix_report", "write_matrix_report",
@@ -82,8 +83,8 @@ def _point_meaning(name: str) -> str:
 
 
 def _schedule_rows(result: RunResult) -> list[dict[str, Any]]:
-    defaults = {(e.detail.get("point"), e.detail.get("occurrence")): e.detail.get("default")
-                for e in result.trace if e.kind == "delay"}
+    defaults = {(e.detail.point, e.detail.occurrence): e.detail.default
+                for e in result.trace if isinstance(e.detail, Delay)}
     return [{"point": d.point, "occurrence": d.occurrence, "delay": d.delay,
              "default": defaults.get((d.point, d.occurrence)),
              "meaning": _point_meaning(d.point)} for d in result.schedule]
@@ -138,7 +139,7 @@ def _opener_text(model: TraceModel, opener: Any) -> str:
 
 def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result: RunResult,
                  command: str, budget: int = 80) -> dict[str, Any]:
-    model = TraceModel(result.trace)
+    model = TraceModel(result.trace, topology_of(result))
     diagrams = build_diagrams(model, result.violations, result.sim_time, budget=budget)
     by_seq = {e.seq: e for e in result.trace}
     viol: dict[int, list[str]] = {}
@@ -175,7 +176,7 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
         "violations": violations, "first": first, "verdict": verdict(result.violated),
         "vllm": result.vllm,
         "reach": (result.reach().describe(result.vllm)
-                  if verdict(result.violated) == "race" else ""),
+                  if verdict(result.violated) == RACE else ""),
         "policy_summary": _policy_summary(policy),
         "first_what": violations[result.violations.index(first)]["what"] if first else "",
         "first_detail": model.relabel(first.detail) if first else "",
@@ -278,7 +279,7 @@ def render_matrix_report(doc: Mapping[str, Any],
                 "error": c.get("error"), "safety": [i in SAFETY_INVARIANTS for i in invariants],
                 "href": _safe_href(links.get((s, p))), "cx": c.get("counterexample")})
         table.append((s, row))
-    failing = sum(1 for c in cells.values() if verdict(c.get("invariants") or []) == "race")
+    failing = sum(1 for c in cells.values() if verdict(c.get("invariants") or []) == RACE)
     summaries = {p: POLICIES[p].summary if p in POLICIES else _policy_summary(p)
                  for p in policies}
     seen = {i for c in cells.values() for i in c.get("invariants") or []}

@@ -10,7 +10,6 @@ from racesim.sim.trace import TraceEvent
 
 __all__ = ["LaneBox", "lay_out_lanes", "used_lanes"]
 
-_ENGINE_PARTS = ("input", "core", "scheduler", "kv", "runner", "connector")
 
 
 @dataclass(slots=True)
@@ -35,8 +34,7 @@ def used_lanes(model: TraceModel, events: Sequence[TraceEvent]) -> set[str]:
             keys.update((msg.src, msg.dst))
         else:
             keys.add(model.lane_of(ev.component))
-        lane = model.lane_of(ev.component)
-        if lane.rsplit(".", 1)[-1] in _ENGINE_PARTS:  # its engine's steps are bars
+        if model.is_engine_lane(model.lane_of(ev.component)):  # its engine's steps are bars
             keys.add(model.step_lane(ev.component))
     return keys
 

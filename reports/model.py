@@ -9,11 +9,24 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
-from racesim.engine_model.narrate import MESSAGE_NAMES
+from racesim.engine_model.events import (
+    MESSAGE_NAMES,
+    ClientSend,
+    Delay,
+    EngineFatalEvent,
+    FeAbortIssue,
+    FeAdd,
+    IpcSend,
+    SchedStep,
+    SchedUpdate,
+)
+from racesim.engine_model.system import RunResult
+from racesim.engine_model.topology import Topology
 from racesim.sim.trace import TraceEvent
 
-__all__ = ["Lane", "Incarnation", "Message", "TraceModel", "PALETTE", "MSG_SHORT"]
+__all__ = ["Lane", "Incarnation", "Message", "TraceModel", "PALETTE", "MSG_SHORT", "topology_of"]
 
 #: Incarnation colours (no red: red means a violation).
 PALETTE = ("#2f6fb0", "#e08a1e", "#2a9d8f", "#6a4c93", "#8c6d1f", "#3f8f3a", "#c2468a",
@@ -25,11 +38,7 @@ MSG_SHORT = MESSAGE_NAMES
 _ENGINE_PARTS = {"input": "input thread", "core": "busy loop", "scheduler": "scheduler",
                  "kv": "KV cache", "runner": "runner", "connector": "KV connector"}
 _PART_ORDER = tuple(_ENGINE_PARTS)
-_CLIENT = re.compile(r"client(\d+)\Z")
-_PROXY = re.compile(r"proxy(\d+)\Z")
-_FRONTEND = re.compile(r"(?:([PD])\.)?frontend(\d+)\Z")
-_ENGINE = re.compile(r"(.+)\.(input|core|scheduler|kv|runner|connector)\Z")
-_CHANNEL = re.compile(r"(ipc|nixl):(.+)->(.+)\Z")
+_ROLE_ORDER = {"": 0, "prefill": 1, "decode": 2}
 _INC_REF = re.compile(r"\binc (\d+)\b")
 _MAX_CLIENT_LANES = 4
 _MAX_PROXY_LANES = 2
@@ -87,20 +96,32 @@ _COMPACT = {"input": "core", "runner": "core", "kv": "scheduler"}
 _COMPACT_TITLES = {"core": "busy loop", "scheduler": "sched + KV", "connector": "connector"}
 
 
-class TraceModel:
-    """Lanes, incarnations and messages of one trace (computed once, read by the renderers)."""
+def topology_of(result: RunResult) -> Topology:
+    """The layout of the system ``result`` ran on."""
+    if result.topology is None:
+        raise ValueError("this run result carries no topology (it was not made by run_workload)")
+    return result.topology
 
-    def __init__(self, events: Sequence[TraceEvent]) -> None:
+
+class TraceModel:
+    """Lanes, incarnations and messages of one trace (computed once, read by the renderers).
+
+    What each component is comes from the run's :class:`Topology`, never from its name."""
+
+    def __init__(self, events: Sequence[TraceEvent], topology: Topology) -> None:
         self.events = events
-        clients = sorted({int(m.group(1)) for e in events
-                          if (m := _CLIENT.match(e.component))})
-        proxies = sorted({int(m.group(1)) for e in events
-                          if (m := _PROXY.match(e.component))})
-        engines = {m.group(1) for e in events if (m := _ENGINE.match(e.component))}
+        self.topology = topology
+        seen = {c.name: c for e in events
+                if (c := topology.component(e.component)) is not None}.values()
+        clients = sum(1 for c in seen if c.kind == "client")
+        proxies = sum(1 for c in seen if c.kind == "proxy")
+        engines = {c.group for c in seen if c.kind == "engine"}
         #: Several engines (P/D): fewer lanes per engine so the diagram still fits a screen.
         self.compact = len(engines) > 1
-        self._group_clients = len(clients) > _MAX_CLIENT_LANES
-        self._group_proxies = len(proxies) > (1 if self.compact else _MAX_PROXY_LANES)
+        self._group_clients = clients > _MAX_CLIENT_LANES
+        self._group_proxies = proxies > (1 if self.compact else _MAX_PROXY_LANES)
+        self._lane_keys: dict[str, str] = {}  # component -> lane key
+        self._lanes: dict[str, tuple[tuple[int, int, str, int], Lane]] = {}  # key -> rank, lane
         self.incarnations: dict[int, Incarnation] = {}
         self._uid_inc: dict[int, int] = {}
         self.messages: dict[int, Message] = {}
@@ -113,69 +134,67 @@ class TraceModel:
 
     # -- lanes ----------------------------------------------------------------------------------
 
+    def _lane(self, key: str, rank: tuple[int, int, str, int], lane: Lane) -> str:
+        self._lanes.setdefault(key, (rank, lane))
+        return key
+
     def _engine_lane(self, engine: str, part: str) -> str:
-        return f"{engine}.{_COMPACT.get(part, part) if self.compact else part}"
+        part = _COMPACT.get(part, part) if self.compact else part
+        key = f"{engine}.{part}"
+        node = self.topology.engine(engine)
+        index, role = (node.index, node.role) if node is not None else (99, "")
+        title = f"{engine} engine" if role else "EngineCore"
+        return self._lane(key, (4, index, engine, _PART_ORDER.index(part)),
+                          Lane(key, (_COMPACT_TITLES if self.compact else _ENGINE_PARTS)[part],
+                               engine, title))
 
     def step_lane(self, scheduler_component: str) -> str:
         """The lane engine steps of ``scheduler_component``'s engine are drawn in."""
-        return self._engine_lane(scheduler_component.rsplit(".", 1)[0], "runner")
+        return self._engine_lane(self.topology.engine_of(scheduler_component), "runner")
+
+    def lane_group(self, key: str) -> str:
+        """The group (an engine lane's engine) that lane ``key`` belongs to."""
+        return self._lanes[key][1].group
+
+    def is_engine_lane(self, key: str) -> bool:
+        return self._lanes[key][0][0] == 4
 
     def lane_of(self, component: str) -> str:
         """The lane key an event of ``component`` is drawn in."""
-        if m := _CLIENT.match(component):
-            return "clients" if self._group_clients else component
-        if _PROXY.match(component):
-            return "proxies" if self._group_proxies else component
-        if _FRONTEND.match(component):
-            return component
-        if _CHANNEL.match(component):
-            return "ipc"
-        if m := _ENGINE.match(component):
-            return self._engine_lane(m.group(1), m.group(2))
-        return component
+        key = self._lane_keys.get(component)
+        if key is None:
+            key = self._lane_keys[component] = self._new_lane_of(component)
+        return key
 
-    def _describe_lane(self, key: str) -> Lane:
-        if key == "clients":
-            return Lane(key, "clients", "clients", "clients")
-        if key == "proxies":
-            return Lane(key, "proxies", "proxy", "proxy")
-        if _CLIENT.match(key):
-            return Lane(key, key, "clients", "clients")
-        if _PROXY.match(key):
-            return Lane(key, key, "proxy", "proxy")
-        if m := _FRONTEND.match(key):
-            return Lane(key, key, "frontends", "API server")
-        if key == "ipc":
-            return Lane(key, "sockets", "ipc", "IPC")
-        if m := _ENGINE.match(key):
-            engine = m.group(1)
-            title = "EngineCore" if engine == "engine" else f"{engine} engine"
-            part = (_COMPACT_TITLES if self.compact else _ENGINE_PARTS)[m.group(2)]
-            return Lane(key, part, engine, title)
-        return Lane(key, key, key, key)
-
-    def _lane_rank(self, key: str) -> tuple[int, int, str, int]:
-        if key == "clients" or _CLIENT.match(key):
-            m = _CLIENT.match(key)
-            return (0, int(m.group(1)) if m else -1, "", 0)
-        if key == "proxies" or _PROXY.match(key):
-            m = _PROXY.match(key)
-            return (1, int(m.group(1)) if m else -1, "", 0)
-        if m := _FRONTEND.match(key):
-            return (2, " PD".index(m.group(1) or " "), "", int(m.group(2)))
-        if key == "ipc":
-            return (3, 0, "", 0)
-        if m := _ENGINE.match(key):
-            engine = m.group(1)
-            order = {"engine": 0, "prefill": 1, "decode": 2}.get(engine, 3)
-            return (4, order, engine, _PART_ORDER.index(m.group(2)))
-        return (5, 0, key, 0)
+    def _new_lane_of(self, component: str) -> str:
+        c = self.topology.component(component)
+        if c is None:
+            return self._lane(component, (5, 0, component, 0),
+                              Lane(component, component, component, component))
+        if c.kind == "client":
+            if self._group_clients:
+                return self._lane("clients", (0, -1, "", 0),
+                                  Lane("clients", "clients", "clients", "clients"))
+            return self._lane(component, (0, c.index, "", 0),
+                              Lane(component, component, "clients", "clients"))
+        if c.kind == "proxy":
+            if self._group_proxies:
+                return self._lane("proxies", (1, -1, "", 0),
+                                  Lane("proxies", "proxies", "proxy", "proxy"))
+            return self._lane(component, (1, c.index, "", 0),
+                              Lane(component, component, "proxy", "proxy"))
+        if c.kind == "frontend":
+            return self._lane(component, (2, _ROLE_ORDER.get(c.role, 3), "", c.index),
+                              Lane(component, component, "frontends", "API server"))
+        if c.kind == "channel":
+            return self._lane("ipc", (3, 0, "", 0), Lane("ipc", "sockets", "ipc", "IPC"))
+        return self._engine_lane(c.group, c.part)
 
     def _build_lanes(self) -> list[Lane]:
         keys = {self.lane_of(e.component) for e in self.events}
         for msg in self.messages.values():
             keys.update((msg.src, msg.dst))
-        return [self._describe_lane(k) for k in sorted(keys, key=self._lane_rank)]
+        return [self._lanes[k][1] for k in sorted(keys, key=lambda k: self._lanes[k][0])]
 
     # -- engine steps ---------------------------------------------------------------------------
 
@@ -187,20 +206,21 @@ class TraceModel:
         updated: dict[tuple[str, int], float] = {}
         deaths: dict[str, float] = {}
         for ev in self.events:
-            if ev.kind == "sched.step" and ev.detail.get("batch"):
+            d = ev.detail
+            if isinstance(d, SchedStep) and d.batch:
                 steps.append(ev)
-            elif ev.kind == "sched.update":
-                updated[(ev.component, int(ev.detail.get("step", 0)))] = ev.time
-            elif ev.kind == "engine.fatal":
-                deaths.setdefault(ev.component.rsplit(".", 1)[0], ev.time)
+            elif isinstance(d, SchedUpdate):
+                updated[(ev.component, d.step)] = ev.time
+            elif isinstance(d, EngineFatalEvent):
+                deaths.setdefault(self.topology.engine_of(ev.component), ev.time)
         out = []
         for k, st in enumerate(steps):
-            end = updated.get((st.component, int(st.detail.get("step", 0))))
+            end = updated.get((st.component, cast(SchedStep, st.detail).step))
             if end is not None:
                 out.append((st, end, True))
                 continue
             nxt = next((o.time for o in steps[k + 1:] if o.component == st.component), sim_time)
-            death = deaths.get(st.component.rsplit(".", 1)[0], sim_time)
+            death = deaths.get(self.topology.engine_of(st.component), sim_time)
             out.append((st, max(min(nxt, death, sim_time), st.time), False))
         return out
 
@@ -209,12 +229,13 @@ class TraceModel:
     def _build_incarnations(self) -> None:
         client_of_uid: dict[int, str] = {}
         for e in self.events:
-            if e.kind == "client.send":
-                client_of_uid.setdefault(int(e.detail.get("uid", 0)), e.component)
+            if isinstance(e.detail, ClientSend):
+                client_of_uid.setdefault(e.detail.uid, e.component)
         for e in self.events:
             if e.inc and e.inc not in self.incarnations and e.request is not None:
-                uid = int(e.detail.get("uid", 0)) if e.kind == "fe.add" else 0
-                frontend = e.component if e.kind == "fe.add" else ""
+                added = isinstance(e.detail, FeAdd)
+                uid = cast(FeAdd, e.detail).uid if added else 0
+                frontend = e.component if added else ""
                 colour = PALETTE[len(self.incarnations) % len(PALETTE)]
                 self.incarnations[e.inc] = Incarnation(e.inc, e.request,
                                                        client_of_uid.get(uid, ""), uid,
@@ -253,13 +274,13 @@ class TraceModel:
         """The incarnations an event is about (client events map through their client uid)."""
         if event.inc:
             return (event.inc,)
-        if event.kind == "delay":
+        if event.kind == Delay.KIND:
             owner = getattr(self, "delay_owner", {}).get(event.seq)
             return owner[1] if owner else ()
-        if event.kind == "ipc.send":
+        if event.kind == IpcSend.KIND:
             msg = self.messages.get(event.seq)
             return msg.incs if msg else ()
-        uid = event.detail.get("uid")
+        uid = getattr(event.detail, "uid", None)  # the client events carry their client's uid
         if isinstance(uid, int) and uid in self._uid_inc:
             return (self._uid_inc[uid],)
         return ()
@@ -273,8 +294,8 @@ class TraceModel:
     # -- messages -------------------------------------------------------------------------------
 
     def _endpoint(self, name: str, kind: str, sending: bool) -> str:
-        if _FRONTEND.match(name):
-            return name
+        if self.topology.engine(name) is None:  # a frontend
+            return self.lane_of(name)
         if kind == "nixl":
             return self._engine_lane(name, "connector" if sending else "core")
         return self._engine_lane(name, "core" if sending else "input")
@@ -282,24 +303,24 @@ class TraceModel:
     def _build_messages(self) -> None:
         abort_inc: dict[tuple[str, str], int] = {}  # (frontend, id) -> inc of the latest abort
         for e in self.events:
-            if e.kind == "fe.abort_issue" and e.inc:
-                for rid in e.detail.get("ids", []):
-                    abort_inc[(e.component, str(rid))] = e.inc
-            if e.kind != "ipc.send":
-                continue
-            m = _CHANNEL.match(e.component)
             d = e.detail
-            ids = tuple(str(i) for i in d.get("ids", []))
-            incs: list[int] = [int(i) for i in d.get("incs", [])]
-            incs += [int(o[1]) for o in d.get("outputs", []) if len(o) > 1]
-            if "remote_inc" in d:
-                incs.append(int(d["remote_inc"]))
-            if not m:
+            if isinstance(d, FeAbortIssue) and e.inc:
+                for rid in d.ids:
+                    abort_inc[(e.component, rid)] = e.inc
+            if not isinstance(d, IpcSend):
                 continue
-            kind, src, dst = m.groups()
-            if d.get("type") == "AbortMessage":
+            channel = self.topology.channel(e.component)
+            ids = tuple(d.ids)
+            incs: list[int] = list(d.incs or ())
+            incs += [int(o[1]) for o in d.outputs or () if len(o) > 1]
+            if d.remote_inc is not None:
+                incs.append(d.remote_inc)
+            if channel is None:
+                continue
+            kind, src, dst = channel.kind, channel.src, channel.dst
+            if d.type == "AbortMessage":
                 incs += [abort_inc[(src, i)] for i in ids if (src, i) in abort_inc]
             self.messages[e.seq] = Message(
-                e.seq, e.component, str(d.get("type", "?")), ids, tuple(dict.fromkeys(incs)),
-                e.time, float(d.get("arrive", e.time)), self._endpoint(src, kind, True),
+                e.seq, e.component, d.type, ids, tuple(dict.fromkeys(incs)),
+                e.time, float(d.arrive), self._endpoint(src, kind, True),
                 self._endpoint(dst, kind, False))

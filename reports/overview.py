@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from racesim.engine_model.checker import Violation
+from racesim.engine_model.events import Delay
 from racesim.reports.model import TraceModel
 from racesim.reports.swimlane import Diagram
 
@@ -65,10 +66,10 @@ def build_overview(model: TraceModel, violations: Sequence[Violation], sim_time:
             seen.add((v.invariant, v.time))
             ticks.append((x_of(v.time), "#d62728", f"{v.invariant} at t={v.time:.4f}s"))
     for ev in model.events:
-        if ev.kind == "delay":
-            d = ev.detail
+        d = ev.detail
+        if isinstance(d, Delay):
             ticks.append((x_of(ev.time), "#e08a1e",
-                          f"delay {d.get('point')}#{d.get('occurrence')} at t={ev.time:.4f}s"))
+                          f"delay {d.point}#{d.occurrence} at t={ev.time:.4f}s"))
     shade = (x_of(race[0]), max(x_of(race[1]), x_of(race[0]) + 2)) if race else None
     marks = [(x_of(p.t_range[0]), max(x_of(p.t_range[1]), x_of(p.t_range[0]) + 3), str(n))
              for n, p in enumerate(pages, 1)]

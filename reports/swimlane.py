@@ -15,8 +15,10 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from racesim.engine_model.checker import Violation
+from racesim.engine_model.events import SchedStep
 from racesim.engine_model.narrate import KEY_KINDS, describe
 from racesim.reports.focus import KEY, priorities, race_span, select
 from racesim.reports.lane_layout import LaneBox, lay_out_lanes, used_lanes
@@ -161,8 +163,9 @@ class _Page:
         text = model.relabel(describe(ev))
         names = tuple(self.viol.get(ev.seq, ()))
         who = ev.component
-        if msg is not None:
-            who = who.split(":", 1)[-1].replace("->", "→")
+        channel = model.topology.channel(who) if msg is not None else None
+        if channel is not None:
+            who = f"{channel.src}→{channel.dst}"
         return Row("event", y, ROW_H, ev.time, ev.time, ev.seq, self.lane_x.get(lane, LEFT_W),
                    model.colour_of(incs), who, clip(inc_label, 16),
                    clip(text, max(30, 84 - len(inc_label) - sum(len(x) + 2 for x in names))),
@@ -330,7 +333,7 @@ class _Page:
             y2, _ = self._ymap(rows, end, after, height)
             if y2 - y1 < 3:
                 continue
-            batch = st.detail.get("batch", [])
+            batch = cast(SchedStep, st.detail).batch
             incs = list(dict.fromkeys(int(b[1]) for b in batch))[:4] or [0]
             w = 12.0 / len(incs)
             x0 = self.lane_x[lane] - 6

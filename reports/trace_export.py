@@ -14,16 +14,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from racesim.engine_model.events import (
+    ClientDone,
+    ClientSend,
+    Delay,
+    EngineFatalEvent,
+    IpcSend,
+    SchedStep,
+)
 from racesim.engine_model.narrate import KEY_KINDS, describe
 from racesim.engine_model.system import RunResult
 from racesim.reports._io import write_text
-from racesim.reports.model import TraceModel
+from racesim.reports.model import TraceModel, topology_of
 
 __all__ = ["chrome_trace", "write_chrome_trace", "dumps"]
 
-_INSTANT_SKIP = {"ipc.send", "delay"}
+_INSTANT_SKIP = {IpcSend.KIND, Delay.KIND}
 
 
 def _us(t: float) -> int:
@@ -33,7 +41,7 @@ def _us(t: float) -> int:
 class _Builder:
     def __init__(self, result: RunResult) -> None:
         self.result = result
-        self.model = TraceModel(result.trace)
+        self.model = TraceModel(result.trace, topology_of(result))
         self.meta: list[dict[str, Any]] = []
         self.out: list[dict[str, Any]] = []
         self.pid: dict[str, int] = {}  # lane group -> pid
@@ -101,13 +109,14 @@ class _Builder:
     def clients(self) -> None:
         open_: dict[str, Any] = {}
         for ev in self.model.events:
-            if ev.kind == "client.send":
+            d = ev.detail
+            if isinstance(d, ClientSend):
                 open_[ev.component] = ev
-            elif ev.kind == "client.done" and ev.component in open_:
+            elif isinstance(d, ClientDone) and ev.component in open_:
                 st = open_.pop(ev.component)
                 self._slice(f"{ev.request}", st.time, ev.time, self._at(ev.component),
-                            {"client": ev.component, "reason": ev.detail.get("reason"),
-                             "tokens": ev.detail.get("tokens")}, "client")
+                            {"client": ev.component, "reason": d.reason,
+                             "tokens": d.tokens}, "client")
         for comp, st in sorted(open_.items()):
             self._slice(f"{st.request} (never finished)", st.time, self.result.sim_time,
                         self._at(comp), {"client": comp}, "client")
@@ -120,7 +129,8 @@ class _Builder:
     def steps(self) -> None:
         tracks: dict[str, list[float]] = {}  # step lane -> end time of each track
         for st, end, applied in self.model.step_spans(self.result.sim_time):
-            n = int(st.detail.get("step", 0))
+            step = cast(SchedStep, st.detail)
+            n = step.step
             lane = self.model.step_lane(st.component)
             ends = tracks.setdefault(lane, [])
             slot = next((j for j, e in enumerate(ends) if e <= st.time), len(ends))
@@ -128,8 +138,9 @@ class _Builder:
                 ends.append(end)
             ends[slot] = end
             where = self._where(lane) if slot == 0 else self._extra(
-                f"{lane}#{slot}", lane, f"{lane.rsplit('.', 1)[0]} steps in flight ({slot + 1})")
-            batch = [[str(b[0]), int(b[1]), int(b[2])] for b in st.detail.get("batch", [])]
+                f"{lane}#{slot}", lane,
+                f"{self.model.lane_group(lane)} steps in flight ({slot + 1})")
+            batch = [[str(b[0]), int(b[1]), int(b[2])] for b in step.batch]
             self._slice(f"step {n}", st.time, end, where,
                         {"step": n, "batch": batch, "what": describe(st),
                          "applied": applied}, "step")
@@ -155,14 +166,15 @@ class _Builder:
         for ev in self.model.events:
             where = self._at(ev.component)
             args = {"seq": ev.seq, "request": ev.request, "inc": ev.inc, "what": describe(ev)}
-            if ev.kind == "engine.fatal":
+            d = ev.detail
+            if isinstance(d, EngineFatalEvent):
                 self.emit("i", "ENGINE DEAD", ev.time, where, s="g", cat="fatal", args=args)
-            elif ev.kind == "delay":
-                d = ev.detail
-                self.emit("i", f"delay {d.get('point')}#{d.get('occurrence')}", ev.time, where,
+            elif isinstance(d, Delay):
+                self.emit("i", f"delay {d.point}#{d.occurrence}", ev.time, where,
                           s="t", cat="delay", args=args)
             elif ev.kind in KEY_KINDS and ev.kind not in _INSTANT_SKIP:
-                cat = "abort" if "abort" in ev.kind or ev.detail.get("cause") == "abort" else "key"
+                cause = getattr(d, "cause", None)  # the kinds with a cause say what ended them
+                cat = "abort" if "abort" in ev.kind or cause == "abort" else "key"
                 self.emit("i", ev.kind, ev.time, where, s="t", cat=cat, args=args)
         by_seq = {e.seq: e for e in self.model.events}
         for v in self.result.violations:

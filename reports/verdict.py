@@ -49,6 +49,6 @@ def accounting_warning(invariants: Iterable[str]) -> str:
 
 
 def exit_status(invariants: Iterable[str], *, strict: bool = False) -> int:
-    """DESIGN's exit status: 1 for a race (or, with ``strict``, any violation), else 0."""
+    """The exit status: 1 for a race (or, with ``strict``, any violation), else 0."""
     v = verdict(invariants)
     return 1 if v == RACE or (strict and v == ACCOUNTING) else 0

@@ -1,4 +1,4 @@
-"""Load, validate and write scenario TOML files (DESIGN "Scenarios (scenarios/)").
+"""Load, validate and write scenario TOML files.
 
 Every user mistake becomes one :class:`~racesim.sim.errors.InputError` line of the form
 ``<source>:<line>: <key>: <problem> (got <value>)``; nothing else escapes parsing. tomllib

@@ -36,6 +36,7 @@ from racesim.engine_model.versions import PROFILES
 from racesim.scenarios.loader import Scenario, scenario_from_dict
 from racesim.sim.errors import InputError
 from racesim.sim.points import Decision, DelayPlan
+from racesim.sim.strategies import delay_alphabet
 
 __all__ = ["scenarios", "schedules"]
 
@@ -231,8 +232,9 @@ def schedules(scenario: Scenario, *, max_delays: int = 4, policy: str = "buggy",
     Each decision delays one occurrence ``(point, k)`` that an unperturbed run of
     ``scenario`` under ``policy`` (seed ``seed``) really passes, so every decision is
     consulted at least as long as the delays before it do not change the run too much. A delay
-    is either drawn from the alphabet {step/100, step/2, one step, two steps, five steps} (step
-    = the scenario's ``engine.step_time``) or is any float in [0, five steps]. No two decisions
+    is either drawn from exploration's alphabet {0, step/100, one step, five steps}
+    (:func:`racesim.sim.strategies.delay_alphabet`; step = the scenario's ``engine.step_time``)
+    or is any float in [0, five steps]. No two decisions
     share an occurrence; the tuple is sorted. ``points`` (await-point names) narrows the
     delays to those points. Pass it to ``racesim.run_scenario(..., schedule=...)`` or to the
     pytest fixture's ``delays=``.
@@ -262,8 +264,7 @@ def schedules(scenario: Scenario, *, max_delays: int = 4, policy: str = "buggy",
     if not occurrences or max_delays == 0:
         return st.just(())
     step = scenario.workload.engine.step_time
-    alphabet = (step / 100, step / 2, step, 2 * step, 5 * step)
-    delay = st.one_of(st.sampled_from(alphabet),
+    delay = st.one_of(st.sampled_from(delay_alphabet(step)),
                       st.floats(0.0, 5 * step, allow_nan=False, allow_infinity=False))
     return st.lists(_decision(occurrences, delay), max_size=max_delays,
                     unique_by=_occurrence_of).map(_sorted_tuple)

@@ -18,20 +18,30 @@ from racesim.sim.points import (
     plan_entries,
 )
 from racesim.sim.rng import RngStreams, stable_seed
-from racesim.sim.trace import TraceEvent, TraceRecorder, canonical_json, trace_hash_of
-from racesim.sim.world import World
+from racesim.sim.trace import (
+    EventRecord,
+    TraceEvent,
+    TraceRecorder,
+    UndeclaredKind,
+    canonical_json,
+    trace_hash_of,
+)
+from racesim.sim.world import Delay, World
 
 __all__ = [
     "AwaitPoint",
     "Decider",
     "Decision",
+    "Delay",
     "DelayPlan",
+    "EventRecord",
     "InputError",
     "NATIVE",
     "PointCatalogue",
     "RngStreams",
     "TraceEvent",
     "TraceRecorder",
+    "UndeclaredKind",
     "World",
     "build_info",
     "canonical_json",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["InputError"]
+__all__ = ["InputError", "UndeclaredKind"]
 
 
 class InputError(ValueError):
@@ -13,3 +13,9 @@ class InputError(ValueError):
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(message.split()))
+
+
+class UndeclaredKind(KeyError):
+    """A trace event kind that no record class declares (a bug in the emitting code).
+
+    Here rather than beside the records: the compiled trace module cannot subclass KeyError."""

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from racesim.sim.errors import InputError
 
 __all__ = ["AwaitPoint", "PointCatalogue", "Decision", "DelayPlan", "Decider", "parse_point_key",
-           "check_delay", "plan_entries"]
+           "check_delay", "delay_entry", "plan_entries"]
 
 #: The largest occurrence number a schedule may name (TOML's integer range).
 MAX_OCCURRENCE = 2**63 - 1
@@ -104,6 +104,26 @@ def check_delay(value: object, where: str) -> float:
     return v
 
 
+def delay_entry(point: object, occurrence: object, seconds: object,
+                catalogue: PointCatalogue | None, where: str, *,
+                every: bool = True) -> tuple[str, int | None, float]:
+    """One delay entry ``(point, occurrence or None, seconds)``, validated: the one check every
+    way of giving a delay goes through (a scenario's tables, ``--delay``, a counterexample's
+    schedule, the pytest fixture). ``every=False``: the occurrence must be given."""
+    if not isinstance(point, str) or (catalogue is not None and point not in catalogue):
+        known = f" (known: {', '.join(catalogue.names())})" if catalogue is not None else ""
+        raise InputError(f"{where}: unknown await point {point!r}{known}")
+    if occurrence is None and every:
+        k: int | None = None
+    elif (isinstance(occurrence, bool) or not isinstance(occurrence, int)
+            or not 0 <= occurrence <= MAX_OCCURRENCE):
+        raise InputError(f"{where}: occurrence must be a whole number in 0..2**63-1"
+                         f"{' or None' if every else ''} (got {occurrence!r})")
+    else:
+        k = occurrence
+    return point, k, check_delay(seconds, where)
+
+
 def parse_point_key(key: str, catalogue: PointCatalogue | None,
                     where: str) -> tuple[str, int | None]:
     """``"point"`` or ``"point#K"`` → ``(point, K or None)``, checked against the catalogue."""
@@ -156,9 +176,9 @@ class _Table:
 class DelayPlan:
     """Decides each occurrence's delay.
 
-    Precedence, strongest first: ``overrides`` (``--delay``, a witness, a replayed schedule),
-    then the ``decider`` (exploration), then ``environment`` (a scenario's ``[delays]``, which is
-    part of the default), then the point's natural latency.
+    Precedence, strongest first: ``overrides`` (``--delay``, a witness), then the ``decider``
+    (an exploration strategy's, or a replayed schedule's), then ``environment`` (a scenario's
+    ``[delays]``, which is part of the default), then the point's natural latency.
     """
 
     __slots__ = ("_env", "_over", "_decider", "_env_empty", "_over_empty")
@@ -177,12 +197,6 @@ class DelayPlan:
         # skip their lookups.
         self._env_empty = not (self._env.every or self._env.by_occurrence)
         self._over_empty = not (self._over.every or self._over.by_occurrence)
-
-    @classmethod
-    def replay(cls, environment: Iterable[tuple[str, int | None, float]],
-               schedule: Iterable[Decision]) -> DelayPlan:
-        return cls(environment=environment,
-                   overrides=[(d.point, d.occurrence, d.delay) for d in schedule])
 
     def resolve(self, point: str, k: int, natural: float) -> tuple[float, float]:
         """``(delay, default)`` for occurrence ``k`` of ``point``."""
@@ -216,6 +230,6 @@ def plan_entries(table: Mapping[str, object], catalogue: PointCatalogue | None,
     out = []
     for key, value in table.items():
         point, k = parse_point_key(str(key), catalogue, f"{where} {key!r}")
-        out.append((point, k, check_delay(value, f"{where} {key!r}")))
+        out.append(delay_entry(point, k, value, catalogue, f"{where} {key!r}"))
     return out
 

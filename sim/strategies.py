@@ -11,16 +11,16 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from racesim.sim.errors import InputError
-from racesim.sim.points import Decider, reduce_by_fields
+from racesim.sim.points import Decider, Decision, reduce_by_fields
 from racesim.sim.rng import stable_seed
 
 __all__ = ["StrategyConfig", "Strategy", "RandomStrategy", "PctStrategy", "GridStrategy",
-           "make_strategy", "STRATEGIES", "grid_cells"]
+           "make_strategy", "STRATEGIES", "grid_cells", "delay_alphabet", "Replay"]
 
 STRATEGIES = ("random", "pct", "grid", "hypothesis")
 
@@ -140,11 +140,18 @@ class PctStrategy(Strategy):
         return {"n": n, "k": k, "d": d, "bound": bound}
 
 
+def delay_alphabet(scale: float) -> tuple[float, float, float, float]:
+    """The delays a schedule search tries, simplest first: none, a reordering nudge (1 % of an
+    engine step ``scale``), one step, five steps. The grid and both hypothesis schedule
+    strategies (exploration's and ``racesim.scenarios.schedules``) draw from it."""
+    scale = float(scale)  # an int scale gives the same (float) delays in both builds
+    return (0.0, scale / 100, scale, 5 * scale)
+
+
 def grid_cells(config: StrategyConfig) -> Iterator[tuple[tuple[str, int | None, float], ...]]:
     """All perturbations of at most ``grid_width`` (point, occurrence) slots, each set to a value
     of the alphabet {0, epsilon, one step, five steps}, fewest slots first."""
-    scale = float(config.scale)  # an int scale gives the same (float) delays in both builds
-    alphabet = (0.0, scale / 100, scale, 5 * scale)
+    alphabet = delay_alphabet(config.scale)
     slots: list[tuple[str, int | None]] = []
     for p in config.points:
         n = config.occurrences[p]
@@ -189,6 +196,21 @@ class GridStrategy(Strategy):
 
     def info(self) -> dict[str, object]:
         return {"cells": len(self._cells), "width": self.config.grid_width}
+
+
+class Replay:
+    """A recorded schedule as a decider: each recorded occurrence gets its recorded delay and
+    every other one its default, so the run is the recorded one again. Replaying is one more
+    way of deciding delays, as exploring is, not a path of its own."""
+
+    __slots__ = ("_delays",)
+
+    def __init__(self, schedule: Iterable[Decision]) -> None:
+        self._delays = {(d.point, d.occurrence): float(d.delay) for d in schedule}
+
+    def __call__(self, point: str, k: int, default: float) -> float:
+        v = self._delays.get((point, k))
+        return default if v is None else v
 
 
 def make_strategy(name: str, config: StrategyConfig) -> Strategy:

@@ -3,6 +3,10 @@
 The canonical JSON of a trace is one array of events, each ``[seq, time, component, kind,
 request, inc, {detail}]``, with sorted keys, no spaces and UTF-8. The recorder hashes it in
 chunks as events arrive, so a run that keeps no trace still has its exact hash.
+
+An event's detail is a typed record, a subclass of :class:`EventRecord` that names its kind and
+fields; the kernel knows none of the kinds but its own ``delay`` (the model declares the rest in
+``racesim.engine_model.events``). A record's JSON is the dict of its fields.
 """
 
 from __future__ import annotations
@@ -10,15 +14,110 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
-__all__ = ["TraceEvent", "TraceListener", "TraceRecorder", "canonical_json", "trace_hash_of"]
+from racesim.sim.errors import UndeclaredKind
+
+__all__ = ["EventRecord", "TraceEvent", "TraceListener", "TraceRecorder", "UndeclaredKind",
+           "canonical_json", "record_class", "record_classes", "trace_hash_of"]
+
+
+class EventRecord:
+    """The typed detail of one trace event kind: a slotted record, built once and never changed.
+
+    A subclass declares ``KIND`` (the kind's name in the trace), ``__slots__`` (its fields, in
+    the order its ``__init__`` takes them), ``KEY`` (a reader needs it to follow a race) and
+    ``OPTIONAL`` (fields left out of the JSON while ``None``), and overrides :meth:`describe`.
+    Declaring the class is declaring the kind: :func:`record_classes` finds every subclass.
+    """
+
+    __slots__: ClassVar[tuple[str, ...]] = ()
+    KIND: ClassVar[str] = ""
+    KEY: ClassVar[bool] = False
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The detail as the trace JSON holds it: every field, but an OPTIONAL one while None."""
+        optional = self.OPTIONAL
+        out: dict[str, Any] = {}
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if value is None and name in optional:
+                continue
+            out[name] = value
+        return out
+
+    def describe(self, ev: TraceEvent) -> str:
+        """One line of plain English for ``ev`` (whose detail this is)."""
+        return f"{self.KIND} {ev.request or ''}".strip()
+
+    # A record also reads like its JSON dict, so code written against dict details keeps
+    # working; the model's own readers use the attributes.
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.__slots__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name) if name in self.__slots__ else default
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and isinstance(other, EventRecord) \
+            and other.as_dict() == self.as_dict()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
+        return f"{type(self).__name__}({fields})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a compiled record is rebuilt through its constructor, never field by field
+        return type(self), tuple(getattr(self, name) for name in self.__slots__)
+
+
+_classes: dict[str, type[EventRecord]] = {}
+
+
+def record_classes() -> dict[str, type[EventRecord]]:
+    """Every declared kind and its record class (the subclasses of :class:`EventRecord` whose
+    modules are imported). Two classes declaring one kind are an error."""
+    found: dict[str, type[EventRecord]] = {}
+    todo = list(EventRecord.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if not cls.KIND:
+            continue
+        other = found.get(cls.KIND)
+        if other is not None and other is not cls:
+            raise TypeError(f"event kind {cls.KIND!r} is declared twice: by "
+                            f"{other.__qualname__} and {cls.__qualname__}")
+        found[cls.KIND] = cls
+    _classes.clear()
+    _classes.update(found)
+    return dict(sorted(found.items()))
+
+
+def record_class(kind: str) -> type[EventRecord]:
+    """The record class declaring ``kind``; :class:`UndeclaredKind` if none does."""
+    cls = _classes.get(kind)
+    if cls is None:
+        cls = record_classes().get(kind)
+        if cls is None:
+            raise UndeclaredKind(f"trace event kind {kind!r} is not declared: declare an "
+                                 f"EventRecord subclass for it (racesim.engine_model.events)")
+    return cls
+
+
+def _as_json(obj: object) -> Any:
+    if isinstance(obj, EventRecord):
+        return obj.as_dict()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 # check_circular=False: a trace is a tree of fresh lists and dicts, so the per-container cycle
 # bookkeeping (a third of the encoding time) could only ever change the error on a cyclic detail.
 _encode = json.JSONEncoder(
     ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"),
-    check_circular=False,
+    check_circular=False, default=_as_json,
 ).encode
 
 _CHUNK = 512
@@ -29,8 +128,8 @@ class TraceEvent(NamedTuple):
 
     ``request`` is the request-ID string the modelled system used; ``inc`` is the hidden
     incarnation number of the engine request involved (0 when none), which the modelled system
-    never reads; ``detail`` holds kind-specific fields (JSON-able scalars, lists, dicts). An
-    immutable record (a named tuple: the cheapest one Python has, and a run makes thousands).
+    never reads; ``detail`` is the kind's typed record (:class:`EventRecord`). An immutable
+    record (a named tuple: the cheapest one Python has, and a run makes thousands).
     """
 
     seq: int
@@ -39,17 +138,18 @@ class TraceEvent(NamedTuple):
     kind: str
     request: str | None
     inc: int
-    detail: Mapping[str, Any]
+    detail: EventRecord
 
     def as_list(self) -> list[Any]:
         return [self.seq, self.time, self.component, self.kind, self.request, self.inc,
-                dict(self.detail)]
+                self.detail.as_dict()]
 
     @classmethod
     def from_list(cls, row: list[Any]) -> TraceEvent:
         seq, time, component, kind, request, inc, detail = row
         return cls(int(seq), float(time), str(component), str(kind),
-                   None if request is None else str(request), int(inc), dict(detail))
+                   None if request is None else str(request), int(inc),
+                   record_class(str(kind))(**dict(detail)))
 
 
 _new_tuple = tuple.__new__
@@ -126,13 +226,20 @@ class TraceRecorder:
         self._count += 1
 
     def record(self, component: str, kind: str, request: str | None, inc: int,
-               detail: dict[str, Any]) -> None:
+               detail: Mapping[str, Any]) -> None:
+        """:meth:`emit` for a detail given as a dict: the record of ``kind`` is built from it
+        (:class:`UndeclaredKind` if no record declares ``kind``)."""
+        self.emit(component, request, inc, record_class(kind)(**detail))
+
+    def emit(self, component: str, request: str | None, inc: int, record: EventRecord) -> None:
+        """Record one event of ``record``'s kind."""
         seq = self._count
         self._count = seq + 1
+        kind = record.KIND
         if not self.reads(kind):
-            return  # nobody reads it: numbered, never built
+            return  # nobody reads it: numbered, and nothing more
         # tuple.__new__ builds the same TraceEvent without the named tuple's Python-level __new__
-        ev = _new_tuple(TraceEvent, (seq, self._now(), component, kind, request, inc, detail))
+        ev = _new_tuple(TraceEvent, (seq, self._now(), component, kind, request, inc, record))
         if self._buffer:
             pending = self._pending
             pending.append(ev)

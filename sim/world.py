@@ -10,12 +10,30 @@ import simpy
 
 from racesim.sim.points import Decision, DelayPlan
 from racesim.sim.rng import RngStreams
-from racesim.sim.trace import TraceRecorder
+from racesim.sim.trace import EventRecord, TraceEvent, TraceRecorder
 
-__all__ = ["World"]
+__all__ = ["Delay", "World"]
 
 _NOW = attrgetter("_now")
 _new_tuple = tuple.__new__  # a named tuple without its Python-level __new__
+
+
+class Delay(EventRecord):
+    """delay: an await point's occurrence was given a delay other than its default."""
+
+    KIND = "delay"
+    KEY = True
+    __slots__ = ("point", "occurrence", "delay", "default")
+
+    def __init__(self, point: str, occurrence: int, delay: float, default: float) -> None:
+        self.point = point
+        self.occurrence = occurrence
+        self.delay = delay
+        self.default = default
+
+    def describe(self, ev: TraceEvent) -> str:
+        return (f"await point {self.point}#{self.occurrence} delayed {self.delay:g}s "
+                f"(default {self.default:g}s)")
 
 
 class World:
@@ -87,8 +105,7 @@ class World:
             self._times.append(float(self.env._now))
             trace = self.trace
             if trace.reads("delay"):
-                trace.record(where, "delay", None, 0, {"point": point, "occurrence": k,
-                                                       "delay": delay, "default": default})
+                trace.emit(where, None, 0, Delay(point, k, delay, default))
             else:
                 trace.skip()
         return delay
@@ -100,6 +117,13 @@ class World:
             return self.env.timeout(d)
         return None
 
+    def emit(self, component: str, request: str | None, inc: int, record: EventRecord) -> None:
+        """Trace one event: ``record`` (its kind's typed detail) at ``component``, about
+        ``request`` (incarnation ``inc``, 0 when none)."""
+        self.trace.emit(component, request, inc, record)
+
     def record(self, component: str, kind: str, request: str | None = None, inc: int = 0,
                **detail: Any) -> None:
+        """:meth:`emit` by kind name, the detail as keywords (the record of ``kind`` is built
+        from them). The model emits records; this form serves tests and hand-written traces."""
         self.trace.record(component, kind, request, inc, detail)

@@ -117,7 +117,7 @@ def test_data_parallelism_on_08_is_bad_input_in_one_line(
 def test_without_data_parallelism_no_dp_event_is_recorded() -> None:
     r = run_scenario(load_scenario("multi-frontend"), "internal-id")
     assert not [e for e in r.trace if e.kind.startswith("dp.")]
-    assert all("dp_engine" not in e.detail for e in r.trace if e.kind == "fe.add")
+    assert all("dp_engine" not in e.detail.as_dict() for e in r.trace if e.kind == "fe.add")
 
 
 def test_a_dp_run_is_deterministic() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from racesim.engine_model import EngineConfig, RequestSpec, Workload, load_policy, run_workload
+from racesim.engine_model.events import ClientSend, SchedAdd
 from racesim.engine_model.ipc import Channel
 from racesim.sim import (
     Decision,
@@ -20,6 +21,7 @@ from racesim.sim import (
     stable_seed,
     trace_hash_of,
 )
+from racesim.sim.strategies import Replay
 
 # -- seeds and streams -----------------------------------------------------------------------------
 
@@ -115,7 +117,7 @@ def test_a_replayed_schedule_takes_the_same_decisions() -> None:
     first = World(0, DelayPlan(decider=lambda point, k, d: 0.1 * k))
     for _ in range(4):
         first.pause("p", 0.0, "test")
-    again = World(0, DelayPlan.replay([], first.schedule))
+    again = World(0, DelayPlan(decider=Replay(first.schedule)))
     assert [again.pause("p", 0.0, "test") for _ in range(4)] == [0.1 * k for k in range(4)]
     assert again.schedule == first.schedule
 
@@ -155,9 +157,10 @@ def test_sleep_keeps_control_at_zero_delay_except_at_always_yield_points() -> No
 # -- trace -----------------------------------------------------------------------------------------
 
 def _record_story(recorder: TraceRecorder, clock: list[float]) -> None:
-    recorder.record("client0", "client.send", "X", 0, {"uid": 1})
+    recorder.emit("client0", "X", 0, ClientSend(1, 0, 1, 32, 5))
     clock[0] = 0.5
-    recorder.record("engine.scheduler", "sched.add", "X", 3, {"prev": 0})
+    recorder.emit("engine.scheduler", "X", 3, SchedAdd(0))
+    # the older form: the record of a kind by name, its fields as a dict
     recorder.record("engine.kv", "kv.alloc", "X", 3, {"blocks": [0, 1], "table": [0, 1]})
 
 

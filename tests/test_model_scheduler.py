@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from racesim.engine_model import EngineConfig
+from racesim.engine_model.events import KvFree
 from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.kv_cache import KVCacheManager
 from racesim.engine_model.messages import EngineCoreRequest, Token
@@ -65,8 +66,8 @@ def test_the_late_abort_ends_the_new_request_and_frees_the_old_ones_blocks() -> 
     assert sched.finished_req_ids == {"X": None}
     assert _log(world)[-3:] == [("sched.add", "X", 2), ("sched.finish", "X", 2),
                                 ("kv.free", "X", 2)]
-    free = [e.detail for e in world.trace if e.kind == "kv.free"]
-    assert free == [{"blocks": [0, 1], "owners": [1, 1]}]
+    free = [e.detail for e in world.trace if isinstance(e.detail, KvFree)]
+    assert [(f.blocks, f.owners) for f in free] == [([0, 1], [1, 1])]
 
     # The old request is still in `running`; scheduling it looks its ID up: KeyError.
     with pytest.raises(EngineFatal, match=r"KeyError: 'X' in Scheduler\.requests"):

@@ -4,6 +4,7 @@ never reaches it, and that two monitors reading one event report in a fixed orde
 from __future__ import annotations
 
 from racesim.engine_model.checker import Checker
+from racesim.engine_model.events import FeAdd, PdRead, PdRecvStart
 from racesim.sim.world import World
 
 #: Every kind some monitor reads; the recorder builds no other event in an exploration run.
@@ -28,7 +29,7 @@ def test_the_checker_subscribes_to_exactly_the_kinds_its_monitors_read() -> None
 def test_an_unread_kind_never_reaches_the_monitors() -> None:
     world = _world()
     checker = Checker(world)
-    world.record("E0.scheduler", "no.such.kind", "X", 1, anything=object())
+    world.emit("E0.scheduler", "X", 1, PdRecvStart())  # a kind no monitor reads
     assert checker.finish() == ()
 
 
@@ -37,9 +38,9 @@ def test_one_event_read_by_two_monitors_reports_in_monitor_order() -> None:
     # belongs to another client: kv-ownership (KV monitor) comes before no-crosstalk (client).
     world = _world()
     checker = Checker(world)
-    world.record("api0", "fe.add", "X", 1, uid=1, index=0)
-    world.record("api0", "fe.add", "X", 2, uid=2, index=0)
-    world.record("E1.connector", "pd.read", "X", 1, remote_engine=0, remote_inc=2,
-                 remote_blocks=[0])
+    world.emit("api0", "X", 1, FeAdd(uid=1, external="X", index=0))
+    world.emit("api0", "X", 2, FeAdd(uid=2, external="X", index=0))
+    world.emit("E1.connector", "X", 1, PdRead(remote_engine=0, remote_request="X",
+                                              remote_blocks=[0], remote_inc=2))
     assert [v.invariant for v in checker.violations] == ["kv-ownership", "no-crosstalk"]
     assert [v.event for v in checker.violations] == [2, 2]

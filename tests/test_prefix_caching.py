@@ -182,9 +182,9 @@ def test_prefix_reuse_shares_live_and_cached_blocks_and_stays_clean_under_intern
     assert scen.vllm == "0.33"
     res = run_scenario(scen, "internal-id", skip=["metrics-exact"])
     assert res.violations == ()
-    hits = [e for e in res.trace if e.kind == "kv.alloc" and "hit" in e.detail]
+    hits = [e for e in res.trace if e.kind == "kv.alloc" and "hit" in e.detail.as_dict()]
     assert len(hits) == 2                       # Y hits the old X; the new X hits both
-    kept = [e for e in res.trace if e.kind == "kv.free" and "kept" in e.detail]
+    kept = [e for e in res.trace if e.kind == "kv.free" and "kept" in e.detail.as_dict()]
     assert kept                                  # the abort of the old X left Y's share alone
     assert [r.finish_reason for r in res.requests] == ["abort", "length", "length"]
 
@@ -217,7 +217,7 @@ def test_the_decode_side_may_read_a_prefill_block_shared_by_two_requests() -> No
                     {"id": "X", "prompt_tokens": 17, "max_tokens": 1, "prompt": "doc"}]})
     res = run_scenario(scen, "internal-id", skip=["metrics-exact"])
     assert res.violations == ()
-    assert [e for e in res.trace if e.kind == "kv.alloc" and "hit" in e.detail
+    assert [e for e in res.trace if e.kind == "kv.alloc" and "hit" in e.detail.as_dict()
             and e.component.startswith("prefill")]
     assert len([e for e in res.trace if e.kind == "pd.read"]) == 2
 

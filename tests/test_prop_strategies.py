@@ -15,6 +15,7 @@ from racesim.engine_model import POINTS
 from racesim.scenarios import Scenario, load_scenario
 from racesim.scenarios.strategies import scenarios, schedules
 from racesim.sim import Decision
+from racesim.sim.strategies import delay_alphabet
 
 QUIET = settings(database=None, suppress_health_check=list(HealthCheck))
 
@@ -78,7 +79,7 @@ def test_the_simplest_schedule_is_one_short_early_delay() -> None:
     step = scen.workload.engine.step_time
     assert find(schedules(scen), lambda s: True, settings=QUIET) == ()
     (d,) = find(schedules(scen), lambda s: len(s) > 0, settings=QUIET)
-    assert d == Decision(POINTS.names()[0], 0, step / 100)
+    assert d == Decision(POINTS.names()[0], 0, delay_alphabet(step)[0])
 
 
 @given(st.data())

@@ -24,7 +24,7 @@ from racesim.reports import (
     write_matrix_report,
     write_run_report,
 )
-from racesim.reports.model import TraceModel
+from racesim.reports.model import TraceModel, topology_of
 from racesim.runner import run_command, run_scenario
 from racesim.scenarios import Scenario, load_scenario, scenario_from_dict
 
@@ -94,7 +94,7 @@ def test_run_report_verdict_lanes_violation_schedule_and_command(abort_reuse: An
     assert "✖ no-crosstalk · </tspan>" in html
     assert "race window" in html
     # the violations table carries the state that broke
-    model = TraceModel(result.trace)
+    model = TraceModel(result.trace, topology_of(result))
     for v in result.violations:  # incarnations in the reader's numbers
         assert str(escape(model.relabel(v.detail))) in html
     # the schedule and the one command that replays it

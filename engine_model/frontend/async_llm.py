@@ -14,6 +14,14 @@ import simpy
 
 from racesim.engine_model.config import FrontendConfig
 from racesim.engine_model.data_parallel import DPLoadBalancer
+from racesim.engine_model.events.dp import DpAbortUnrouted
+from racesim.engine_model.events.frontend import (
+    FeAbortIssue,
+    FeAbortNoop,
+    FeAddCancelled,
+    FeReject,
+    FeUtility,
+)
 from racesim.engine_model.frontend.output_processor import OutputProcessor, ParentRequest
 from racesim.engine_model.frontend.outputs import RequestOutputCollector
 from racesim.engine_model.ipc import Channel
@@ -82,8 +90,7 @@ class AsyncLLM:
         world = self.world
         op = self.output_processor
         if self.engine_dead is not None:
-            world.record(self.name, "fe.reject", request_id, 0, uid=client_uid,
-                         reason="EngineDeadError")
+            world.emit(self.name, request_id, 0, FeReject(client_uid, "EngineDeadError"))
             return FinishReason.ERROR
         internal = self.policy.assign_request_id(self, request_id)
         if n == 1:
@@ -102,8 +109,8 @@ class AsyncLLM:
                     # generate(), whose error path aborts the children already registered
                     # (n > 1: another client took this child's ID while an earlier child's ADD
                     # awaited its send).
-                    world.record(self.name, "fe.reject", rid, 0, uid=client_uid,
-                                 reason="already running", external=request_id)
+                    world.emit(self.name, rid, 0,
+                               FeReject(client_uid, "already running", request_id))
                     if index > 0:
                         yield from self.abort(internal, internal=True)
                     return FinishReason.REJECTED
@@ -126,7 +133,7 @@ class AsyncLLM:
                 try:
                     yield ev
                 except simpy.Interrupt:
-                    world.record(self.name, "fe.add_cancelled", rid, req.inc, uid=client_uid)
+                    world.emit(self.name, rid, req.inc, FeAddCancelled(client_uid))
                     if n > 1:
                         yield from self.abort(internal, internal=True)
                     elif self._cancel_aborts:
@@ -145,8 +152,7 @@ class AsyncLLM:
         session, the collector at once, and a task that adds each input chunk under that ID
         (resumable) and then the final, non-resumable add."""
         if self.engine_dead is not None:
-            self.world.record(self.name, "fe.reject", request_id, 0, uid=client_uid,
-                              reason="EngineDeadError")
+            self.world.emit(self.name, request_id, 0, FeReject(client_uid, "EngineDeadError"))
             return FinishReason.ERROR
         internal = self.policy.assign_request_id(self, request_id)
         collector = RequestOutputCollector(self.world.env, internal)
@@ -199,17 +205,13 @@ class AsyncLLM:
         """AsyncLLM.abort: what is dropped when, and when the ABORT leaves, is the policy's."""
         ids = self.output_processor.flatten_req_to_abort([request_id], internal)
         if not ids:
-            self.world.record(self.name, "fe.abort_noop", request_id, 0)
+            self.world.emit(self.name, request_id, 0, FeAbortNoop())
             return
         states = self.output_processor.request_states
         incs = [states[r].inc for r in ids]
-        if self.dp is None:
-            self.world.record(self.name, "fe.abort_issue", request_id,
-                              incs[0] if len(incs) == 1 else 0, ids=ids, cause="abort")
-        else:
-            self.world.record(self.name, "fe.abort_issue", request_id,
-                              incs[0] if len(incs) == 1 else 0, ids=ids, cause="abort",
-                              engines=[states[r].engine for r in ids])
+        engines = None if self.dp is None else [states[r].engine for r in ids]
+        self.world.emit(self.name, request_id, incs[0] if len(incs) == 1 else 0,
+                        FeAbortIssue(ids, "abort", engines))
         yield from self.policy.abort(self, ids)
 
     def send_abort(self, request_ids: Sequence[str], point: str) -> Proc:
@@ -228,7 +230,7 @@ class AsyncLLM:
         # the engine reqs_in_flight names; an ID with no entry is sent nowhere.
         by_engine, unrouted = self.dp.route_aborts(request_ids)
         if unrouted:
-            self.world.record(self.name, "dp.abort_unrouted", None, 0, ids=unrouted)
+            self.world.emit(self.name, None, 0, DpAbortUnrouted(unrouted))
         for engine in sorted(by_engine):
             ids = by_engine[engine]
             self._send(AbortMessage(tuple(ids), tag), ids, engine, tag=tag)
@@ -236,14 +238,16 @@ class AsyncLLM:
     def pause_generation(self, method: str, mode: str = "") -> None:
         """pause_generation / resume_generation: a UTILITY call to every engine (all mode
         handling is the engine's, async_llm.py:989-1028)."""
-        self.world.record(self.name, "fe.utility", None, 0, method=method, mode=mode)
+        self.world.emit(self.name, None, 0, FeUtility(method, mode))
         for engine in self.engines:
             self._send(UtilityMessage(method, mode), ["*"], engine)
 
-    def _send(self, msg: Any, request_ids: list[str], engine: int, **detail: Any) -> None:
+    def _send(self, msg: Any, request_ids: list[str], engine: int, *,
+              incs: list[int] | None = None, tag: int | None = None,
+              resumable: bool | None = None) -> None:
         channel = self.input_channel if self.dp is None else self.input_channels[engine]
         assert channel is not None
-        channel.send(msg, request_ids, to=engine, **detail)
+        channel.send(msg, request_ids, to=engine, incs=incs, tag=tag, resumable=resumable)
 
     # -- output handler -------------------------------------------------------------------------
 

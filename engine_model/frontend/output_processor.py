@@ -13,6 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from racesim.engine_model.events.frontend import (
+    FeAbortIssue,
+    FeAdd,
+    FeDrop,
+    FeError,
+    FeOutput,
+    FePop,
+    FeStats,
+)
 from racesim.engine_model.frontend.outputs import (
     CompletionOutput,
     RequestOutput,
@@ -103,12 +112,9 @@ class OutputProcessor:
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
             parent.child_requests.append(rid)
-        if self.dp:
-            self.world.record(self.component, "fe.add", rid, request.inc, uid=client_uid,
-                              external=request.external_req_id, index=index, dp_engine=engine)
-        else:
-            self.world.record(self.component, "fe.add", rid, request.inc, uid=client_uid,
-                              external=request.external_req_id, index=index)
+        self.world.emit(self.component, rid, request.inc,
+                        FeAdd(client_uid, request.external_req_id, index,
+                              dp_engine=engine if self.dp else None))
         return state
 
     def has_request(self, request_id: str) -> bool:
@@ -161,9 +167,8 @@ class OutputProcessor:
     def note_unregistered(self, request: EngineCoreRequest, client_uid: int, index: int) -> None:
         """Ground truth for the checker: a request whose ADD goes out but that this frontend
         never registered (see :meth:`finish_stream`)."""
-        self.world.record(self.component, "fe.add", request.request_id, request.inc,
-                          uid=client_uid, external=request.external_req_id, index=index,
-                          tracked=False)
+        self.world.emit(self.component, request.request_id, request.inc,
+                        FeAdd(client_uid, request.external_req_id, index, tracked=False))
 
     # -- abort ----------------------------------------------------------------------------------
 
@@ -224,8 +229,7 @@ class OutputProcessor:
                 top = state.parent.request_id if state.parent else rid
                 state.collector.put(RequestOutput(state.external_req_id, [], True, None,
                                                   f"EngineDeadError: {reason}"))
-                self.world.record(self.component, "fe.error", rid, state.inc, uid=state.client_uid,
-                                  parent=top)
+                self.world.emit(self.component, rid, state.inc, FeError(state.client_uid, top))
             self._pop(state, "error")
 
     # -- outputs --------------------------------------------------------------------------------
@@ -238,8 +242,8 @@ class OutputProcessor:
             rid = out.request_id
             state = states.get(rid)
             if state is None:
-                self.world.record(self.component, "fe.drop", rid, out.inc,
-                                  tokens=len(out.new_tokens), finish=out.finish_reason)
+                self.world.emit(self.component, rid, out.inc,
+                                FeDrop(len(out.new_tokens), out.finish_reason))
                 continue
             if state.finished:
                 # Finished here already; the engine's final answer lets the state go.
@@ -275,16 +279,12 @@ class OutputProcessor:
             if state.streaming_input:
                 # The engine may still hold the session: a chunk in flight can re-create it.
                 reqs_to_abort.append(rid)
-            self.world.record(self.component, "fe.stats", rid, state.inc, reason=finish,
-                              uid=state.client_uid)
+            self.world.emit(self.component, rid, state.inc, FeStats(finish, state.client_uid))
             if stop_string:
                 reqs_to_abort.append(rid)
-                if self.dp:
-                    self.world.record(self.component, "fe.abort_issue", rid, state.inc,
-                                      ids=[rid], cause="stop-string", engines=[state.engine])
-                else:
-                    self.world.record(self.component, "fe.abort_issue", rid, state.inc,
-                                      ids=[rid], cause="stop-string")
+                self.world.emit(self.component, rid, state.inc,
+                                FeAbortIssue([rid], "stop-string",
+                                             [state.engine] if self.dp else None))
                 if bool(self.policy.pop_stop_string_finishes):  # (see EngineCore._abort)
                     self._pop(state, "stop-string")
                 else:
@@ -311,9 +311,9 @@ class OutputProcessor:
             state.external_req_id, [CompletionOutput(state.index, tokens, finish)], finished,
             params))
         trace = self.world.trace
-        if trace.reads("fe.output"):  # read by reports only: exploration runs skip it
-            trace.record(self.component, "fe.output", state.request_id, state.inc,
-                         {"tokens": len(tokens), "finish": finish})
+        if trace.reads(FeOutput.KIND):  # read by reports only: exploration runs skip it
+            trace.emit(self.component, state.request_id, state.inc,
+                       FeOutput(len(tokens), finish))
         else:
             trace.skip()
 
@@ -336,4 +336,4 @@ class OutputProcessor:
                 ids.remove(top)
                 if not ids:
                     del self.external_req_ids[state.external_req_id]
-        self.world.record(self.component, "fe.pop", rid, state.inc, why=why)
+        self.world.emit(self.component, rid, state.inc, FePop(why))

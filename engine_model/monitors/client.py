@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from racesim.engine_model.events import ClientDone, ClientOutput, ClientSend, PdRead
 from racesim.engine_model.monitors.truth import Client, GroundTruth, Handler, Reporter
 from racesim.sim.trace import TraceEvent
 
@@ -16,12 +19,12 @@ class ClientOutputs:
         self.report = report
 
     def handlers(self) -> list[tuple[str, Handler]]:
-        return [("pd.read", self.pd_read), ("client.send", self.client_send),
-                ("client.output", self.client_output), ("client.done", self.client_done)]
+        return [(PdRead.KIND, self.pd_read), (ClientSend.KIND, self.client_send),
+                (ClientOutput.KIND, self.client_output), (ClientDone.KIND, self.client_done)]
 
     def pd_read(self, ev: TraceEvent) -> None:
         truth = self.truth
-        want = ev.detail["remote_inc"]
+        want = cast(PdRead, ev.detail).remote_inc
         mine = truth.incs.get(ev.inc)
         theirs = truth.incs.get(want)
         if mine is not None and theirs is not None and mine.uid != theirs.uid:
@@ -29,21 +32,21 @@ class ClientOutputs:
                                 f"decode {truth.who(ev.inc)} reads the KV of {truth.who(want)}")
 
     def client_send(self, ev: TraceEvent) -> None:
-        d = ev.detail
-        uid = d["uid"]
-        self.truth.clients[uid] = Client(uid, ev.request or "", ev.seq, d.get("prompt", ""),
-                                         d["prompt_tokens"])
+        d = cast(ClientSend, ev.detail)
+        uid = d.uid
+        self.truth.clients[uid] = Client(uid, ev.request or "", ev.seq, d.prompt or "",
+                                         d.prompt_tokens)
 
     def client_output(self, ev: TraceEvent) -> None:
-        d = ev.detail
-        uid = d["uid"]
-        if d["after_done"]:
+        d = cast(ClientOutput, ev.detail)
+        uid = d.uid
+        if d.after_done:
             self.report.violate("one-terminal-output", ("after", uid), ev, ev.request,
                                 f"{ev.component} ({ev.request!r}) received an output after its "
                                 f"terminal output")
         truth = self.truth
         incs = truth.incs
-        for index, inc, ctx in d["tokens"]:
+        for index, inc, ctx in d.tokens:
             i = incs.get(inc)
             if i is None or i.uid != uid or i.index != index:
                 self.report.violate("no-crosstalk", ("token", uid), ev, ev.request,
@@ -61,15 +64,16 @@ class ClientOutputs:
                     break
 
     def client_done(self, ev: TraceEvent) -> None:
-        c = self.truth.clients.get(ev.detail["uid"])
+        d = cast(ClientDone, ev.detail)
+        c = self.truth.clients.get(d.uid)
         if c is None:
             return
         if c.terminal is not None:
             self.report.violate("one-terminal-output", ("twice", c.uid), ev, ev.request,
                                 f"{ev.component} ({ev.request!r}) got a second terminal output "
-                                f"({ev.detail['reason']} after {c.terminal})")
+                                f"({d.reason} after {c.terminal})")
         else:
-            c.terminal = ev.detail["reason"]
+            c.terminal = d.reason
 
     def finish(self, now: float | int) -> None:
         for c in self.truth.clients.values():

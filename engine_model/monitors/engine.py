@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from racesim.engine_model.events import EngineFatalEvent
 from racesim.engine_model.monitors.truth import GroundTruth, Handler, Reporter
 from racesim.sim.trace import TraceEvent
 
@@ -17,11 +20,12 @@ class EngineAlive:
         self.dead: dict[str, str] = {}
 
     def handlers(self) -> list[tuple[str, Handler]]:
-        return [("engine.fatal", self.engine_fatal)]
+        return [(EngineFatalEvent.KIND, self.engine_fatal)]
 
     def engine_fatal(self, ev: TraceEvent) -> None:
         engine = self.truth.engine_of(ev.component)
-        self.dead[engine] = ev.detail["error"]
+        error = cast(EngineFatalEvent, ev.detail).error
+        self.dead[engine] = error
         self.report.violate("engine-alive", engine, ev, None,
-                            f"{engine} died: {ev.detail['error']} (EngineDeadError for every "
+                            f"{engine} died: {error} (EngineDeadError for every "
                             f"request on it)")

@@ -9,6 +9,9 @@ while one of its owners still runs is freed under it, as before.
 
 from __future__ import annotations
 
+from typing import cast
+
+from racesim.engine_model.events import KvAlloc, KvFree, PdNotice, PdRead, PdRelease
 from racesim.engine_model.monitors.truth import GroundTruth, Handler, Reporter
 from racesim.sim.trace import TraceEvent
 
@@ -29,19 +32,19 @@ class KvOwnership:
         self._notice: dict[tuple[str, str], int] = {}
 
     def handlers(self) -> list[tuple[str, Handler]]:
-        return [("kv.alloc", self.kv_alloc), ("kv.free", self.kv_free),
-                ("pd.notice", self.pd_notice), ("pd.release", self.pd_release),
-                ("pd.read", self.pd_read)]
+        return [(KvAlloc.KIND, self.kv_alloc), (KvFree.KIND, self.kv_free),
+                (PdNotice.KIND, self.pd_notice), (PdRelease.KIND, self.pd_release),
+                (PdRead.KIND, self.pd_read)]
 
     def kv_alloc(self, ev: TraceEvent) -> None:
         truth = self.truth
         engine = truth.engine_of(ev.component)
         owners = self._owners.setdefault(engine, {})
-        d = ev.detail
-        new = d["blocks"]
-        table = d["table"]
-        if "hit" in d:
-            hit = d["hit"]
+        d = cast(KvAlloc, ev.detail)
+        new = d.blocks
+        table = d.table
+        hit = d.hit
+        if hit is not None:
             self._share(ev, engine, owners, self._extra.setdefault(engine, {}), hit,
                         len(table) - len(new) - len(hit))
         for b in new:
@@ -96,8 +99,9 @@ class KvOwnership:
         engine = truth.engine_of(ev.component)
         owners = self._owners.setdefault(engine, {})
         extra = self._extra.get(engine) if self.truth.caching else None
-        kept = ev.detail.get("kept", ()) if extra else ()
-        for b in ev.detail["blocks"]:
+        d = cast(KvFree, ev.detail)
+        kept = (d.kept or ()) if extra else ()
+        for b in d.blocks:
             others = extra.get(b) if extra else None
             if extra is not None and others is not None:
                 # a shared block: this incarnation lets go of its share
@@ -139,20 +143,20 @@ class KvOwnership:
         truth = self.truth
         engine = truth.engine_of(ev.component)
         meant = self._notice.pop((engine, ev.request or ""), 0)
-        if ev.detail["cause"] == "notify" and meant and meant != ev.inc:
+        if cast(PdRelease, ev.detail).cause == "notify" and meant and meant != ev.inc:
             self.report.violate(
                 "kv-ownership", ("release", ev.inc), ev, ev.request,
                 f"{engine}: the transfer-done notice for {truth.who(meant)} released "
                 f"the held blocks of {truth.who(ev.inc)} before its own transfer")
 
     def pd_read(self, ev: TraceEvent) -> None:
-        d = ev.detail
+        d = cast(PdRead, ev.detail)
         truth = self.truth
-        remote = truth.engine_names[d["remote_engine"]] if truth.engine_names else ""
+        remote = truth.engine_names[d.remote_engine] if truth.engine_names else ""
         owners = self._owners.get(remote, {})
         extra = self._extra.get(remote, {})
-        want = d["remote_inc"]
-        for b in d["remote_blocks"]:
+        want = d.remote_inc
+        for b in d.remote_blocks:
             o = owners.get(b, 0)
             if o != want and want not in extra.get(b, ()):
                 now = f"owned by {truth.who(o)}" if o else "free"

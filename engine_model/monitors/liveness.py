@@ -7,7 +7,23 @@ live, in a step in flight, held for transfer, finished) that the other monitors 
 from __future__ import annotations
 
 from collections import deque
+from typing import cast
 
+from racesim.engine_model.events import (
+    DpAbortUnrouted,
+    EngineReject,
+    FeAbortIssue,
+    FeAdd,
+    FePop,
+    IpcSend,
+    PdHold,
+    PdRelease,
+    SchedAbortMiss,
+    SchedAdd,
+    SchedFinish,
+    SchedStep,
+    SchedUpdate,
+)
 from racesim.engine_model.monitors.truth import GroundTruth, Handler, Inc, Reporter
 from racesim.sim.trace import TraceEvent
 
@@ -27,25 +43,25 @@ class IdLiveness:
 
     def handlers(self) -> list[tuple[str, Handler]]:
         return [
-            ("fe.add", self.fe_add), ("fe.pop", self.fe_pop),
-            ("fe.abort_issue", self.fe_abort_issue), ("ipc.send", self.ipc_send),
-            ("sched.add", self.sched_add), ("sched.finish", self.sched_finish),
-            ("sched.abort_miss", self.sched_abort_miss), ("sched.step", self.sched_step),
-            ("sched.update", self.sched_update), ("pd.hold", self.pd_hold),
-            ("pd.release", self.pd_release), ("dp.abort_unrouted", self.abort_unrouted),
-            ("engine.reject", self.engine_reject),
+            (FeAdd.KIND, self.fe_add), (FePop.KIND, self.fe_pop),
+            (FeAbortIssue.KIND, self.fe_abort_issue), (IpcSend.KIND, self.ipc_send),
+            (SchedAdd.KIND, self.sched_add), (SchedFinish.KIND, self.sched_finish),
+            (SchedAbortMiss.KIND, self.sched_abort_miss), (SchedStep.KIND, self.sched_step),
+            (SchedUpdate.KIND, self.sched_update), (PdHold.KIND, self.pd_hold),
+            (PdRelease.KIND, self.pd_release), (DpAbortUnrouted.KIND, self.abort_unrouted),
+            (EngineReject.KIND, self.engine_reject),
         ]
 
     # -- frontend -------------------------------------------------------------------------------
 
     def fe_add(self, ev: TraceEvent) -> None:
-        d = ev.detail
+        d = cast(FeAdd, ev.detail)
         truth = self.truth
         engine = truth.fe_engine.get(ev.component, "")
-        if "dp_engine" in d:  # data parallelism: the load balancer's choice
-            engine = truth.engine_names[d["dp_engine"]]
-        i = Inc(ev.inc, d["uid"], d["index"], ev.component, engine, ev.request or "", ev.seq)
-        if not d.get("tracked", True):  # vLLM 0.33: its ADD is sent, its frontend never knew it
+        if d.dp_engine is not None:  # data parallelism: the load balancer's choice
+            engine = truth.engine_names[d.dp_engine]
+        i = Inc(ev.inc, d.uid, d.index, ev.component, engine, ev.request or "", ev.seq)
+        if d.tracked is False:  # vLLM 0.33: its ADD is sent, its frontend never knew it
             i.tracked = False
             i.ended = "never registered (a same-ID add finished the old stream)"
         truth.incs[ev.inc] = i
@@ -55,13 +71,14 @@ class IdLiveness:
         i = self.truth.incs.get(ev.inc)
         if i is not None:
             i.tracked = False
-            i.ended = ev.detail["why"]  # missing stats are judged at the end
+            i.ended = cast(FePop, ev.detail).why  # missing stats are judged at the end
 
     def fe_abort_issue(self, ev: TraceEvent) -> None:
         truth = self.truth
         engine = truth.fe_engine.get(ev.component, "")
-        engines = ev.detail.get("engines")
-        for n, rid in enumerate(ev.detail["ids"]):
+        d = cast(FeAbortIssue, ev.detail)
+        engines = d.engines
+        for n, rid in enumerate(d.ids):
             if engines is not None:
                 engine = truth.engine_names[engines[n]]
             snap = truth.snapshot(engine, rid)
@@ -70,18 +87,18 @@ class IdLiveness:
                 truth.incs[inc].abort_pending += 1
 
     def ipc_send(self, ev: TraceEvent) -> None:
-        d = ev.detail
-        kind = d["type"]
+        d = cast(IpcSend, ev.detail)
+        kind = d.type
         truth = self.truth
         if kind == "EngineCoreRequest":
-            for inc in d["incs"]:
+            for inc in d.incs or ():
                 i = truth.incs.get(inc)
                 if i is not None:
                     i.status = "sent"
         elif kind == "AbortMessage":
             fe = truth.channel_fe.get(ev.component, "")
             engine = truth.channel_engine.get(ev.component) or truth.fe_engine.get(fe, "")
-            for rid in d["ids"]:
+            for rid in d.ids:
                 queue = self._issued.get((fe, rid))
                 if queue:
                     snap = queue.popleft()
@@ -89,12 +106,12 @@ class IdLiveness:
                     snap = truth.snapshot(engine, rid)
                     for inc in snap:
                         truth.incs[inc].abort_pending += 1
-                self._snaps[(d["tag"], rid)] = snap
+                self._snaps[(d.tag or 0, rid)] = snap
 
     def abort_unrouted(self, ev: TraceEvent) -> None:
         """Data parallelism: an ABORT the load balancer sent nowhere (no reqs_in_flight entry)
         ends nothing, so the incarnations it meant have no ABORT pending any more."""
-        for rid in ev.detail["ids"]:
+        for rid in cast(DpAbortUnrouted, ev.detail).ids:
             queue = self._issued.get((ev.component, rid))
             if queue:
                 for inc in queue.popleft():
@@ -151,7 +168,7 @@ class IdLiveness:
         i = truth.incs.get(ev.inc)
         if i is not None:
             i.status = "finished"
-        tag = ev.detail.get("abort", 0)
+        tag = cast(SchedFinish, ev.detail).abort
         if tag:
             snap = self._apply_abort(tag, ev.request or "")
             if snap is not None and ev.inc not in snap:
@@ -162,15 +179,16 @@ class IdLiveness:
                     f"issued the ID meant: {issued}")
 
     def sched_abort_miss(self, ev: TraceEvent) -> None:
-        tag = ev.detail.get("abort", 0)
+        tag = cast(SchedAbortMiss, ev.detail).abort
         if tag:
             self._apply_abort(tag, ev.request or "")
 
     def sched_step(self, ev: TraceEvent) -> None:
         truth = self.truth
         engine = truth.engine_of(ev.component)
+        d = cast(SchedStep, ev.detail)
         incs = []
-        for rid, inc, _n in ev.detail["batch"]:
+        for rid, inc, _n in d.batch:
             incs.append(inc)
             i = truth.incs.get(inc)
             if i is None:
@@ -182,12 +200,12 @@ class IdLiveness:
                     f"{engine} runs {rid!r} ({truth.who(inc)}) but {i.frontend} no "
                     f"longer tracks it and no ABORT for it is pending "
                     f"(frontend state ended: {i.ended or 'never registered'})")
-        self._steps[(engine, ev.detail["step"])] = incs
+        self._steps[(engine, d.step)] = incs
 
     def sched_update(self, ev: TraceEvent) -> None:
         truth = self.truth
         engine = truth.engine_of(ev.component)
-        for inc in self._steps.pop((engine, ev.detail["step"]), ()):
+        for inc in self._steps.pop((engine, cast(SchedUpdate, ev.detail).step), ()):
             i = truth.incs.get(inc)
             if i is not None:
                 i.inflight -= 1
@@ -198,7 +216,7 @@ class IdLiveness:
         i = self.truth.incs.get(ev.inc)
         if i is not None:
             i.held = True
-            i.expiry = ev.detail["expiry"]
+            i.expiry = cast(PdHold, ev.detail).expiry
 
     def pd_release(self, ev: TraceEvent) -> None:
         i = self.truth.incs.get(ev.inc)

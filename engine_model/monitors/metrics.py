@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from racesim.engine_model.events import FeStats
 from racesim.engine_model.monitors.truth import GroundTruth, Handler, Reporter
 from racesim.sim.trace import TraceEvent
 
@@ -17,7 +18,7 @@ class Metrics:
         self._stats: dict[int, int] = {}
 
     def handlers(self) -> list[tuple[str, Handler]]:
-        return [("fe.stats", self.fe_stats)]
+        return [(FeStats.KIND, self.fe_stats)]
 
     def fe_stats(self, ev: TraceEvent) -> None:
         n = self._stats.get(ev.inc, 0) + 1

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from racesim.engine_model.invariants import Violation
+from racesim.engine_model.topology import ENGINE_PARTS
 from racesim.sim.trace import TraceEvent
 from racesim.sim.world import World
 
@@ -112,23 +113,29 @@ class GroundTruth:
         self._engines_by_component: dict[str, str] = {}
 
     def attach(self, system: SystemView) -> None:
-        self.engine_names = [e.name for e in system.engines]
+        topology = system.topology
+        self.engine_names = [e.name for e in topology.engines]
         self.block_sizes = {e.name: e.config.block_size for e in system.engines}
         self.caching = any(e.kv.caching for e in system.engines)
-        for fe in system.frontends:
-            self.fe_engine[fe.name] = system.engines[fe.engine].name
-            if fe.input_channel is not None:
-                self.channel_fe[fe.input_channel.name] = fe.name
-            # data parallelism: a channel per engine; a request's engine rides on its events
-            for engine, channel in fe.input_channels.items():
-                self.channel_fe[channel.name] = fe.name
-                self.channel_engine[channel.name] = self.engine_names[engine]
+        for fe in topology.frontends:
+            self.fe_engine[fe.name] = topology.engines[fe.engine].name
+            if fe.input_channel:
+                self.channel_fe[fe.input_channel] = fe.name
+        frontends = {fe.name for fe in topology.frontends}
+        engines = set(self.engine_names)
+        for ch in topology.channels:
+            # data parallelism: a frontend has a channel per engine; a request's engine rides
+            # on its events, an ABORT's on its channel
+            if ch.kind == "ipc" and ch.src in frontends and ch.dst in engines:
+                self.channel_fe[ch.name] = ch.src
+                self.channel_engine[ch.name] = ch.dst
+        for e in topology.engines:
+            for part in ENGINE_PARTS:
+                self._engines_by_component[e.part(part)] = e.name
 
     def engine_of(self, component: str) -> str:
-        engine = self._engines_by_component.get(component)
-        if engine is None:
-            engine = self._engines_by_component[component] = component.split(".", 1)[0]
-        return engine
+        """The engine an engine component (scheduler, KV manager, ...) belongs to."""
+        return self._engines_by_component.get(component, "")
 
     def who(self, inc: int) -> str:
         i = self.incs.get(inc)
