@@ -1,0 +1,59 @@
+"""The known differences between the model and vLLM 0.33's own code, each with its cause.
+
+This table is the one list: ``racesim conform`` exits 1 on any mismatch it does not explain,
+and the README shows it (``tests/test_readme.py`` checks the README's table is this one). An
+entry explains a mismatch when its scenario and policy match and every difference in the
+mismatch has a key (the text before the first space, e.g. ``invariant:no-hang`` or
+``finish_reason:client1``) that one of the entry's patterns matches (``fnmatch`` patterns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+__all__ = ["KnownMismatch", "KNOWN", "explain", "markdown_table"]
+
+
+@dataclass(frozen=True, slots=True)
+class KnownMismatch:
+    """One listed disagreement: where it shows, which differences it covers, and why."""
+
+    scenario: str  # a bundled scenario name, or "*"
+    policy: str  # a policy name, or "*"
+    differences: tuple[str, ...]  # fnmatch patterns over difference keys
+    cause: str  # why the backends differ, citing vLLM 0.33's source (file:line)
+
+    def covers(self, scenario: str, policy: str, keys: Sequence[str]) -> bool:
+        return (fnmatchcase(scenario, self.scenario) and fnmatchcase(policy, self.policy)
+                and all(any(fnmatchcase(k, p) for p in self.differences) for k in keys))
+
+
+#: Every known mismatch. Empty means: the model and vLLM 0.33 agree on every schedule tried.
+KNOWN: tuple[KnownMismatch, ...] = ()
+
+
+def key_of(difference: str) -> str:
+    return difference.split(" ", 1)[0]
+
+
+def explain(scenario: str, policy: str, differences: Sequence[str],
+            known: Sequence[KnownMismatch] = KNOWN) -> str | None:
+    """The cause of a listed mismatch, or None when no entry explains all its differences."""
+    keys = [key_of(d) for d in differences]
+    for entry in known:
+        if entry.covers(scenario, policy, keys):
+            return entry.cause
+    return None
+
+
+def markdown_table(known: Sequence[KnownMismatch] = KNOWN) -> str:
+    """The README's table of known mismatches (a single row saying none when there are none)."""
+    lines = ["| scenario | policy | differences | cause |", "| --- | --- | --- | --- |"]
+    for e in known:
+        lines.append(f"| {e.scenario} | {e.policy} | {', '.join(f'`{d}`' for d in e.differences)}"
+                     f" | {e.cause} |")
+    if not known:
+        lines.append("| (none) | | | the model and vLLM 0.33 agree on every schedule tried |")
+    return "\n".join(lines)
