@@ -11,7 +11,8 @@ from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES
 from racesim.engines import ENGINES
 from racesim.sim.strategies import STRATEGIES
 
-__all__ = ["vllm_option", "engine_option", "run_options", "strict_option", "output_options", "explore_options"]
+__all__ = ["vllm_option", "engine_option", "run_options", "strict_option", "output_options",
+           "explore_options"]
 
 
 def vllm_option(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -13,8 +13,8 @@ from typing import Any
 
 from racesim.engine_model import RunResult
 from racesim.engine_model.checker import check_invariant_names
-from racesim.engines import ENGINES
 from racesim.engine_model.points import POINTS
+from racesim.engines import ENGINES
 from racesim.reports.verdict import verdict
 from racesim.scenarios import Scenario, scenario_from_dict
 from racesim.sim import Decision, InputError, check_delay
