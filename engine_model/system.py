@@ -68,6 +68,8 @@ class RunResult:
     decision_times: tuple[float, ...] = ()
     #: the positive fixed delays of the scenario's environment (``[delays]``), as (point, s).
     fixed_delays: tuple[tuple[str, float], ...] = ()
+    #: the backend that ran: "model" (this package) or "vllm" (vLLM's own engine classes).
+    engine: str = "model"
 
     def reach(self, violation: Violation | None = None) -> Reach:
         """Live or latent: judged from the delays taken up to the violation (all of them when

@@ -56,6 +56,7 @@ class _Context:
     strategy: str
     skip: tuple[str, ...]
     config: StrategyConfig
+    engine: str = "model"
 
 
 def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:
@@ -65,7 +66,7 @@ def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:
     for i in runs:
         r = run_scenario(ctx.scenario, ctx.policy, options=options, seed=ctx.seed,
                          decider=strategy.decider(i), skip=ctx.skip, retain_trace=False,
-                         hash_trace=False)
+                         hash_trace=False, engine=ctx.engine)
         out.append(RunSummary(i, r.trace_hash, r.violated, r.schedule))
     return out
 
@@ -102,6 +103,8 @@ class ExploreResult:
     baseline_reach: str = "live"
     #: a user policy raised (one line, file:line); the cell has no verdict
     error: str | None = None
+    #: the backend every run used: "model" or "vllm"
+    engine: str = "model"
 
     @property
     def first_violation_run(self) -> int | None:
@@ -135,6 +138,7 @@ class ExploreResult:
             "policy": self.policy,
             "policy_options": self.options,
             "vllm": self.scenario.vllm,
+            "engine": self.engine,
             "search": self.reach,
             "strategy": self.strategy,
             "seed": self.seed,
@@ -157,9 +161,11 @@ class ExploreResult:
 
 
 def counterexample_path(out_dir: Path, scenario: str, policy: str, strategy: str,
-                        seed: int) -> Path:
-    """One file per (scenario, policy, strategy, seed): explorations never overwrite another's."""
-    return out_dir / f"{safe_file_name(f'{scenario}__{policy}__{strategy}__seed{seed}')}.json"
+                        seed: int, engine: str = "model") -> Path:
+    """One file per (scenario, policy, strategy, seed, backend): explorations never overwrite
+    another's."""
+    on = "" if engine == "model" else f"__{engine}"
+    return out_dir / f"{safe_file_name(f'{scenario}__{policy}__{strategy}__seed{seed}{on}')}.json"
 
 
 def unshrunk_path(path: Path) -> Path:
@@ -172,7 +178,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             seed: int = 0, workers: int | None = 1, dask: str | None = None,
             skip: Sequence[str] = (), out_dir: Path | None = None,
             progress: Progress | None = None, shrink_runs: int = 400,
-            reach: str = "all") -> ExploreResult:
+            reach: str = "all", engine: str = "model") -> ExploreResult:
     """Explore ``budget`` schedules of ``scenario`` under ``policy`` (run 0 = baseline).
 
     ``reach="live"`` delays only the await points that are live or yield in the scenario's
@@ -190,10 +196,10 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     policy_spec(policy)  # fail fast on an unknown policy, before any worker starts
     skip = tuple(sorted(check_invariant_names(tuple(skip))))
     started = time.monotonic()
-    res = ExploreResult(scenario, policy, opts, strategy, seed, skip, reach=reach)
+    res = ExploreResult(scenario, policy, opts, strategy, seed, skip, reach=reach, engine=engine)
     try:
         baseline = run_scenario(scenario, policy, options=opts, seed=seed, skip=skip,
-                                retain_trace=False)
+                                retain_trace=False, engine=engine)
     except KeyboardInterrupt:  # nothing found yet: say so rather than unwind the caller
         res.interrupted = True
         res.elapsed_s = time.monotonic() - started
@@ -231,11 +237,11 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             from racesim.hypothesis_search import hypothesis_search
             minimal = hypothesis_search(scenario, policy, opts, seed, skip, config, budget - 1,
                                         standing, record, lambda: _over(started, time_limit),
-                                        progress, out_dir)
+                                        progress, out_dir, engine)
             if minimal is not None and res.found_run is not None:
                 # hypothesis's own shrunk example replaces the first one it tripped over
                 r = run_scenario(scenario, policy, options=opts, seed=seed, delays=minimal,
-                                 skip=skip, retain_trace=False, hash_trace=False)
+                                 skip=skip, retain_trace=False, hash_trace=False, engine=engine)
                 res.found_run = RunSummary(res.found_run.run, "", r.violated, r.schedule)
         else:
             strat = make_strategy(strategy, config)
@@ -243,7 +249,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             size = strat.size()
             total = budget if size is None else min(budget, size)
             ctx = _Context(scenario, policy, tuple(sorted(opts.items())), seed, strategy, skip,
-                           config)
+                           config, engine)
             with executor(workers, dask) as ex:
                 for s in ordered_map(_run_batch, ctx, range(1, total), ex):
                     record(s)
@@ -271,13 +277,14 @@ def _shrink_found(res: ExploreResult, found: RunSummary, standing: frozenset[str
     scenario, policy, opts, seed, skip = res.scenario, res.policy, res.options, res.seed, res.skip
     target = frozenset(set(found.violated) - standing) or frozenset(found.violated)
     shrunk = shrink(scenario, policy, opts, seed, found.schedule, skip, target,
-                    max_runs=shrink_runs)
+                    max_runs=shrink_runs, engine=res.engine)
     res.shrink_runs = shrunk.runs
     final = run_scenario(shrunk.scenario, policy, options=opts, seed=seed,
-                         schedule=shrunk.schedule, skip=skip)
+                         schedule=shrunk.schedule, skip=skip, engine=res.engine)
     cx = _counterexample(res, shrunk.scenario, final, len(found.schedule), found.run)
     if out_dir is not None:
-        path = counterexample_path(out_dir, scenario.name, policy, res.strategy, seed)
+        path = counterexample_path(out_dir, scenario.name, policy, res.strategy, seed,
+                                   res.engine)
         write_counterexample(path, cx)
         unshrunk_path(path).unlink(missing_ok=True)  # ours, and now superseded
         res.counterexample_path = str(path)
@@ -306,16 +313,18 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
     return Counterexample(scenario, res.policy, dict(res.options), res.seed, run.schedule,
                           res.skip, violations, run.trace_hash, shrunk_from,
                           {"strategy": res.strategy, "run": found_at,
-                           "shrunk": shrunk_from is not None, "reach": res.reach}, reach)
+                           "shrunk": shrunk_from is not None, "reach": res.reach}, reach,
+                          engine=res.engine)
 
 
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:
     if not s.trace_hash:  # found by an unhashed run: one more run, with its hash, to record it
         r = run_scenario(res.scenario, res.policy, options=res.options, seed=res.seed,
-                         schedule=s.schedule, skip=res.skip, retain_trace=False)
+                         schedule=s.schedule, skip=res.skip, retain_trace=False,
+                         engine=res.engine)
         s = RunSummary(s.run, r.trace_hash, r.violated, r.schedule)
     cx = _counterexample(res, res.scenario, s, shrunk_from, s.run)
     path = unshrunk_path(counterexample_path(out_dir, res.scenario.name, res.policy,
-                                             res.strategy, res.seed))
+                                             res.strategy, res.seed, res.engine))
     write_counterexample(path, cx)
     res.counterexample, res.counterexample_path = cx, str(path)

@@ -36,7 +36,7 @@ def hypothesis_search(scenario: Scenario, policy: str, options: dict[str, str], 
                       standing: frozenset[str], record: Callable[..., None],
                       over: Callable[[], bool],
                       progress: Callable[[int, int, int], None] | None,
-                      home: Path | None = None,
+                      home: Path | None = None, engine: str = "model",
                       ) -> list[tuple[str, int, float]] | None:
     """Let hypothesis look for a schedule that violates something beyond the baseline.
 
@@ -52,7 +52,7 @@ def hypothesis_search(scenario: Scenario, policy: str, options: dict[str, str], 
         if over():
             return False
         r = run_scenario(scenario, policy, options=options, seed=seed, delays=entries,
-                         skip=skip, retain_trace=False, hash_trace=False)
+                         skip=skip, retain_trace=False, hash_trace=False, engine=engine)
         state["runs"] += 1  # run 0 is the baseline, recorded by the caller
         record(RunSummary(state["runs"], r.trace_hash, r.violated, r.schedule))
         if r.violated:

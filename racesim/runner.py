@@ -12,6 +12,7 @@ from racesim.engine_model import POLICIES, RunResult, load_policy, run_workload
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import LifecyclePolicy, policy_spec
+from racesim.engines import check_engine
 from racesim.reports.commands import replay_command, run_command
 from racesim.scenarios import Scenario
 from racesim.sim import Decider, Decision, DelayPlan, InputError, check_delay, parse_point_key
@@ -39,9 +40,14 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
                  seed: int = 0, witness: bool = False, delays: Iterable[PlanEntry] = (),
                  schedule: Sequence[Decision] | None = None, decider: Decider | None = None,
                  skip: Iterable[str] = (), retain_trace: bool = True,
-                 hash_trace: bool = True) -> RunResult:
-    """One deterministic run. ``schedule`` replays a recorded run exactly (it wins over all)."""
+                 hash_trace: bool = True, engine: str = "model") -> RunResult:
+    """One deterministic run. ``schedule`` replays a recorded run exactly (it wins over all).
+
+    ``engine`` picks the backend: ``"model"`` (racesim's model) or ``"vllm"`` (vLLM's own
+    engine-side classes, :mod:`racesim.engine_vllm`); the same schedule means the same delays
+    at the same await points on both."""
     skip_set = check_invariant_names(tuple(skip))
+    check_engine(engine, scenario.vllm)
     overrides: list[PlanEntry] = []
     if witness:
         if not (scenario.witness or scenario.has_witness):
@@ -54,8 +60,17 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
     import_from_cwd(policy)
     try:
         loaded = load_policy(policy, options)
-        return run_workload(scenario.workload, loaded, seed=seed, plan=plan, skip=skip_set,
-                            retain_trace=retain_trace, hash_trace=hash_trace)
+        run = run_workload
+        if engine == "vllm":
+            from racesim.engine_vllm import run_workload as run
+            from racesim.engine_vllm import unsupported_reason
+
+            why = unsupported_reason(scenario.workload, loaded.name if policy in POLICIES
+                                     else policy, options)
+            if why is not None:
+                raise InputError(why)
+        return run(scenario.workload, loaded, seed=seed, plan=plan, skip=skip_set,
+                   retain_trace=retain_trace, hash_trace=hash_trace)
     except InputError:
         raise
     except Exception as exc:

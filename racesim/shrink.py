@@ -36,7 +36,7 @@ class _Budget(Exception):
 
 def shrink(scenario: Scenario, policy: str, options: Mapping[str, str], seed: int,
            schedule: Sequence[Decision], skip: Sequence[str], target: frozenset[str],
-           *, max_runs: int = 400) -> ShrinkResult:
+           *, max_runs: int = 400, engine: str = "model") -> ShrinkResult:
     """Shrink ``schedule`` (and the scenario's requests) while some ``target`` invariant fails."""
     runs = 0
 
@@ -46,7 +46,7 @@ def shrink(scenario: Scenario, policy: str, options: Mapping[str, str], seed: in
             raise _Budget
         runs += 1
         result = run_scenario(scen, policy, options=options, seed=seed, schedule=tuple(sched),
-                              skip=skip, retain_trace=False, hash_trace=False)
+                              skip=skip, retain_trace=False, hash_trace=False, engine=engine)
         return any(v in target for v in result.violated)
 
     best_scen, best = scenario, tuple(sorted(schedule))
