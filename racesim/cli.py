@@ -10,6 +10,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from racesim.cli_conform import conform_cmd
 from racesim.cli_options import engine_option as _engine
 from racesim.cli_options import explore_options as _explore_options
 from racesim.cli_options import output_options as _outputs
@@ -367,6 +368,9 @@ def bench_cmd(quick: bool, as_json: bool) -> None:
     with console.status("benchmarking") as status:
         doc = run_bench(quick=quick, progress=lambda what: status.update(what))
     print_bench(_console(), doc)
+
+
+cli.add_command(conform_cmd)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from racesim.cli_support import BUDGET, check_workers, console, emit_json, output_dir, output_file
 from racesim.cli_support import parse_options as _options
-from racesim.conform import STRATEGIES, check_backend, conform, lifecycle
+from racesim.conform import STRATEGIES, conform, lifecycle
 from racesim.engine_model.versions import PROFILES
 from racesim.progress import ProgressBar
 from racesim.reports.text import printable
@@ -60,8 +60,6 @@ def conform_cmd(scenarios: Sequence[str], vllm: str | None, policies: Sequence[s
     options = _options(policy_opts)
     cells = ([(p, options) for p in policies]
              or [(p, {**o, **options}) for p, o in _default_policies(scens)])
-    for s in scens:
-        check_backend(s)
     output_file("--html", html_file)
     out = output_dir("--out", out_dir)
     check_workers(workers, None)
@@ -88,7 +86,9 @@ def conform_cmd(scenarios: Sequence[str], vllm: str | None, policies: Sequence[s
 
 
 def _default_policies(scens: Sequence[Any]) -> list[tuple[str, dict[str, str]]]:
-    return list(dict.fromkeys(lifecycle(s.vllm) for s in scens))
+    """The lifecycle vLLM has on each profile among the scenarios', once each."""
+    names = dict.fromkeys(s.vllm for s in scens)
+    return list({lifecycle(v)[0]: lifecycle(v) for v in names}.values())
 
 
 def _print(doc: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ from racesim.documents import Counterexample, safe_file_name, violation_dicts, w
 from racesim.engine_model import RunResult
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.policies import policy_spec
+from racesim.engines import check_engine
 from racesim.parallel import executor, ordered_map
 from racesim.runner import import_from_cwd, run_scenario
 from racesim.scenarios import Scenario
@@ -35,7 +36,7 @@ from racesim.sim import Decision, InputError
 from racesim.sim.strategies import StrategyConfig, make_strategy
 
 __all__ = ["ConformResult", "Mismatch", "conform", "STRATEGIES", "ENGINES", "LIFECYCLE",
-           "lifecycle", "check_backend", "run_on", "mismatch_path"]
+           "lifecycle", "check_backend", "model_only", "run_on", "mismatch_path"]
 
 #: The strategies that draw a schedule per run index (hypothesis drives its own search).
 STRATEGIES = ("random", "pct", "grid")
@@ -59,16 +60,28 @@ def lifecycle(profile: str) -> tuple[str, dict[str, str]]:
 
 
 def check_backend(scenario: Scenario) -> None:
-    """An InputError, before any work, when the vLLM backend cannot run ``scenario``."""
-    from racesim import engine_vllm
+    """An InputError, before any work, when the vLLM backend cannot run ``scenario``'s profile
+    here (another release, or vLLM not installed: the line names the install command)."""
+    check_engine("vllm", scenario.vllm)
 
-    engine_vllm.check_scenario(scenario)
+
+def model_only(scenario: Scenario, policy: str, options: Mapping[str, str],
+               engines: Sequence[str]) -> str | None:
+    """Why this cell runs on the model only (P/D on the vllm backend), else None. A policy the
+    vllm backend cannot express is bad input: one InputError line."""
+    if "vllm" not in engines:
+        return None
+    from racesim.engine_vllm import unsupported_reason
+    from racesim.engine_vllm.support import PD_MODEL_ONLY
+
+    why = unsupported_reason(scenario.workload, policy, options)
+    if why is not None and why != PD_MODEL_ONLY:
+        raise InputError(why)
+    return why
 
 
 def run_on(engine: str, scenario: Scenario, policy: str, **kwargs: Any) -> RunResult:
-    """``run_scenario`` on one backend; the model is its default engine."""
-    if engine == "model":
-        return run_scenario(scenario, policy, **kwargs)
+    """``run_scenario`` on one backend (tests replace this to perturb one side)."""
     return run_scenario(scenario, policy, engine=engine, **kwargs)
 
 
@@ -172,10 +185,14 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
                          f"{', '.join(STRATEGIES)}")
     if budget < 1:
         raise InputError(f"--budget must be >= 1, got {budget}")
-    for name, _ in policies:
+    skip = tuple(sorted(check_invariant_names(tuple(skip))))
+    for name, opts in policies:
         import_from_cwd(name)
         policy_spec(name)
-    skip = tuple(sorted(check_invariant_names(tuple(skip))))
+        for scen in scenarios:
+            model_only(scen, name, opts, engines)
+            if "vllm" in engines:
+                check_backend(scen)
     if known is None:
         from racesim.conform_known import explain as known
     started = time.monotonic()
@@ -200,6 +217,13 @@ def _cell(result: ConformResult, scen: Scenario, policy: str, options: dict[str,
           engines: tuple[str, str], ex: Any, out_dir: Path | None,
           known: Callable[[str, str, Sequence[str]], str | None],
           progress: Progress | None, total: int) -> None:
+    cell: dict[str, Any] = {"scenario": scen.name, "policy": policy, "runs": 0,
+                            "mismatching_runs": 0, "unlisted": 0, "model_only": None}
+    result.cells.append(cell)
+    why = model_only(scen, policy, options, engines)
+    if why is not None:
+        cell["model_only"] = why
+        return
     baseline = run_on(engines[0], scen, policy, options=options, seed=seed, skip=skip,
                       retain_trace=False, hash_trace=False)
     config = StrategyConfig(occurrences=baseline.occurrences,
@@ -208,9 +232,6 @@ def _cell(result: ConformResult, scen: Scenario, policy: str, options: dict[str,
     runs = budget if size is None else min(budget, size + 1)
     ctx = _Context(scen, policy, tuple(sorted(options.items())), seed, strategy, config, skip,
                    engines)
-    cell = {"scenario": scen.name, "policy": policy, "runs": 0, "mismatching_runs": 0,
-            "unlisted": 0}
-    result.cells.append(cell)
     for i, schedule, a, b in ordered_map(_both, ctx, range(runs), ex):
         result.runs += 1
         cell["runs"] += 1
@@ -266,13 +287,13 @@ def _save(m: Mismatch, scen: Scenario, skip: tuple[str, ...], engines: tuple[str
                skip=skip)
     cx = Counterexample(scen, m.policy, dict(m.options), m.seed, r.schedule, skip,
                         tuple(violation_dicts(r)), r.trace_hash, None,
-                        {"by": "conform", "engine": reference, "run": m.run,
+                        {"by": "conform", "run": m.run,
                          "strategy": strategy if m.run > 0 else "baseline",
                          "differences": list(m.differences),
                          "outcomes": {engines[0]: m.outcomes[0].as_dict(),
                                       engines[1]: m.outcomes[1].as_dict()},
                          "known": m.known},
-                        r.reach().reach if r.violations else None)
+                        r.reach().reach if r.violations else None, engine=reference)
     path = _free_path(mismatch_path(out_dir, m, strategy))
     write_counterexample(path, cx)
     return Mismatch(m.scenario, m.policy, m.options, m.vllm_profile, m.seed, m.run, m.schedule,

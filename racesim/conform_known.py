@@ -39,17 +39,18 @@ def key_of(difference: str) -> str:
 
 
 def explain(scenario: str, policy: str, differences: Sequence[str],
-            known: Sequence[KnownMismatch] = KNOWN) -> str | None:
+            known: Sequence[KnownMismatch] | None = None) -> str | None:
     """The cause of a listed mismatch, or None when no entry explains all its differences."""
     keys = [key_of(d) for d in differences]
-    for entry in known:
+    for entry in KNOWN if known is None else known:
         if entry.covers(scenario, policy, keys):
             return entry.cause
     return None
 
 
-def markdown_table(known: Sequence[KnownMismatch] = KNOWN) -> str:
+def markdown_table(known: Sequence[KnownMismatch] | None = None) -> str:
     """The README's table of known mismatches (a single row saying none when there are none)."""
+    known = KNOWN if known is None else known
     lines = ["| scenario | policy | differences | cause |", "| --- | --- | --- | --- |"]
     for e in known:
         lines.append(f"| {e.scenario} | {e.policy} | {', '.join(f'`{d}`' for d in e.differences)}"

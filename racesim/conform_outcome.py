@@ -47,7 +47,7 @@ class Outcome:
     requests: tuple[RequestView, ...]
     #: (invariant, reach of its first violation), in the order they were first detected
     invariants: tuple[tuple[str, str], ...]
-    #: components of the engines that reached a fatal error, with the error's first word
+    #: the engines that reached a fatal error ("engine", "prefill"...), with the error's type
     dead_engines: tuple[tuple[str, str], ...]
 
     def as_dict(self) -> dict[str, Any]:
@@ -90,7 +90,9 @@ def outcome_of(result: RunResult, engine: str = "") -> Outcome:
                 got.append((int(child), sender, carried))
         elif kind == "engine.fatal":
             error = str(ev.detail.get("error", ""))
-            dead.setdefault(ev.component, error.split(":", 1)[0].split()[0] if error else "")
+            # the engine, not which of its threads raised: "engine.core" -> "engine"
+            kind_of_error = error.split(":", 1)[0].split()[0] if error.strip() else ""
+            dead.setdefault(ev.component.split(".", 1)[0], kind_of_error)
     requests = tuple(RequestView(r.id, r.frontend, r.tokens, r.finish_reason,
                                  _spans(received.get(i, ())))
                      for i, r in enumerate(result.requests))
