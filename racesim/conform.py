@@ -16,6 +16,7 @@ backend) and is *known* when :mod:`racesim.conform_known` explains every differe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -281,20 +282,23 @@ def _free_path(path: Path) -> Path:
 
 def _save(m: Mismatch, scen: Scenario, skip: tuple[str, ...], engines: tuple[str, str],
           strategy: str, out_dir: Path) -> Mismatch:
-    """The mismatch as a counterexample file: the reference side's (vLLM's) run, recorded."""
-    reference = engines[1]
-    r = run_on(reference, scen, m.policy, options=m.options, seed=m.seed, schedule=m.schedule,
-               skip=skip)
-    cx = Counterexample(scen, m.policy, dict(m.options), m.seed, r.schedule, skip,
+    """The mismatch as a counterexample file: its drawn schedule and the reference side's
+    (vLLM's) run, which the file's trace hash is; both sides are re-run with their trace hashed
+    (exploration runs skip hashing)."""
+    runs = [run_on(e, scen, m.policy, options=m.options, seed=m.seed, schedule=m.schedule,
+                   skip=skip) for e in engines]
+    outcomes = (dataclasses.replace(m.outcomes[0], trace_hash=runs[0].trace_hash),
+                dataclasses.replace(m.outcomes[1], trace_hash=runs[1].trace_hash))
+    r = runs[1]
+    cx = Counterexample(scen, m.policy, dict(m.options), m.seed, m.schedule, skip,
                         tuple(violation_dicts(r)), r.trace_hash, None,
                         {"by": "conform", "run": m.run,
                          "strategy": strategy if m.run > 0 else "baseline",
                          "differences": list(m.differences),
-                         "outcomes": {engines[0]: m.outcomes[0].as_dict(),
-                                      engines[1]: m.outcomes[1].as_dict()},
+                         "outcomes": {engines[0]: outcomes[0].as_dict(),
+                                      engines[1]: outcomes[1].as_dict()},
                          "known": m.known},
-                        r.reach().reach if r.violations else None, engine=reference)
+                        r.reach().reach if r.violations else None, engine=engines[1])
     path = _free_path(mismatch_path(out_dir, m, strategy))
     write_counterexample(path, cx)
-    return Mismatch(m.scenario, m.policy, m.options, m.vllm_profile, m.seed, m.run, m.schedule,
-                    m.outcomes, m.differences, m.known, str(path))
+    return dataclasses.replace(m, outcomes=outcomes, path=str(path))
