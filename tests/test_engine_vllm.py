@@ -153,3 +153,15 @@ def test_the_same_trace_hash_in_two_processes_and_two_hash_seeds() -> None:
     assert docs[0]["trace_hash"] == docs[1]["trace_hash"]
     here = run_scenario(load_scenario("abort-reuse"), "buggy", witness=True, engine="vllm")
     assert here.trace_hash == docs[0]["trace_hash"]
+
+
+@pytest.mark.vllm
+def test_matrix_on_vllm_defaults_to_the_policies_it_runs(tmp_path: Path) -> None:
+    res = CliRunner().invoke(cli, ["matrix", "--engine", "vllm", "-s", "duplicate-in-flight",
+                                   "--budget", "3", "--workers", "1", "--out", str(tmp_path),
+                                   "--json"])
+    doc = json.loads(res.stdout)
+    assert doc["parameters"]["engine"] == "vllm"
+    cells = {c["policy"]: c["invariants"] for c in doc["cells"]}
+    assert set(cells) == {"buggy", "internal-id"}
+    assert "engine-alive" in cells["buggy"] and cells["internal-id"] == []
