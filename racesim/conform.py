@@ -219,7 +219,9 @@ def _cell(result: ConformResult, scen: Scenario, policy: str, options: dict[str,
           known: Callable[[str, str, Sequence[str]], str | None],
           progress: Progress | None, total: int) -> None:
     cell: dict[str, Any] = {"scenario": scen.name, "policy": policy, "runs": 0,
-                            "mismatching_runs": 0, "unlisted": 0, "model_only": None}
+                            "mismatching_runs": 0, "unlisted": 0, "model_only": None,
+                            # what the compared runs covered: races, not only quiet runs
+                            "violating_runs": 0, "engine_death_runs": 0}
     result.cells.append(cell)
     why = model_only(scen, policy, options, engines)
     if why is not None:
@@ -236,6 +238,8 @@ def _cell(result: ConformResult, scen: Scenario, policy: str, options: dict[str,
     for i, schedule, a, b in ordered_map(_both, ctx, range(runs), ex):
         result.runs += 1
         cell["runs"] += 1
+        cell["violating_runs"] += bool(a.invariants)
+        cell["engine_death_runs"] += bool(a.dead_engines)
         diffs = differences(a, b)
         if not diffs:
             result.agreeing_runs += 1
