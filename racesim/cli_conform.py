@@ -96,11 +96,16 @@ def _print(doc: dict[str, Any]) -> None:
     t = Table(title="model vs vLLM", title_justify="left")
     t.add_column("scenario / policy", no_wrap=True)
     t.add_column("runs", justify="right")
+    t.add_column("racing", justify="right")
     t.add_column("mismatching", justify="right")
     t.add_column("unlisted", justify="right")
     for c in doc["cells"]:
-        t.add_row(Text(printable(f"{c['scenario']} / {c['policy']}")), str(c["runs"]),
-                  str(c["mismatching_runs"]),
+        name = Text(printable(f"{c['scenario']} / {c['policy']}"))
+        if c["model_only"]:
+            t.add_row(name, Text(printable(f"model only: {c['model_only']}"), style="dim"),
+                      "", "", "")
+            continue
+        t.add_row(name, str(c["runs"]), str(c["violating_runs"]), str(c["mismatching_runs"]),
                   Text(str(c["unlisted"]), style="bold red" if c["unlisted"] else "green"))
     out.print(t)
     for m in doc["mismatches"]:

@@ -200,7 +200,8 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
     result = ConformResult([s.name for s in scenarios], [p for p, _ in policies], {
         "budget": budget, "strategy": strategy, "seed": seed, "skip": list(skip),
         "vllm": sorted({s.vllm for s in scenarios}), "engines": list(engines)})
-    total = budget * len(scenarios) * len(policies)
+    total = budget * sum(1 for scen in scenarios for name, opts in policies
+                         if model_only(scen, name, opts, engines) is None)
     try:
         with executor(workers, None) as ex:
             for scen in scenarios:
