@@ -96,18 +96,19 @@ def _print(doc: dict[str, Any]) -> None:
     t = Table(title="model vs vLLM", title_justify="left")
     t.add_column("scenario / policy", no_wrap=True)
     t.add_column("runs", justify="right")
-    t.add_column("racing", justify="right")
+    t.add_column("violating", justify="right")
     t.add_column("mismatching", justify="right")
     t.add_column("unlisted", justify="right")
     for c in doc["cells"]:
         name = Text(printable(f"{c['scenario']} / {c['policy']}"))
         if c["model_only"]:
-            t.add_row(name, Text(printable(f"model only: {c['model_only']}"), style="dim"),
-                      "", "", "")
+            t.add_row(name, Text("model only", style="dim"), "", "", "")
             continue
         t.add_row(name, str(c["runs"]), str(c["violating_runs"]), str(c["mismatching_runs"]),
                   Text(str(c["unlisted"]), style="bold red" if c["unlisted"] else "green"))
     out.print(t)
+    for why in dict.fromkeys(c["model_only"] for c in doc["cells"] if c["model_only"]):
+        out.print(Text(printable(f"model only: {why}"), style="dim"))
     for m in doc["mismatches"]:
         tag = "known" if m["known"] else "UNLISTED"
         out.print(Text(printable(f"{tag}: {m['scenario']} / {m['policy']} run {m['run']} "
