@@ -12,6 +12,7 @@ from racesim.engine_model.client import Client, Gateway, Proxy
 from racesim.engine_model.config import Workload
 from racesim.engine_model.engine_core import EngineCore
 from racesim.engine_model.frontend.async_llm import AsyncLLM
+from racesim.engine_model.frontend.state import FrontendState
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import LifecyclePolicy
@@ -136,6 +137,12 @@ class System:
         return EngineCore(self.world, index, name, self.workload.engine, self.policy,
                           self.profile)
 
+    def new_output_processor(self, index: int, name: str,
+                             engine: Any) -> FrontendState | None:
+        """Frontend ``name``'s request state; None: the model's OutputProcessor (a backend
+        swaps in its own here)."""
+        return None
+
     def next_inc(self) -> int:
         """A fresh ground-truth number (incarnations, client uids, abort tags share one counter)."""
         self._inc += 1
@@ -145,7 +152,7 @@ class System:
         world = self.world
         latency = self.workload.ipc.latency
         fe = AsyncLLM(world, index, name, engine.index, self.policy, self.workload.frontend,
-                      self.next_inc, self.profile)
+                      self.next_inc, self.profile, self.new_output_processor(index, name, engine))
         fe.input_channel = Channel(world, f"ipc:{name}->{engine.name}", "ipc.input:transit",
                                    latency, engine.deliver)
         engine.output_channels[index] = Channel(world, f"ipc:{engine.name}->{name}",

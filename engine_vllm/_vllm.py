@@ -36,12 +36,15 @@ class _Vllm:
             os.environ.setdefault(key, value)
         import torch
         from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.outputs import STREAM_FINISHED
         from vllm.sampling_params import RequestOutputKind, SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.engine import EngineCoreRequest, FinishReason, input_processor
+        from vllm.v1.engine.output_processor import OutputProcessor
+        from vllm.v1.engine.parallel_sampling import ParentRequest
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.request import Request, RequestStatus
@@ -54,6 +57,8 @@ class _Vllm:
         self.Scheduler, self.AsyncScheduler = Scheduler, AsyncScheduler
         self.EngineCoreRequest, self.FinishReason = EngineCoreRequest, FinishReason
         self.input_processor = input_processor
+        self.OutputProcessor, self.ParentRequest = OutputProcessor, ParentRequest
+        self.STREAM_FINISHED = STREAM_FINISHED
         self.FullAttentionSpec, self.KVCacheConfig = FullAttentionSpec, KVCacheConfig
         self.KVCacheGroupSpec = KVCacheGroupSpec
         self.ModelRunnerOutput = ModelRunnerOutput

@@ -21,16 +21,14 @@ import simpy
 from racesim.engine_model.config import EngineConfig
 from racesim.engine_model.messages import (
     AbortMessage,
-    EngineCoreOutput,
-    EngineCoreOutputs,
     EngineCoreRequest,
     EngineDead,
-    Token,
 )
 from racesim.engine_model.runner import ModelRunner
 from racesim.engine_model.scheduler import NewRequestData, SchedulerOutput
 from racesim.engine_model.versions import VllmProfile
 from racesim.engine_vllm import _vllm
+from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
 from racesim.engine_vllm.views import EosIds, KvShadow, SchedulerView, Vocabulary
 from racesim.sim.world import World
 
@@ -38,6 +36,11 @@ __all__ = ["VllmEngineCore"]
 
 _EOS = EosIds([Vocabulary.BASE + 1])
 _REASON = {"STOP": "stop", "LENGTH": "length", "ABORT": "abort", "ERROR": "error"}
+
+
+def _reason(finish: Any) -> str | None:
+    """vLLM's FinishReason as the trace writes it (its ``__str__``: "stop", "length", ...)."""
+    return str(finish) if finish is not None else None
 
 
 class _Fatal(Exception):
@@ -316,26 +319,19 @@ class VllmEngineCore:
         self.kv.sync(finished)
         if objects:
             self.world.record(self._c_sched, "sched.update", None, 0, step=step, applied=applied)
-        by_client: dict[int, list[EngineCoreOutput]] = {}
         for client in sorted(outs or {}):
-            for o in outs[client].outputs:
-                tokens: tuple[Token, ...] = tuple(vocab.decode(t) for t in o.new_token_ids)
-                reason = _REASON[o.finish_reason.name] if o.finish_reason is not None else None
-                inc = finished.get(o.request_id) or self._inc_of(objects.get(o.request_id))
-                by_client.setdefault(client, []).append(
-                    EngineCoreOutput(o.request_id, tokens, reason, None, inc))
-        self._send_outputs(by_client)
-
-    def _send_outputs(self, by_client: dict[int, list[EngineCoreOutput]]) -> None:
-        for client in sorted(by_client):
-            outputs = by_client[client]
+            real = outs[client]
             channel = self.output_channels.get(client)
-            if channel is None:
+            if channel is None or not real.outputs:
                 continue
-            channel.send(EngineCoreOutputs(self.index, tuple(outputs)),
-                         [o.request_id for o in outputs],
-                         outputs=[[o.request_id, o.inc, len(o.new_tokens), o.finish_reason]
-                                  for o in outputs])
+            # vLLM's own outputs go to the frontend; their incarnations ride beside them
+            envelopes = tuple(
+                Envelope(o, finished.get(o.request_id) or self._inc_of(objects.get(o.request_id)))
+                for o in real.outputs)
+            channel.send(EngineCoreOutputs(self.index, envelopes, real),
+                         [e.output.request_id for e in envelopes],
+                         outputs=[[e.output.request_id, e.inc, len(e.output.new_token_ids),
+                                   _reason(e.output.finish_reason)] for e in envelopes])
 
     # -- death ----------------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 Everything asynchronous is the model's (clients, AsyncLLM tasks, sockets, timing); the engine is
 :class:`racesim.engine_vllm.engine_core.VllmEngineCore`, and ID assignment is vLLM's own
-``InputProcessor.assign_request_id`` for the ``internal-id`` policy.
+``InputProcessor.assign_request_id`` for the ``internal-id`` policy; each frontend's request
+state is vLLM's own ``OutputProcessor`` (:mod:`racesim.engine_vllm.frontend`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from racesim.engine_model.system import RunResult, System
 from racesim.engine_model.system import run_workload as _run_model
 from racesim.engine_vllm import _vllm
 from racesim.engine_vllm.engine_core import VllmEngineCore
+from racesim.engine_vllm.frontend import VllmOutputProcessor
 from racesim.sim.points import DelayPlan
 
 __all__ = ["VllmSystem", "run_workload"]
@@ -52,6 +54,10 @@ class VllmSystem(System):
         if getattr(policy, "suffix_hex", 0) == 8:
             policy = _RealIds(policy)
         super().__init__(world, workload, policy, profile)
+
+    def new_output_processor(self, index: int, name: str, engine: Any) -> Any:
+        """vLLM's own OutputProcessor, behind the adapter AsyncLLM calls."""
+        return VllmOutputProcessor(self.world, name, engine.index, engine.vocab, index)
 
     def new_engine(self, index: int, name: str) -> Any:
         wl = self.workload

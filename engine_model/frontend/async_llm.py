@@ -18,7 +18,6 @@ from racesim.engine_model.frontend.outputs import RequestOutputCollector
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.messages import (
     AbortMessage,
-    EngineCoreOutputs,
     EngineCoreRequest,
     EngineDead,
     FinishReason,
@@ -29,6 +28,7 @@ from racesim.sim.world import World
 
 if TYPE_CHECKING:
     from racesim.engine_model.frontend.hooks import LifecycleHooks
+    from racesim.engine_model.frontend.state import FrontendState
 
 __all__ = ["AsyncLLM"]
 
@@ -40,14 +40,18 @@ class AsyncLLM:
 
     def __init__(self, world: World, index: int, name: str, engine: int,
                  policy: LifecycleHooks, config: FrontendConfig,
-                 next_inc: Callable[[], int], profile: VllmProfile) -> None:
+                 next_inc: Callable[[], int], profile: VllmProfile,
+                 output_processor: FrontendState | None = None) -> None:
         self.world = world
         self.index = index
         self.name = name
         self.engine = engine
         self.policy = policy
         self.config = config
-        self.output_processor = OutputProcessor(world, name, policy, profile)
+        #: the model's OutputProcessor, or a backend's (vLLM's own, behind an adapter)
+        self.output_processor: FrontendState = (
+            output_processor if output_processor is not None
+            else OutputProcessor(world, name, policy, profile))
         self.input_channel: Channel | None = None
         self.engine_dead: str | None = None
         self._next_inc = next_inc
@@ -77,30 +81,28 @@ class AsyncLLM:
             ids = [f"{i}_{internal}" for i in range(n)]
         collector = RequestOutputCollector(world.env, internal)
         if n > 1:
-            parent = ParentRequest(internal, request_id, collector)
+            parent = ParentRequest(internal, request_id, collector, n=n)
         for index, rid in enumerate(ids):
-            registered = True
-            if rid in op.request_states:
-                if not op.finishes_duplicates:
-                    # OutputProcessor.add_request's ValueError("... already running") leaves
-                    # generate(), whose error path aborts the children already registered
-                    # (n > 1: another client took this child's ID while an earlier child's ADD
-                    # awaited its send).
-                    world.record(self.name, "fe.reject", rid, 0, uid=client_uid,
-                                 reason="already running", external=request_id)
-                    if index > 0:
-                        yield from self.abort(internal, internal=True)
-                    return FinishReason.REJECTED
-                # vLLM 0.33 (async_llm.py:567-585, output_processor.py:663-713): no error; the
-                # old stream is finished, the new request is not registered, its ADD still goes.
-                op.finish_stream(rid)
-                registered = False
+            registered = not op.has_request(rid)
+            if not registered and not op.finishes_duplicates:
+                # OutputProcessor.add_request's ValueError("... already running") leaves
+                # generate(), whose error path aborts the children already registered
+                # (n > 1: another client took this child's ID while an earlier child's ADD
+                # awaited its send).
+                world.record(self.name, "fe.reject", rid, 0, uid=client_uid,
+                             reason="already running", external=request_id)
+                if index > 0:
+                    yield from self.abort(internal, internal=True)
+                return FinishReason.REJECTED
             req = EngineCoreRequest(rid, request_id, prompt_tokens, max_tokens, self.index,
                                     eos_at, kv_transfer_params, self._next_inc())
             if registered:
                 op.add_request(req, parent, index, collector, client_uid, self.engine,
                                stop_string_at)
             else:
+                # vLLM 0.33 (async_llm.py:567-585, output_processor.py:663-713): no error; the
+                # old stream is finished, the new request is not registered, its ADD still goes.
+                op.finish_stream(req)
                 op.note_unregistered(req, client_uid, index)
             ev = world.sleep("frontend.add_request:before_send", 0.0, self.name)
             if ev is not None:
@@ -116,7 +118,7 @@ class AsyncLLM:
         if not ids:
             self.world.record(self.name, "fe.abort_noop", request_id, 0)
             return
-        incs = [self.output_processor.request_states[r].inc for r in ids]
+        incs = [self.output_processor.inc_of(r) for r in ids]
         self.world.record(self.name, "fe.abort_issue", request_id, incs[0] if len(incs) == 1 else 0,
                           ids=ids, cause="abort")
         yield from self.policy.abort(self, ids)
@@ -158,7 +160,7 @@ class AsyncLLM:
                 self.engine_dead = msg.reason
                 op.fail_engine(msg.engine, msg.reason)
                 continue
-            assert isinstance(msg, EngineCoreOutputs)
+            # EngineCoreOutputs: the model's, or vLLM's own behind a backend's envelope
             outputs = msg.outputs
             if len(outputs) <= chunk:  # one chunk: no slice, no await between chunks
                 reqs_to_abort = op.process_outputs(outputs)

@@ -40,6 +40,7 @@ class ParentRequest:
     collector: RequestOutputCollector
     child_requests: list[str] = field(default_factory=list)
     finished_children: int = 0
+    n: int = 1
 
 
 @dataclass(slots=True)
@@ -98,11 +99,17 @@ class OutputProcessor:
                           external=request.external_req_id, index=index)
         return state
 
-    def finish_stream(self, request_id: str) -> None:
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.request_states
+
+    def inc_of(self, request_id: str) -> int:
+        return self.request_states[request_id].inc
+
+    def finish_stream(self, request: EngineCoreRequest) -> None:
         """vLLM 0.33 ``_update_streaming_request_state`` for a non-resumable add of an ID that
         is still here (output_processor.py:695-713): the old request's state is dropped with no
         stats, and its client's stream ends with STREAM_FINISHED."""
-        state = self.request_states[request_id]
+        state = self.request_states[request.request_id]
         if not state.finished:
             self._deliver(state, [], FinishReason.STREAM_FINISHED)
         self._pop(state, "stream-finished")
