@@ -175,12 +175,12 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
             budget: int = 100, strategy: str = "random", seed: int = 0,
             workers: int | None = 1, skip: Sequence[str] = (), out_dir: Path | None = None,
             progress: Progress | None = None,
-            known: Callable[[str, str, Sequence[str]], str | None] | None = None,
+            known: Callable[..., str | None] | None = None,
             engines: tuple[str, str] = ENGINES) -> ConformResult:
     """Compare ``budget`` schedules per (scenario, policy) on the two ``engines``.
 
-    ``known(scenario, policy, differences)`` gives a listed mismatch's cause (default: the
-    table in :mod:`racesim.conform_known`)."""
+    ``known(scenario, policy, differences, engine_died=)`` gives a listed mismatch's cause
+    (default: the table in :mod:`racesim.conform_known`)."""
     if strategy not in STRATEGIES:
         raise InputError(f"--strategy {strategy!r}: conform draws schedules with "
                          f"{', '.join(STRATEGIES)}")
@@ -217,7 +217,7 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
 def _cell(result: ConformResult, scen: Scenario, policy: str, options: dict[str, str],
           budget: int, strategy: str, seed: int, skip: tuple[str, ...],
           engines: tuple[str, str], ex: Any, out_dir: Path | None,
-          known: Callable[[str, str, Sequence[str]], str | None],
+          known: Callable[..., str | None],
           progress: Progress | None, total: int) -> None:
     cell: dict[str, Any] = {"scenario": scen.name, "policy": policy, "runs": 0,
                             "mismatching_runs": 0, "unlisted": 0, "model_only": None,
@@ -245,7 +245,8 @@ def _cell(result: ConformResult, scen: Scenario, policy: str, options: dict[str,
         if not diffs:
             result.agreeing_runs += 1
         else:
-            cause = known(scen.name, policy, diffs)
+            cause = known(scen.name, policy, diffs,
+                          engine_died=bool(a.dead_engines and b.dead_engines))
             m = Mismatch(scen.name, policy, options, scen.vllm, seed, i, schedule, (a, b),
                          tuple(diffs), cause)
             if out_dir is not None:

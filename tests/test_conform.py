@@ -95,7 +95,7 @@ def test_a_perturbed_side_is_a_mismatch_saved_as_a_replayable_file(
     _model_twice(monkeypatch, _no_eos)
     scen = load_scenario("abort-storm")  # some of its clients end on EOS
     res = conform([scen], [("internal-id", {})], budget=6, workers=1, out_dir=tmp_path,
-                  known=lambda *a: None)
+                  known=lambda *a, **k: None)
     assert res.runs == 6 and res.agreeing_runs == 0 and len(res.unlisted) == 6
     m = res.mismatches[0]
     assert m.run == 0 and m.schedule == ()  # the baseline already differs
@@ -139,6 +139,10 @@ def test_a_listed_mismatch_is_known_and_an_entry_must_cover_every_difference() -
     assert explain("pd-reuse", "internal-id", diffs, [entry]) is None
     assert explain("abort-storm", "buggy", [*diffs, "invariant:no-hang holds != live"],
                    [entry]) is None
+    dead = KnownMismatch("*", "*", ("invariant:one-terminal-output",), "after death", True)
+    after = ["invariant:one-terminal-output holds != live"]
+    assert explain("abort-storm", "buggy", after, [dead]) is None
+    assert explain("abort-storm", "buggy", after, [dead], engine_died=True) == "after death"
 
 
 def test_the_readme_shows_the_known_mismatch_table() -> None:
@@ -153,19 +157,19 @@ def test_a_user_file_at_a_mismatch_path_is_never_overwritten(
     mine = tmp_path / "conform__abort-storm__internal-id__random__seed0__run0.json"
     mine.write_text("my notes\n", encoding="utf-8")
     res = conform([load_scenario("abort-storm")], [("internal-id", {})], budget=1, workers=1,
-                  out_dir=tmp_path, known=lambda *a: None)
+                  out_dir=tmp_path, known=lambda *a, **k: None)
     assert mine.read_text(encoding="utf-8") == "my notes\n"
     assert res.mismatches[0].path == str(mine.with_name(mine.stem + "-2.json"))
     again = conform([load_scenario("abort-storm")], [("internal-id", {})], budget=1,
-                    workers=1, out_dir=tmp_path, known=lambda *a: None)
+                    workers=1, out_dir=tmp_path, known=lambda *a, **k: None)
     assert again.mismatches[0].path == res.mismatches[0].path  # its own file is reused
 
 
 def test_workers_do_not_change_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
     _model_twice(monkeypatch, _no_eos)  # fork: the workers inherit the perturbed side
     scen = load_scenario("abort-storm")
-    one = conform([scen], [("internal-id", {})], budget=20, workers=1, known=lambda *a: None)
-    two = conform([scen], [("internal-id", {})], budget=20, workers=2, known=lambda *a: None)
+    one = conform([scen], [("internal-id", {})], budget=20, workers=1, known=lambda *a, **k: None)
+    two = conform([scen], [("internal-id", {})], budget=20, workers=2, known=lambda *a, **k: None)
     assert [m.document() for m in one.mismatches] == [m.document() for m in two.mismatches]
 
 

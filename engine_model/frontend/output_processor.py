@@ -111,7 +111,17 @@ class OutputProcessor:
         stats, and its client's stream ends with STREAM_FINISHED."""
         state = self.request_states[request.request_id]
         if not state.finished:
-            self._deliver(state, [], FinishReason.STREAM_FINISHED)
+            if state.parent is None:
+                self._deliver(state, [], FinishReason.STREAM_FINISHED)
+            else:
+                # n > 1: STREAM_FINISHED (finished=True) goes straight into the queue the
+                # children share (output_processor.py:703-707), not through ParentRequest, so
+                # the parent's stream ends at its first child's same-ID add.
+                state.collector.put(RequestOutput(
+                    state.external_req_id,
+                    [CompletionOutput(state.index, [], FinishReason.STREAM_FINISHED)], True))
+                self.world.record(self.component, "fe.output", state.request_id, state.inc,
+                                  tokens=0, finish=FinishReason.STREAM_FINISHED)
         self._pop(state, "stream-finished")
 
     def live_ids(self) -> list[tuple[str, int]]:
