@@ -43,6 +43,7 @@ class _Vllm:
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.engine import EngineCoreRequest, FinishReason, input_processor
+        from vllm.v1.engine.exceptions import EngineDeadError
         from vllm.v1.engine.output_processor import OutputProcessor
         from vllm.v1.engine.parallel_sampling import ParentRequest
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -58,7 +59,7 @@ class _Vllm:
         self.EngineCoreRequest, self.FinishReason = EngineCoreRequest, FinishReason
         self.input_processor = input_processor
         self.OutputProcessor, self.ParentRequest = OutputProcessor, ParentRequest
-        self.STREAM_FINISHED = STREAM_FINISHED
+        self.STREAM_FINISHED, self.EngineDeadError = STREAM_FINISHED, EngineDeadError
         self.FullAttentionSpec, self.KVCacheConfig = FullAttentionSpec, KVCacheConfig
         self.KVCacheGroupSpec = KVCacheGroupSpec
         self.ModelRunnerOutput = ModelRunnerOutput

@@ -145,7 +145,8 @@ class _Queue:
     def put(self, output: Any) -> None:
         op = self.op
         if isinstance(output, Exception):
-            self.collector.put(RequestOutput(self.external, [], True, None, str(output)))
+            error = f"{type(output).__name__}: {op.dead_reason}"  # the model's error text
+            self.collector.put(RequestOutput(self.external, [], True, None, error))
             op.world.record(op.component, "fe.error", self.rid, self.inc, uid=self.uid,
                             parent=self.top)
             return
@@ -188,6 +189,8 @@ class VllmOutputProcessor:
         self._parents: dict[int, tuple[ParentRequest, Any]] = {}
         #: states vLLM's abort_requests popped, until the policy's pop is recorded
         self._aborted: dict[str, _Queue] = {}
+        #: why the engine died (vLLM's EngineDeadError carries a fixed message)
+        self.dead_reason = ""
 
     # -- ground truth ---------------------------------------------------------------------------
 
@@ -346,4 +349,5 @@ class VllmOutputProcessor:
     def fail_engine(self, engine: int, reason: str) -> None:
         """vLLM's output handler gives every request state the EngineDeadError and keeps the
         states (async_llm.py:938-944, ``propagate_error``)."""
-        self.real.propagate_error(RuntimeError(f"EngineDeadError: {reason}"))
+        self.dead_reason = reason
+        self.real.propagate_error(self.v.EngineDeadError())
