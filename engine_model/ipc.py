@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from math import inf, nextafter
 from typing import Any
 
 from racesim.engine_model.events.engine import IpcSend
@@ -22,7 +23,8 @@ class Channel:
     channel even when the plan gives it a shorter transit.
     """
 
-    __slots__ = ("world", "name", "point", "latency", "_deliver", "_last", "_seq", "_arrived")
+    __slots__ = ("world", "name", "point", "latency", "_deliver", "_last", "_seq", "_arrived",
+                 "_due")
 
     def __init__(self, world: World, name: str, point: str, latency: float,
                  deliver: Callable[[Any], None]) -> None:
@@ -32,6 +34,7 @@ class Channel:
         self.latency = latency
         self._deliver = deliver
         self._last = 0.0
+        self._due = 0.0  # when simpy will deliver the last message sent
         self._seq = 0
         self._arrived = self._arrive  # one bound method for every message's timeout
 
@@ -56,5 +59,12 @@ class Channel:
         world.trace.emit(name, request_ids[0] if len(request_ids) == 1 else None, 0,
                          IpcSend(f"{name}#{self._seq}", type(msg).__name__, request_ids, at,
                                  to, incs, tag, outputs, remote_inc, finished, resumable))
+        wait = at - now
+        if now + wait < self._due:
+            # simpy delivers at ``now + wait``, which can round one ulp below the time of the
+            # message ahead of this one: it would overtake it.
+            while now + wait < self._due:
+                wait = nextafter(wait, inf)
+        self._due = now + wait
         # The message rides on the timeout as its value: no closure per message.
-        world.env.timeout(at - now, msg).callbacks.append(self._arrived)
+        world.env.timeout(wait, msg).callbacks.append(self._arrived)

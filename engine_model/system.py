@@ -15,6 +15,7 @@ from racesim.engine_model.config import Workload
 from racesim.engine_model.data_parallel import DPCoordinator, DPLoadBalancer
 from racesim.engine_model.engine_core import EngineCore
 from racesim.engine_model.frontend.async_llm import AsyncLLM
+from racesim.engine_model.frontend.state import FrontendState
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import LifecyclePolicy
@@ -74,6 +75,8 @@ class RunResult:
     fixed_delays: tuple[tuple[str, float], ...] = ()
     #: what each component of the run was (engines, frontends, channels, clients).
     topology: Topology | None = None
+    #: the backend that ran: "model" (this package) or "vllm" (vLLM's own engine classes).
+    engine: str = "model"
 
     def reach(self, violation: Violation | None = None) -> Reach:
         """Live or latent: judged from the delays taken up to the violation (all of them when
@@ -134,7 +137,7 @@ class System:
             self._data_parallel(workload.engine.dp_size)
             gateways = [self.frontends[spec.frontend] for spec in workload.requests]
         else:
-            engine = EngineCore(world, 0, "engine", workload.engine, policy, profile)
+            engine = self.new_engine(0, "engine")
             self.engines = [engine]
             self.frontends = [self._frontend(i, f"frontend{i}", engine)
                               for i in range(workload.frontends)]
@@ -169,6 +172,17 @@ class System:
         self._channels.append(ChannelNode(name, kind, src, dst))
         return Channel(self.world, name, point, self.workload.ipc.latency, deliver)
 
+    def new_engine(self, index: int, name: str) -> EngineCore:
+        """The engine of a single-engine topology (a backend swaps its engine-side state here)."""
+        return EngineCore(self.world, index, name, self.workload.engine, self.policy,
+                          self.profile)
+
+    def new_output_processor(self, index: int, name: str,
+                             engine: Any) -> FrontendState | None:
+        """Frontend ``name``'s request state; None: the model's OutputProcessor (a backend
+        swaps in its own here)."""
+        return None
+
     def next_inc(self) -> int:
         """A fresh ground-truth number (incarnations, client uids, abort tags share one counter)."""
         self._inc += 1
@@ -176,7 +190,7 @@ class System:
 
     def _frontend(self, index: int, name: str, engine: EngineCore) -> AsyncLLM:
         fe = AsyncLLM(self.world, index, name, engine.index, self.policy, self.workload.frontend,
-                      self.next_inc, self.profile)
+                      self.next_inc, self.profile, self.new_output_processor(index, name, engine))
         fe.input_channel = self._channel("ipc", name, engine.name, "ipc.input:transit",
                                          engine.deliver)
         engine.output_channels[index] = self._channel("ipc", engine.name, name,
@@ -231,16 +245,19 @@ class System:
 
 def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
                  plan: DelayPlan | None = None, skip: Iterable[str] = (),
-                 retain_trace: bool = True, hash_trace: bool = True) -> RunResult:
+                 retain_trace: bool = True, hash_trace: bool = True,
+                 system_cls: type[System] | None = None, engine: str = "model") -> RunResult:
     """Simulate ``workload`` under ``policy`` until quiescence or the horizon, and check it.
 
     ``hash_trace=False`` leaves ``trace_hash`` empty (exploration's inner runs, see
-    :class:`racesim.sim.trace.TraceRecorder`)."""
+    :class:`racesim.sim.trace.TraceRecorder`). ``system_cls`` and ``engine`` are a backend's:
+    the System subclass that builds its engines, and the name its results carry."""
     world = World(seed, plan, retain_trace=retain_trace, hash_trace=hash_trace,
                   always_yield=_YIELDING)
     checker = Checker(world, frozenset(skip))
     workload, profile = resolve_workload(workload)
-    system = System(world, workload, policy, profile)
+    # looked up at call time: the tests' fixture swaps the module's System
+    system = (System if system_cls is None else system_cls)(world, workload, policy, profile)
     checker.attach(system)
     env = world.env
     step, peek, horizon = env.step, env.peek, workload.horizon
@@ -261,4 +278,4 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     return RunResult(seed, policy.name, world.trace.hexdigest(), world.trace.count,
                      float(world.env.now), world.schedule, violations, system.outcomes(),
                      world.occurrences, world.trace.events, steps, profile.name,
-                     world.decision_times, fixed, system.topology)
+                     world.decision_times, fixed, system.topology, engine)

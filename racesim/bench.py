@@ -43,6 +43,10 @@ returns:
     exploration speed on newer lifecycle features' scenarios (prefix caching: prefix-reuse
     under internal-id, on its own profile), as ``schedules_per_s`` is measured but with a fifth
     of its budget; see :mod:`racesim.bench_features`.
+``vllm_schedules_per_s``, ``vllm``
+    the same kind of explore on vLLM's own engine code (``--engine vllm``, profile 0.33) beside
+    the model's at 0.33; None, with ``vllm.unavailable`` saying why, when vLLM 0.33 is not
+    importable (see :mod:`racesim.bench_vllm`).
 ``build``, ``compiled``
     whether the simulation's hot modules run compiled (mypyc, the default install) or as
     Python source (``RACESIM_PURE=1``, or no compiler at install time), and why.
@@ -65,6 +69,7 @@ from typing import Any
 
 from racesim.bench_features import measure_feature_explores
 from racesim.bench_scale import BENCH_VLLM, in_fresh_process, measure_scale, storm_workload
+from racesim.bench_vllm import measure_vllm
 
 __all__ = ["run_bench", "storm_workload", "bare_simpy", "parallel_capacity",
            "RACE_SCENARIOS", "STRATEGIES", "TARGETS"]
@@ -99,16 +104,17 @@ class _Sizes:
     scale: tuple[int, ...]
     burn: int                 # loop iterations of the parallel-capacity probe
     repeats: int              # measurements per timed figure (the best is reported)
+    vllm_budget: int          # vllm_schedules_per_s (and the model's figure beside it)
 
 
 # explore_budget: about four seconds on one worker (compiled), so the process pool's start-up is
 # a small share of the parallel figure, as in a real exploration.
 _FULL = _Sizes(simpy_pairs=200, simpy_rounds=500, model_runs=40, explore_budget=5000,
                first_bug_budget=200, first_bug_time_limit=20.0, scale=(1000, 10000, 100000),
-               burn=10_000_000, repeats=3)
+               burn=10_000_000, repeats=3, vllm_budget=1000)
 _QUICK = _Sizes(simpy_pairs=10, simpy_rounds=20, model_runs=2, explore_budget=24,
                 first_bug_budget=6, first_bug_time_limit=5.0, scale=(40, 80, 160),
-                burn=100_000, repeats=1)
+                burn=100_000, repeats=1, vllm_budget=8)
 
 
 # -- bare simpy ---------------------------------------------------------------------------------
@@ -311,6 +317,7 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
 
     scale = measure_scale(sizes.scale, say)
     features = measure_feature_explores(max(1, sizes.explore_budget // 5), sizes.repeats, say)
+    vllm = measure_vllm(sizes.vllm_budget, sizes.repeats, say)
 
     best: dict[str, int | None] = {
         name: min((c["runs"] for c in cells.values() if c["runs"] is not None), default=None)
@@ -342,6 +349,8 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
         "features": features,
         "scale": scale,
         "parallel_speedup": round(one_s / two_s, 2),
+        "vllm_schedules_per_s": vllm["vllm_schedules_per_s"],
+        "vllm": vllm,
         "repeats": sizes.repeats,
         "simpy": {"steps": steps, "seconds": round(seconds, 3), "pairs": sizes.simpy_pairs,
                   "rounds": sizes.simpy_rounds,

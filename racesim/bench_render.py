@@ -42,7 +42,17 @@ def print_bench(console: Any, doc: dict[str, Any]) -> None:
             summary.add_row(label, value, "", "")
         else:
             summary.add_row(label, value, targets[key]["target"], mark(targets[key]["met"]))
+    vllm = doc.get("vllm") or {}
+    if vllm.get("vllm_schedules_per_s") is not None:
+        summary.add_row(f"vllm_schedules_per_s ({vllm['scenario']}, {vllm['vllm']}, 1 worker)",
+                        f"{vllm['vllm_schedules_per_s']:,}", f">= {vllm['target_per_core']:g}",
+                        mark(vllm["vllm_schedules_per_s"] >= vllm["target_per_core"]))
+        summary.add_row("  the model, same explore", f"{vllm['model_schedules_per_s']:,}", "", "")
+    elif vllm:
+        summary.add_row("vllm_schedules_per_s", "unavailable", "", "")
     console.print(summary)
+    if vllm.get("unavailable"):
+        console.print(f"vLLM backend unavailable: {vllm['unavailable']}", markup=False)
 
     fb = Table(title="runs / seconds to the first violation under "
                      f"{doc['first_bug_budget']['policy']} "

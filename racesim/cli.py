@@ -10,6 +10,8 @@ from typing import Any
 import click
 from rich.console import Console
 
+from racesim.cli_conform import conform_cmd
+from racesim.cli_options import engine_option as _engine
 from racesim.cli_options import explore_options as _explore_options
 from racesim.cli_options import output_options as _outputs
 from racesim.cli_options import run_options as _run_options
@@ -128,13 +130,14 @@ def show_cmd(scenario: str) -> None:
 @click.argument("scenario")
 @_run_options
 @_vllm_option
+@_engine
 @click.option("--witness", is_flag=True, help="Apply the scenario's [witness] schedule.")
 @click.option("--delay", "delays", multiple=True, metavar="POINT[#K]=SECONDS",
               help="Delay every occurrence of a point, or only its K-th (from 0).")
 @_outputs
 def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
-            skip: Sequence[str], vllm: str | None, strict: bool, witness: bool,
-            delays: Sequence[str],
+            skip: Sequence[str], vllm: str | None, engine: str | None, strict: bool,
+            witness: bool, delays: Sequence[str],
             as_json: bool, html_file: str | None, trace_file: str | None) -> None:
     """Run SCENARIO (bundled name or path) once and check every invariant."""
     scen = load_scenario(scenario).with_vllm(vllm)
@@ -143,9 +146,9 @@ def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
     _output_file("--html", html_file)
     _output_file("--trace", trace_file)
     result = run_scenario(scen, policy, options=options, seed=seed, witness=witness,
-                          delays=plan, skip=skip)
+                          delays=plan, skip=skip, engine=engine or "model")
     command = run_command(scenario, policy, options, seed, result.schedule, skip,
-                          vllm=result.vllm)
+                          vllm=result.vllm, engine=result.engine)
     _finish_run(scen, policy, options, result, command, skip, as_json, html_file, trace_file,
                 strict)
 
@@ -176,10 +179,12 @@ def _finish_run(scen: Any, policy: str, options: dict[str, str], result: Any, co
                    "written before profiles].")
 @click.option("--allow-import", is_flag=True,
               help="Let the file's module:Class policy be imported (it runs that code).")
+@_engine
 @_strict
 @_outputs
-def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, strict: bool,
-               as_json: bool, html_file: str | None, trace_file: str | None) -> None:
+def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine: str | None,
+               strict: bool, as_json: bool, html_file: str | None,
+               trace_file: str | None) -> None:
     """Replay a counterexample file: the same trace, byte for byte, anywhere.
 
     Only built-in policies are loaded unless --allow-import is given: a shared file must not
@@ -192,18 +197,22 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, strict
     _output_file("--trace", trace_file)
     scen = cx.scenario.with_vllm(vllm)
     result = run_scenario(scen, cx.policy, options=cx.options, seed=cx.seed,
-                          schedule=cx.schedule, skip=cx.skip)
+                          schedule=cx.schedule, skip=cx.skip, engine=engine or cx.engine)
     recorded = list(dict.fromkeys(str(v.get("invariant")) for v in cx.violations))
+    on = f" ({result.engine} backend)" if result.engine != cx.engine else ""
     if recorded and set(recorded) != set(result.violated):
-        click.echo(f"racesim: {counterexample} no longer reproduces on vLLM {result.vllm} "
+        click.echo(f"racesim: {counterexample} no longer reproduces on vLLM {result.vllm}{on} "
                    f"(recorded {', '.join(recorded)}; now "
                    f"{', '.join(result.violated) or 'nothing'})", err=True)
+    elif on:
+        click.echo(f"racesim: {counterexample} reproduces on vLLM {result.vllm}{on}: "
+                   f"{', '.join(result.violated) or 'nothing'}", err=True)
     elif not as_json and result.trace_hash != cx.trace_hash:
         click.echo(f"warning: trace hash {result.trace_hash} differs from the recorded "
                    f"{cx.trace_hash} (the model changed since it was written)", err=True)
     _finish_run(scen, cx.policy, dict(cx.options), result,
-                replay_command(counterexample, cx.policy), cx.skip, as_json, html_file,
-                trace_file, strict)
+                replay_command(counterexample, cx.policy, result.engine), cx.skip, as_json,
+                html_file, trace_file, strict)
 
 
 # -- explore / matrix ---------------------------------------------------------------------------
@@ -220,14 +229,16 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, strict
               help="'live': delay only await points that are live or yield in the vLLM "
                    "profile (races vLLM can hit as released).")
 @_vllm_option
+@_engine
 @_explore_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
               help="Write the HTML explore report.")
 def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: int,
                 strict: bool, time_limit: float | None, reach: str, vllm: str | None,
-                skip: Sequence[str], strategy: str, seed: int, workers: int | None,
-                dask: str | None, out_dir: str, as_json: bool, html_file: str | None) -> None:
+                engine: str | None, skip: Sequence[str], strategy: str, seed: int,
+                workers: int | None, dask: str | None, out_dir: str, as_json: bool,
+                html_file: str | None) -> None:
     """Search SCENARIO's schedules for a race under POLICY (the [witness] is never read)."""
     from racesim.explore import counterexample_path, unshrunk_path
 
@@ -236,14 +247,14 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
     _output_file("--html", html_file)
     out = _output_dir("--out", out_dir)
     _check_workers(workers, dask)
-    cx_path = counterexample_path(out, scen.name, policy, strategy, seed)
+    cx_path = counterexample_path(out, scen.name, policy, strategy, seed, engine or "model")
     _output_file("--out", str(cx_path))
     _output_file("--out", str(unshrunk_path(cx_path)))
     bar = ProgressBar(not as_json, f"{scen.name} / {policy}")
     try:
         res = explore(scen, policy, options=options, strategy=strategy, budget=budget,
                       time_limit=time_limit, seed=seed, workers=workers, dask=dask, skip=skip,
-                      out_dir=out, progress=bar, reach=reach)
+                      out_dir=out, progress=bar, reach=reach, engine=engine or "model")
     finally:
         bar.close()
     doc = res.document()
@@ -251,7 +262,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
     before = None
     if html_file and after is not None and res.found_run is not None:
         before = run_scenario(scen, policy, options=options, seed=seed,
-                              schedule=res.found_run.schedule, skip=res.skip)
+                              schedule=res.found_run.schedule, skip=res.skip, engine=res.engine)
     if html_file:
         from racesim.reports import write_explore_report
         write_explore_report(Path(html_file), doc, scen, before, after)
@@ -259,7 +270,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
         _emit_json(doc)
     else:
         print_explore(_console(), doc, after,
-                      replay_command(res.counterexample_path, policy)
+                      replay_command(res.counterexample_path, policy, res.engine)
                       if res.counterexample_path else "")
     if res.interrupted:
         click.echo("racesim: interrupted; kept what was found"
@@ -278,6 +289,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
               help="Policy (repeatable) [default: every built-in policy].")
 @click.option("--budget", type=_BUDGET, default=100, show_default=True, help="Runs per cell.")
 @_vllm_option
+@_engine
 @_explore_options
 @click.option("--fail-on-race", is_flag=True,
               help="Exit 1 when a cell races (with --strict, also when one is accounting-only).")
@@ -285,20 +297,27 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
               help="Write the HTML matrix report (and a run report per failing cell).")
 def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: int,
-               vllm: str | None, strict: bool, time_limit: float | None, skip: Sequence[str],
+               vllm: str | None, engine: str | None, strict: bool, time_limit: float | None,
+               skip: Sequence[str],
                strategy: str, seed: int, workers: int | None, dask: str | None, out_dir: str,
                fail_on_race: bool, as_json: bool, html_file: str | None) -> None:
     """Explore every scenario under every policy on the same seeds: which policy closes what.
 
     Exits 0 when it completed, whatever it found; 1 with --fail-on-race and a racing cell."""
     scens = [load_scenario(n).with_vllm(vllm) for n in (scenario_names or bundled_names())]
-    if not scenario_names:  # every bundled scenario the profile can run
+    if not scenario_names:  # every bundled scenario the profile (and backend) can run
         left = [s.name for s in scens if profile_gap(s.workload) is not None]
+        if engine == "vllm":
+            from racesim.engine_vllm import model_only_reason
+
+            left += [s.name for s in scens
+                     if s.name not in left and model_only_reason(s.workload) is not None]
         scens = [s for s in scens if s.name not in left]
         if left:
-            click.echo(f"racesim: matrix on vLLM {vllm} leaves out {', '.join(left)} (they "
-                       f"use engine features not modelled on that profile)", err=True)
-    pols = list(policies or POLICIES)
+            click.echo(f"racesim: matrix on vLLM {vllm} ({engine}) leaves out {', '.join(left)} "
+                       f"(they use engine features not modelled on that profile, or "
+                       f"model-only on that backend)", err=True)
+    pols = list(policies or (("buggy", "internal-id") if engine == "vllm" else POLICIES))
     for p in pols:
         import_from_cwd(p)
         policy_spec(p)
@@ -322,7 +341,8 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     try:
         result = run_matrix(scens, pols, budget=budget, seed=seed, strategy=strategy,
                             workers=workers, dask=dask, skip=skip, out_dir=out,
-                            on_cell=on_cell, progress=bar, time_limit=time_limit)
+                            on_cell=on_cell, progress=bar, time_limit=time_limit,
+                            engine=engine or "model")
     finally:
         bar.close()
     doc = result.document()
@@ -360,6 +380,9 @@ def bench_cmd(quick: bool, as_json: bool) -> None:
     with console.status("benchmarking") as status:
         doc = run_bench(quick=quick, progress=lambda what: status.update(what))
     print_bench(_console(), doc)
+
+
+cli.add_command(conform_cmd)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -8,9 +8,11 @@ from typing import Any
 import click
 
 from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES
+from racesim.engines import ENGINES
 from racesim.sim.strategies import STRATEGIES
 
-__all__ = ["vllm_option", "run_options", "strict_option", "output_options", "explore_options"]
+__all__ = ["vllm_option", "engine_option", "run_options", "strict_option", "output_options",
+           "explore_options"]
 
 
 def vllm_option(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -18,6 +20,13 @@ def vllm_option(f: Callable[..., Any]) -> Callable[..., Any]:
                         help=f"vLLM release profile [default: the scenario's, else "
                              f"{DEFAULT_VLLM}; for list: the widths shown; see "
                              f"'racesim list versions'].")(f)
+
+
+def engine_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--engine", type=click.Choice(list(ENGINES)), default=None,
+                        help="Backend: 'model' (racesim's model of vLLM) or 'vllm' (vLLM's own "
+                             "engine classes, vLLM 0.33.x installed; see README) [default: "
+                             "model; for replay: the file's].")(f)
 
 
 def run_options(f: Callable[..., Any]) -> Callable[..., Any]:

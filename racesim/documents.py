@@ -14,6 +14,7 @@ from typing import Any
 from racesim.engine_model import RunResult
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.points import POINTS
+from racesim.engines import ENGINES
 from racesim.reports.verdict import verdict
 from racesim.scenarios import Scenario, scenario_from_dict
 from racesim.sim import Decision, InputError
@@ -51,6 +52,7 @@ def run_document(scenario: Scenario, policy: str, options: Mapping[str, str],
         "policy": policy,
         "policy_options": dict(options),
         "vllm": result.vllm,
+        "engine": result.engine,
         "seed": result.seed,
         "trace_hash": result.trace_hash,
         "events": result.events,
@@ -81,6 +83,8 @@ class Counterexample:
     reach: str | None = None
     #: the racesim version that wrote the file ("" in files written before it was recorded).
     racesim_version: str = ""
+    #: the backend that found it: "model", or "vllm" (files without the key: the model).
+    engine: str = "model"
 
     @property
     def vllm(self) -> str:
@@ -91,6 +95,7 @@ class Counterexample:
             "format": COUNTEREXAMPLE_FORMAT,
             "racesim_version": self.racesim_version or racesim_version(),
             "vllm": self.vllm,
+            "engine": self.engine,
             "reach": self.reach,
             # the profile is written into the scenario too, so the file replays on it
             "scenario": self.scenario.with_vllm(self.vllm).to_dict(),
@@ -185,11 +190,14 @@ def read_counterexample(path: str) -> Counterexample:
         found_by = {}
     reach = data.get("reach")
     version = data.get("racesim_version")
+    engine = data.get("engine", "model")
+    if engine not in ENGINES:
+        raise InputError(f"{src}: 'engine' must be one of {', '.join(ENGINES)} (got {engine!r})")
     return Counterexample(scenario, policy, options, seed, schedule, tuple(skip),
                           tuple(v for v in violations if isinstance(v, dict)), trace_hash,
                           shrunk if isinstance(shrunk, int) and not isinstance(shrunk, bool)
                           else None, found_by, reach if reach in ("live", "latent") else None,
-                          version if isinstance(version, str) else "")
+                          version if isinstance(version, str) else "", engine)
 
 
 def racesim_version() -> str:

@@ -91,7 +91,6 @@ class ExploreResult:
     baseline_reach: str = "live"
     #: a user policy raised (one line, file:line); the cell has no verdict
     error: str | None = None
-
     @property
     def scenario(self) -> Scenario:
         return self.spec.scenario
@@ -111,6 +110,11 @@ class ExploreResult:
     @property
     def skip(self) -> tuple[str, ...]:
         return self.spec.skip
+
+    @property
+    def engine(self) -> str:
+        """The backend every run used: "model" or "vllm"."""
+        return self.spec.engine
 
     @property
     def first_violation_run(self) -> int | None:
@@ -144,6 +148,7 @@ class ExploreResult:
             "policy": self.policy,
             "policy_options": self.options,
             "vllm": self.scenario.vllm,
+            "engine": self.engine,
             "search": self.reach,
             "strategy": self.strategy,
             "seed": self.seed,
@@ -166,9 +171,11 @@ class ExploreResult:
 
 
 def counterexample_path(out_dir: Path, scenario: str, policy: str, strategy: str,
-                        seed: int) -> Path:
-    """One file per (scenario, policy, strategy, seed): explorations never overwrite another's."""
-    return out_dir / f"{safe_file_name(f'{scenario}__{policy}__{strategy}__seed{seed}')}.json"
+                        seed: int, engine: str = "model") -> Path:
+    """One file per (scenario, policy, strategy, seed, backend): explorations never overwrite
+    another's."""
+    on = "" if engine == "model" else f"__{engine}"
+    return out_dir / f"{safe_file_name(f'{scenario}__{policy}__{strategy}__seed{seed}{on}')}.json"
 
 
 def unshrunk_path(path: Path) -> Path:
@@ -181,7 +188,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             seed: int = 0, workers: int | None = 1, dask: str | None = None,
             skip: Sequence[str] = (), out_dir: Path | None = None,
             progress: Progress | None = None, shrink_runs: int = 400,
-            reach: str = "all") -> ExploreResult:
+            reach: str = "all", engine: str = "model") -> ExploreResult:
     """Explore ``budget`` schedules of ``scenario`` under ``policy`` (run 0 = baseline).
 
     ``reach="live"`` delays only the await points that are live or yield in the scenario's
@@ -196,7 +203,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
         raise InputError(f"--time-limit must be > 0 seconds, got {time_limit}")
     import_from_cwd(policy)  # a module:Class in the current folder, as run and matrix find it
     policy_spec(policy)  # fail fast on an unknown policy, before any worker starts
-    spec = RunSpec.of(scenario, policy, options=options, seed=seed, skip=skip)
+    spec = RunSpec.of(scenario, policy, options=options, seed=seed, skip=skip, engine=engine)
     started = time.monotonic()
     res = ExploreResult(spec, strategy, reach=reach)
     try:
@@ -280,7 +287,7 @@ def _shrink_found(res: ExploreResult, found: RunSummary, standing: frozenset[str
     cx = _counterexample(res, shrunk.scenario, final, len(found.schedule), found.run)
     if out_dir is not None:
         path = counterexample_path(out_dir, spec.scenario.name, spec.policy, res.strategy,
-                                   spec.seed)
+                                   spec.seed, spec.engine)
         write_counterexample(path, cx)
         unshrunk_path(path).unlink(missing_ok=True)  # ours, and now superseded
         res.counterexample_path = str(path)
@@ -309,7 +316,8 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
     return Counterexample(scenario, res.policy, dict(res.options), res.seed, run.schedule,
                           res.skip, violations, run.trace_hash, shrunk_from,
                           {"strategy": res.strategy, "run": found_at,
-                           "shrunk": shrunk_from is not None, "reach": res.reach}, reach)
+                           "shrunk": shrunk_from is not None, "reach": res.reach}, reach,
+                          engine=res.engine)
 
 
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:
@@ -318,6 +326,6 @@ def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: P
         s = RunSummary(s.run, r.trace_hash, r.violated, r.schedule)
     cx = _counterexample(res, res.scenario, s, shrunk_from, s.run)
     path = unshrunk_path(counterexample_path(out_dir, res.scenario.name, res.policy,
-                                             res.strategy, res.seed))
+                                             res.strategy, res.seed, res.engine))
     write_counterexample(path, cx)
     res.counterexample, res.counterexample_path = cx, str(path)

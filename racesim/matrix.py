@@ -64,7 +64,7 @@ def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget
                skip: Sequence[str], out_dir: Path | None,
                on_cell: Callable[[int, int, ExploreResult | None], None] | None = None,
                progress: Callable[[int, int, int], None] | None = None,
-               time_limit: float | None = None) -> MatrixResult:
+               time_limit: float | None = None, engine: str = "model") -> MatrixResult:
     """Explore every cell; ``time_limit`` bounds each cell's exploration (seconds). A user
     policy that raises marks its cells with the error and the matrix goes on."""
     from importlib.metadata import PackageNotFoundError, version
@@ -76,7 +76,7 @@ def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget
     result = MatrixResult([s.name for s in scenarios], list(policies), [], {
         "vllm": sorted({s.vllm for s in scenarios}), "budget": budget, "strategy": strategy,
         "seed": seed, "skip": sorted(skip), "time_limit": time_limit,
-        "racesim": racesim_version})
+        "racesim": racesim_version, "engine": engine})
     total = len(scenarios) * len(policies)
     for scen in scenarios:
         for policy in policies:
@@ -85,10 +85,10 @@ def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget
             try:
                 res = explore(scen, policy, strategy=strategy, budget=budget, seed=seed,
                               workers=workers, dask=dask, skip=skip, out_dir=out_dir,
-                              progress=progress, time_limit=time_limit)
+                              progress=progress, time_limit=time_limit, engine=engine)
             except PolicyError as exc:
-                res = ExploreResult(RunSpec(scen, policy, (), seed, tuple(skip)), strategy,
-                                    error=str(exc))
+                res = ExploreResult(RunSpec(scen, policy, (), seed, tuple(skip), engine),
+                                    strategy, error=str(exc))
             result.cells.append(res)
             if on_cell is not None:
                 on_cell(len(result.cells), total, res)

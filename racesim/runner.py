@@ -13,6 +13,7 @@ from racesim.engine_model import POLICIES, RunResult, load_policy, run_workload
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import LifecyclePolicy, policy_spec
+from racesim.engines import check_engine
 from racesim.reports.commands import replay_command, run_command
 from racesim.scenarios import Scenario
 from racesim.sim import Decider, Decision, DelayPlan, InputError, parse_point_key
@@ -41,21 +42,23 @@ def parse_delay_option(text: str) -> PlanEntry:
 @dataclass(frozen=True, slots=True)
 class RunSpec:
     """What a run is of, apart from its delays: a scenario, a policy and its options, a seed,
-    and the invariants left unchecked. Explore, shrink, matrix and the hypothesis search pass
-    one around (it pickles, for worker processes); :meth:`run` runs it with a delay source."""
+    the invariants left unchecked, and the backend (``engine``). Explore, shrink, matrix and
+    the hypothesis search pass one around (it pickles, for worker processes); :meth:`run` runs
+    it with a delay source."""
 
     scenario: Scenario
     policy: str
     options: tuple[tuple[str, str], ...] = ()
     seed: int = 0
     skip: tuple[str, ...] = ()
+    engine: str = "model"
 
     @classmethod
     def of(cls, scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
-           seed: int = 0, skip: Iterable[str] = ()) -> RunSpec:
+           seed: int = 0, skip: Iterable[str] = (), engine: str = "model") -> RunSpec:
         """A spec with its options sorted and its skipped invariants checked and sorted."""
         return cls(scenario, policy, tuple(sorted((options or {}).items())), seed,
-                   tuple(sorted(check_invariant_names(tuple(skip)))))
+                   tuple(sorted(check_invariant_names(tuple(skip)))), engine)
 
     @property
     def option_dict(self) -> dict[str, str]:
@@ -71,18 +74,23 @@ class RunSpec:
         return run_scenario(self.scenario, self.policy, options=self.option_dict,
                             seed=self.seed, witness=witness, delays=delays, schedule=schedule,
                             decider=decider, skip=self.skip, retain_trace=retain_trace,
-                            hash_trace=hash_trace)
+                            hash_trace=hash_trace, engine=self.engine)
 
 
 def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
                  seed: int = 0, witness: bool = False, delays: Iterable[PlanEntry] = (),
                  schedule: Sequence[Decision] | None = None, decider: Decider | None = None,
                  skip: Iterable[str] = (), retain_trace: bool = True,
-                 hash_trace: bool = True) -> RunResult:
+                 hash_trace: bool = True, engine: str = "model") -> RunResult:
     """One deterministic run. Its delays come from the scenario's ``[delays]``, then ``witness``
     and ``delays`` (which win), then one decider: ``decider`` (exploration) or ``schedule``
-    (a recorded run, replayed exactly by :class:`~racesim.sim.strategies.Replay`)."""
+    (a recorded run, replayed exactly by :class:`~racesim.sim.strategies.Replay`).
+
+    ``engine`` picks the backend: ``"model"`` (racesim's model) or ``"vllm"`` (vLLM's own
+    engine-side classes, :mod:`racesim.engine_vllm`); the same schedule means the same delays
+    at the same await points on both."""
     skip_set = check_invariant_names(tuple(skip))
+    check_engine(engine, scenario.vllm)
     overrides: list[PlanEntry] = []
     if witness:
         if not (scenario.witness or scenario.has_witness):
@@ -97,8 +105,17 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
     import_from_cwd(policy)
     try:
         loaded = load_policy(policy, options)
-        return run_workload(scenario.workload, loaded, seed=seed, plan=plan, skip=skip_set,
-                            retain_trace=retain_trace, hash_trace=hash_trace)
+        run = run_workload
+        if engine == "vllm":
+            from racesim.engine_vllm import run_workload as run
+            from racesim.engine_vllm import unsupported_reason
+
+            why = unsupported_reason(scenario.workload, loaded.name if policy in POLICIES
+                                     else policy, options)
+            if why is not None:
+                raise InputError(why)
+        return run(scenario.workload, loaded, seed=seed, plan=plan, skip=skip_set,
+                   retain_trace=retain_trace, hash_trace=hash_trace)
     except InputError:
         raise
     except Exception as exc:

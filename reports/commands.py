@@ -14,20 +14,23 @@ from racesim.sim.points import Decision
 __all__ = ["replay_command", "run_command"]
 
 
-def replay_command(path: str, policy: str = "") -> str:
+def replay_command(path: str, policy: str = "", engine: str = "model") -> str:
     """The one command that replays a counterexample file (``--allow-import`` when its policy
     is the user's own ``module:Class``: replay imports code only when asked to)."""
     allow = " --allow-import" if policy and policy not in POLICIES else ""
-    return f"racesim replay {shlex.quote(path)}{allow}"
+    on = " --engine vllm" if engine == "vllm" else ""
+    return f"racesim replay {shlex.quote(path)}{allow}{on}"
 
 
 def run_command(scenario: str, policy: str, options: Mapping[str, str], seed: int,
                 schedule: Sequence[Decision], skip: Iterable[str] = (),
-                vllm: str | None = None) -> str:
+                vllm: str | None = None, engine: str = "model") -> str:
     """The one ``racesim run`` command that reproduces a run (its schedule as exact delays)."""
     words = ["racesim", "run", scenario, "-p", policy]
     if vllm:
         words += ["--vllm", vllm]
+    if engine != "model":
+        words += ["--engine", engine]
     for k, v in options.items():
         words += ["--policy-opt", f"{k}={v}"]
     words += ["--seed", str(seed)]

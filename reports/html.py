@@ -174,7 +174,7 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
         "scenario": scenario, "policy": policy, "options": dict(options), "result": result,
         "command": command, "violated": [(n, INVARIANTS.get(n, "")) for n in result.violated],
         "violations": violations, "first": first, "verdict": verdict(result.violated),
-        "vllm": result.vllm,
+        "vllm": result.vllm, "engine": result.engine,
         "reach": (result.reach().describe(result.vllm)
                   if verdict(result.violated) == RACE else ""),
         "policy_summary": _policy_summary(policy),

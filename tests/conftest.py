@@ -8,6 +8,7 @@ and can schedule extra processes before the run starts (``setup``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -48,3 +49,44 @@ def simulate(monkeypatch: pytest.MonkeyPatch) -> Simulate:
         return result, system
 
     return run
+
+
+# -- the vllm backend ----------------------------------------------------------------------------
+
+def under_ci() -> bool:
+    """CI sets CI (any value but empty or "0"): there a test that needs vLLM must not skip."""
+    return os.environ.get("CI", "") not in ("", "0")
+
+
+def vllm_missing() -> str | None:
+    """Why the vllm backend cannot run here, or None (read from metadata: no import)."""
+    from racesim.engines import INSTALL_COMMAND, SUPPORTED_VLLM, installed_vllm
+
+    version = installed_vllm()
+    if version is None:
+        return f"vLLM is not installed ({INSTALL_COMMAND} installs vLLM 0.33 for CPU)"
+    if not any(version.startswith(v) for v in SUPPORTED_VLLM.values()):
+        return f"vLLM {version} is installed; the vllm backend supports 0.33.x"
+    return None
+
+
+@pytest.fixture(scope="session")
+def vllm_backend() -> Any:
+    """vLLM's classes, imported once per test session (10-25 s). Every ``@pytest.mark.vllm``
+    test uses it: locally without vLLM those tests skip and say why; under CI they fail."""
+    why = vllm_missing()
+    if why is not None:
+        if under_ci():
+            pytest.fail(f"CI must run the vllm backend tests: {why}", pytrace=False)
+        pytest.skip(why)
+    from racesim.engine_vllm._vllm import vllm
+
+    return vllm()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = getattr(item, "fixturenames", None)
+        if item.get_closest_marker("vllm") is not None and names is not None \
+                and "vllm_backend" not in names:
+            names.insert(0, "vllm_backend")

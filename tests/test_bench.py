@@ -107,3 +107,27 @@ def test_bare_simpy_counts_steps() -> None:
     steps, seconds = bare_simpy(3, 5)
     # per pair: two process starts, 5 timeouts, 5 triggered events, the sender's end
     assert steps == 3 * 13 and seconds >= 0
+
+
+def test_the_vllm_figure_is_measured_or_says_why_not(doc: dict) -> None:
+    from racesim.engines import installed_vllm
+
+    vllm = doc["vllm"]
+    assert vllm["scenario"] == "abort-reuse" and vllm["vllm"] == "0.33"
+    if (installed_vllm() or "").startswith("0.33."):
+        assert vllm["unavailable"] is None
+        assert doc["vllm_schedules_per_s"] == vllm["vllm_schedules_per_s"] > 0
+        assert vllm["model_schedules_per_s"] > 0 and vllm["runs"] == 8
+    else:
+        assert doc["vllm_schedules_per_s"] is None
+        assert "install-vllm-cpu" in vllm["unavailable"]
+
+
+def test_without_vllm_the_figure_is_unavailable_not_an_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import racesim.bench_vllm as bench_vllm
+
+    monkeypatch.setattr(bench_vllm, "_unavailable", lambda: "vLLM is not installed")
+    section = bench_vllm.measure_vllm(8, 1, lambda _msg: None)
+    assert section["vllm_schedules_per_s"] is None
+    assert section["unavailable"] == "vLLM is not installed"

@@ -16,12 +16,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: Installed name -> folder in the repository (package-dir in pyproject.toml).
 FOLDERS = {"racesim": "racesim", "racesim.sim": "sim", "racesim.engine_model": "engine_model",
-           "racesim.scenarios": "scenarios", "racesim.reports": "reports"}
-LIBRARY = ("sim", "engine_model", "scenarios", "reports")
+           "racesim.scenarios": "scenarios", "racesim.reports": "reports",
+           "racesim.engine_vllm": "engine_vllm"}
+LIBRARY = ("sim", "engine_model", "engine_vllm", "scenarios", "reports")
 #: layer -> the other racesim layers it may import.
 ALLOWED = {
     "sim": set(),
     "engine_model": {"sim"},
+    # the vLLM backend swaps vLLM's own engine classes into the model's World
+    "engine_vllm": {"sim", "engine_model"},
     "scenarios": {"sim", "engine_model"},
     "reports": {"sim", "engine_model", "scenarios"},
 }

@@ -58,13 +58,13 @@ class Mirror:
     xfail: Mapping[str, str] = field(default_factory=dict)  # profile -> documented disagreement
 
 
-def run_mirror(mirror: Mirror, profile: str) -> RunResult:
+def run_mirror(mirror: Mirror, profile: str, engine: str = "model") -> RunResult:
     """Run ``mirror``'s scenario on ``profile`` (the one place a second backend plugs in)."""
     policy, options = LIFECYCLE[profile]
     if mirror.policy is not None:
         policy, options = mirror.policy, dict(mirror.options)
     scenario = load_scenario(str(FIXTURES / mirror.toml_file)).with_vllm(profile)
-    return run_scenario(scenario, policy, options=options, witness=False)
+    return run_scenario(scenario, policy, options=options, witness=False, engine=engine)
 
 
 # --------------------------------------------------------------------------- trace helpers
@@ -401,3 +401,29 @@ def test_every_fixture_is_mirrored_and_names_its_vllm_test() -> None:
         assert f"{test_file}::{test_name}" in summary and "following vllm/" in summary
         assert all(f"profile{'s' if len(m.profiles) > 1 else ''} " in summary
                    and p in summary for p in m.profiles), summary
+
+
+def _vllm_cases() -> list[Any]:
+    """The 0.33 mirrors the vllm backend can run (P/D is model-only there)."""
+    return [pytest.param(m, id=f"{m.name}@0.33:vllm") for m in MIRRORS
+            if "0.33" in m.profiles and "kv_transfer" not in m.toml_file]
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("mirror", _vllm_cases())
+def test_vllm_mirror_on_vllm_backend(mirror: Mirror) -> None:
+    """The same records, run on vLLM 0.33's own Scheduler and KV cache manager."""
+    r = run_mirror(mirror, "0.33", engine="vllm")
+    assert (r.vllm, r.engine) == ("0.33", "vllm")
+    assert r.schedule == () and r.fixed_delays == ()
+    mirror.check(r, "0.33")
+
+
+def test_the_pd_mirror_is_model_only_on_the_vllm_backend() -> None:
+    from racesim.engine_vllm import unsupported_reason
+    from racesim.engine_vllm.support import PD_MODEL_ONLY
+
+    (pd,) = [m for m in MIRRORS if "kv_transfer" in m.toml_file]
+    scenario = load_scenario(str(FIXTURES / pd.toml_file))
+    assert unsupported_reason(scenario.workload, "internal-id") == PD_MODEL_ONLY
+    assert len(_vllm_cases()) == sum("0.33" in m.profiles for m in MIRRORS) - 1

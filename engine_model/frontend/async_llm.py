@@ -39,6 +39,7 @@ from racesim.sim.world import World
 
 if TYPE_CHECKING:
     from racesim.engine_model.frontend.hooks import LifecycleHooks
+    from racesim.engine_model.frontend.state import FrontendState
 
 __all__ = ["AsyncLLM"]
 
@@ -50,14 +51,18 @@ class AsyncLLM:
 
     def __init__(self, world: World, index: int, name: str, engine: int,
                  policy: LifecycleHooks, config: FrontendConfig,
-                 next_inc: Callable[[], int], profile: VllmProfile) -> None:
+                 next_inc: Callable[[], int], profile: VllmProfile,
+                 output_processor: FrontendState | None = None) -> None:
         self.world = world
         self.index = index
         self.name = name
         self.engine = engine
         self.policy = policy
         self.config = config
-        self.output_processor = OutputProcessor(world, name, policy, profile)
+        #: the model's OutputProcessor, or a backend's (vLLM's own, behind an adapter)
+        self.output_processor: FrontendState = (
+            output_processor if output_processor is not None
+            else OutputProcessor(world, name, policy, profile))
         self.input_channel: Channel | None = None
         #: every engine this API server talks to (all of them under data parallelism).
         self.engines: tuple[int, ...] = (engine,)
@@ -100,26 +105,25 @@ class AsyncLLM:
             ids = [f"{i}_{internal}" for i in range(n)]
         collector = RequestOutputCollector(world.env, internal)
         if n > 1:
-            parent = ParentRequest(internal, request_id, collector)
+            parent = ParentRequest(internal, request_id, collector, n=n)
         for index, rid in enumerate(ids):
-            registered = True
-            if rid in op.request_states:
-                if not op.finishes_duplicates:
-                    # OutputProcessor.add_request's ValueError("... already running") leaves
-                    # generate(), whose error path aborts the children already registered
-                    # (n > 1: another client took this child's ID while an earlier child's ADD
-                    # awaited its send).
-                    world.emit(self.name, rid, 0,
-                               FeReject(client_uid, "already running", request_id))
-                    if index > 0:
-                        yield from self.abort(internal, internal=True)
-                    return FinishReason.REJECTED
-                # vLLM 0.33 (async_llm.py:567-585, output_processor.py:663-713): no error; the
-                # old stream is finished, the new request is not registered, its ADD still goes.
-                op.finish_stream(rid)
-                registered = False
+            registered = not op.has_request(rid)
+            if not registered and not op.finishes_duplicates:
+                # OutputProcessor.add_request's ValueError("... already running") leaves
+                # generate(), whose error path aborts the children already registered
+                # (n > 1: another client took this child's ID while an earlier child's ADD
+                # awaited its send).
+                world.emit(self.name, rid, 0,
+                           FeReject(client_uid, "already running", request_id))
+                if index > 0:
+                    yield from self.abort(internal, internal=True)
+                return FinishReason.REJECTED
             req = EngineCoreRequest(rid, request_id, prompt_tokens, max_tokens, self.index,
                                     eos_at, kv_transfer_params, self._next_inc(), prompt, fault)
+            if not registered:
+                # vLLM 0.33 (async_llm.py:567-585, output_processor.py:663-713): no error; the
+                # old stream is finished, the new request is not registered, its ADD still goes.
+                op.finish_stream(req)
             # DPLBAsyncMPClient picks the engine inside add_request_async, before its only
             # await (core_client.py:1607-1617): in the same tick as the registration.
             engine = self.engine if self.dp is None else self.dp.choose(rid, req.inc)
@@ -207,9 +211,9 @@ class AsyncLLM:
         if not ids:
             self.world.emit(self.name, request_id, 0, FeAbortNoop())
             return
-        states = self.output_processor.request_states
-        incs = [states[r].inc for r in ids]
-        engines = None if self.dp is None else [states[r].engine for r in ids]
+        op = self.output_processor
+        incs = [op.inc_of(r) for r in ids]
+        engines = None if self.dp is None else [op.engine_of(r) for r in ids]
         self.world.emit(self.name, request_id, incs[0] if len(incs) == 1 else 0,
                         FeAbortIssue(ids, "abort", engines))
         yield from self.policy.abort(self, ids)
@@ -279,7 +283,7 @@ class AsyncLLM:
                 # Under data parallelism one dead engine fails the whole client.
                 op.fail_engine(msg.engine if self.dp is None else None, msg.reason)
                 continue
-            assert isinstance(msg, EngineCoreOutputs)
+            # EngineCoreOutputs: the model's, or vLLM's own behind a backend's envelope
             outputs = msg.outputs
             if len(outputs) <= chunk:  # one chunk: no slice, no await between chunks
                 reqs_to_abort = op.process_outputs(outputs)

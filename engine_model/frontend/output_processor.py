@@ -50,6 +50,7 @@ class ParentRequest:
     collector: RequestOutputCollector
     child_requests: list[str] = field(default_factory=list)
     finished_children: int = 0
+    n: int = 1
 
 
 @dataclass(slots=True)
@@ -120,6 +121,12 @@ class OutputProcessor:
     def has_request(self, request_id: str) -> bool:
         return request_id in self.request_states
 
+    def inc_of(self, request_id: str) -> int:
+        return self.request_states[request_id].inc
+
+    def engine_of(self, request_id: str) -> int:
+        return self.request_states[request_id].engine
+
     def open_session(self, request_id: str) -> None:
         """The first chunk of a streaming-input session was registered."""
         state = self.request_states[request_id]
@@ -134,7 +141,7 @@ class OutputProcessor:
         queue = state.input_chunk_queue
         if not resumable:
             if queue is None:
-                self.finish_stream(request_id)
+                self._end_stream(state)
             elif queue:
                 queue[-1] = True
             else:
@@ -146,13 +153,25 @@ class OutputProcessor:
         else:
             queue.append(False)
 
-    def finish_stream(self, request_id: str) -> None:
+    def finish_stream(self, request: EngineCoreRequest) -> None:
         """vLLM 0.33 ``_update_streaming_request_state`` for a non-resumable add of an ID that
         is still here (output_processor.py:695-713): the old request's state is dropped with no
         stats, and its client's stream ends with STREAM_FINISHED."""
-        state = self.request_states[request_id]
+        self._end_stream(self.request_states[request.request_id])
+
+    def _end_stream(self, state: RequestState) -> None:
         if not state.finished:
-            self._deliver(state, [], FinishReason.STREAM_FINISHED)
+            if state.parent is None:
+                self._deliver(state, [], FinishReason.STREAM_FINISHED)
+            else:
+                # n > 1: STREAM_FINISHED (finished=True) goes straight into the queue the
+                # children share (output_processor.py:703-707), not through ParentRequest, so
+                # the parent's stream ends at its first child's same-ID add.
+                state.collector.put(RequestOutput(
+                    state.external_req_id,
+                    [CompletionOutput(state.index, [], FinishReason.STREAM_FINISHED)], True))
+                self.world.emit(self.component, state.request_id, state.inc,
+                                FeOutput(0, FinishReason.STREAM_FINISHED))
         self._pop(state, "stream-finished")
 
     def live_ids(self) -> list[tuple[str, int]]:

@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING
 from racesim.engine_model.monitors.truth import GroundTruth, Reporter
 
 if TYPE_CHECKING:
-    from racesim.engine_model.engine_core import EngineCore
     from racesim.engine_model.frontend.async_llm import AsyncLLM
-    from racesim.engine_model.system_view import SystemView
+    from racesim.engine_model.system_view import EngineView, SystemView
 
 __all__ = ["LeakAudit"]
 
@@ -42,7 +41,7 @@ class LeakAudit:
             if all(system.engines[e].dead is None for e in fe.engines):
                 self._frontend(fe, now)
 
-    def _engine(self, engine: EngineCore, now: float | int) -> None:
+    def _engine(self, engine: EngineView, now: float | int) -> None:
         truth = self.truth
         leaky = truth.leaky
         name = engine.name

@@ -1,0 +1,169 @@
+"""vLLM 0.33's own classes, imported once per process, and the objects a run builds from them.
+
+Importing vLLM takes seconds, so it happens on the first run of a process and is reused; so is
+the ``VllmConfig`` of each engine shape (``ModelConfig`` inspects the model in a subprocess the
+first time, then reads ``VLLM_CACHE_ROOT``). A run builds only what holds request state: a fresh
+``Scheduler`` (with its ``KVCacheManager``) per engine. The model is a folder holding one tiny
+OPT ``config.json`` (no weights, no tokenizer); tokens come from the fake executor.
+
+Determinism: every ``Request`` gets a simulated ``arrival_time`` (never ``time.time()``), block
+hashes use sha256 (``init_none_hash``), and ``random_uuid`` in ``InputProcessor.assign_request_id``
+is replaced, for each call, by a draw from the World's RNG.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+__all__ = ["vllm", "VllmEngineShape", "new_scheduler", "new_request", "assign_request_id",
+           "BLOCK_SIZE_ATTR"]
+
+BLOCK_SIZE_ATTR = "block_size"
+
+_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "ERROR", "TRANSFORMERS_OFFLINE": "1"}
+
+
+class _Vllm:
+    """The vLLM names the backend uses, bound on first use (one import per process)."""
+
+    def __init__(self) -> None:
+        for key, value in _ENV.items():
+            os.environ.setdefault(key, value)
+        import torch
+        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.outputs import STREAM_FINISHED
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.engine import EngineCoreRequest, FinishReason, input_processor
+        from vllm.v1.engine.exceptions import EngineDeadError
+        from vllm.v1.engine.output_processor import OutputProcessor
+        from vllm.v1.engine.parallel_sampling import ParentRequest
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request, RequestStatus
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        self.torch = torch
+        self.CacheConfig, self.ModelConfig = CacheConfig, ModelConfig
+        self.SchedulerConfig, self.VllmConfig = SchedulerConfig, VllmConfig
+        self.SamplingParams, self.RequestOutputKind = SamplingParams, RequestOutputKind
+        self.Scheduler, self.AsyncScheduler = Scheduler, AsyncScheduler
+        self.EngineCoreRequest, self.FinishReason = EngineCoreRequest, FinishReason
+        self.input_processor = input_processor
+        self.OutputProcessor, self.ParentRequest = OutputProcessor, ParentRequest
+        self.STREAM_FINISHED, self.EngineDeadError = STREAM_FINISHED, EngineDeadError
+        self.FullAttentionSpec, self.KVCacheConfig = FullAttentionSpec, KVCacheConfig
+        self.KVCacheGroupSpec = KVCacheGroupSpec
+        self.ModelRunnerOutput = ModelRunnerOutput
+        self.Request, self.RequestStatus = Request, RequestStatus
+        self.StructuredOutputManager = StructuredOutputManager
+        # NONE_HASH from sha256, so block hashes do not depend on the process (kv_cache_utils.py)
+        init_none_hash(sha256)
+        self._hashers: dict[int, Any] = {}
+        self._hasher_factory = (get_request_block_hasher, sha256)
+        import vllm
+
+        self.version: str = vllm.__version__
+
+    def block_hasher(self, block_size: int) -> Any:
+        hasher = self._hashers.get(block_size)
+        if hasher is None:
+            factory, hash_fn = self._hasher_factory
+            hasher = self._hashers[block_size] = factory(block_size, hash_fn)
+        return hasher
+
+
+@cache
+def vllm() -> _Vllm:
+    """vLLM's classes (imported on the first call in a process)."""
+    return _Vllm()
+
+
+@dataclass(frozen=True, slots=True)
+class VllmEngineShape:
+    """What a ``VllmConfig`` depends on: one scenario engine's limits and scheduling mode."""
+
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    async_scheduling: bool
+    prefix_caching: bool
+
+
+@cache
+def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
+    v = vllm()
+    model = str(resources.files("racesim.engine_vllm") / "tiny_model")
+    mc = v.ModelConfig(model=model, skip_tokenizer_init=True, max_model_len=shape.max_model_len)
+    sc = v.SchedulerConfig(max_model_len=shape.max_model_len, is_encoder_decoder=False,
+                           max_num_seqs=shape.max_num_seqs,
+                           max_num_batched_tokens=shape.max_num_batched_tokens,
+                           async_scheduling=shape.async_scheduling)
+    cc = v.CacheConfig(block_size=shape.block_size,
+                       enable_prefix_caching=shape.prefix_caching)
+    vc = v.VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc)
+    # CpuPlatform switches async scheduling off (platforms/cpu.py:348): put the scenario's back.
+    vc.scheduler_config.async_scheduling = shape.async_scheduling
+    # BlockPool keeps block 0 as its null block (block_pool.py): one more gives the scenario's
+    # num_blocks usable blocks, as the model has. EngineCore sets num_gpu_blocks from the KV
+    # memory; the Scheduler asserts it is set.
+    vc.cache_config.num_gpu_blocks = shape.num_blocks + 1
+    spec = v.FullAttentionSpec(block_size=shape.block_size, num_kv_heads=1, head_size=1,
+                               dtype=v.torch.float32)
+    return vc, spec
+
+
+def new_scheduler(shape: VllmEngineShape) -> Any:
+    """A fresh ``Scheduler`` (``AsyncScheduler`` under async scheduling, as
+    ``SchedulerConfig.get_scheduler_cls`` picks, config/scheduler.py:231)."""
+    v = vllm()
+    vc, spec = _config(shape)
+    kvc = v.KVCacheConfig(num_blocks=shape.num_blocks + 1, kv_cache_tensors=[],
+                          kv_cache_groups=[v.KVCacheGroupSpec(["layer"], spec)])
+    cls = v.AsyncScheduler if shape.async_scheduling else v.Scheduler
+    return cls(vllm_config=vc, kv_cache_config=kvc,
+               structured_output_manager=v.StructuredOutputManager(vc),
+               block_size=shape.block_size, log_stats=False)
+
+
+def new_request(request_id: str, prompt_token_ids: list[int], max_tokens: int, client_index: int,
+                arrival_time: float, block_size: int, stop_ids: Any) -> Any:
+    """A vLLM ``Request`` as ``EngineCoreProc.preprocess_add_request`` builds it
+    (``Request.from_engine_core_request``, vllm/v1/request.py:244)."""
+    v = vllm()
+    sp = v.SamplingParams(max_tokens=max_tokens, detokenize=False,
+                          output_kind=v.RequestOutputKind.DELTA)
+    sp.stop_token_ids = stop_ids  # the fake vocabulary's end-of-sequence tokens
+    ecr = v.EngineCoreRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
+                              mm_features=None, sampling_params=sp, pooling_params=None,
+                              arrival_time=arrival_time, lora_request=None, cache_salt=None,
+                              data_parallel_rank=None, client_index=client_index)
+    return v.Request.from_engine_core_request(ecr, v.block_hasher(block_size))
+
+
+def assign_request_id(request_id: str, draw: Any) -> str:
+    """The internal ID vLLM's own ``InputProcessor.assign_request_id`` gives ``request_id``
+    (input_processor.py:354-371), with ``draw()`` standing in for ``random_uuid``."""
+    v = vllm()
+    sp = v.SamplingParams(max_tokens=1, detokenize=False)
+    ecr = v.EngineCoreRequest(request_id=request_id, prompt_token_ids=[3], mm_features=None,
+                              sampling_params=sp, pooling_params=None, arrival_time=0.0,
+                              lora_request=None, cache_salt=None, data_parallel_rank=None)
+    module = v.input_processor
+    saved = module.random_uuid  # it is bound in that module (input_processor.py:31)
+    module.random_uuid = draw
+    try:
+        v.input_processor.InputProcessor.assign_request_id(ecr)
+    finally:
+        module.random_uuid = saved
+    return str(ecr.request_id)

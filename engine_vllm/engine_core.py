@@ -1,0 +1,391 @@
+"""An EngineCore whose engine-side state is vLLM's own: its Scheduler and KVCacheManager.
+
+The simulated parts are the model's (racesim.engine_model.engine_core): the input thread
+(``engine.input:preprocess``), the busy loop that applies inputs between steps, the eager
+``aborts_queue`` and the GPU timing (``engine.step:execute``, ``engine.step:update_from_output``).
+At each call site the real object is called instead of the model's, in the order of
+``EngineCore.step`` / ``step_with_batch_queue`` (vllm/v1/engine/core.py:667-800): schedule ->
+execute -> ``_process_aborts_queue`` -> ``update_from_output``. The model runner stays the
+model's (the fake executor: its sampled tokens carry their incarnation through ``Vocabulary``).
+An exception from vLLM's code is what kills EngineCoreProc (core.py:1582-1587): the engine dies.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator
+from typing import Any
+
+import simpy
+
+from racesim.engine_model.config import EngineConfig
+from racesim.engine_model.events.engine import (
+    EngineFatalEvent,
+    SchedAbortMiss,
+    SchedAdd,
+    SchedDuplicate,
+    SchedFinish,
+    SchedPreempt,
+    SchedStep,
+    SchedUpdate,
+)
+from racesim.engine_model.messages import (
+    AbortMessage,
+    EngineCoreRequest,
+    EngineDead,
+)
+from racesim.engine_model.runner import ModelRunner
+from racesim.engine_model.scheduler import NewRequestData, SchedulerOutput
+from racesim.engine_model.versions import VllmProfile
+from racesim.engine_vllm import _vllm
+from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
+from racesim.engine_vllm.views import EosIds, KvShadow, SchedulerView, Vocabulary
+from racesim.sim.world import World
+
+__all__ = ["VllmEngineCore"]
+
+_EOS = EosIds([Vocabulary.BASE + 1])
+_REASON = {"STOP": "stop", "LENGTH": "length", "ABORT": "abort", "ERROR": "error"}
+
+
+def _reason(finish: Any) -> str | None:
+    """vLLM's FinishReason as the trace writes it (its ``__str__``: "stop", "length", ...)."""
+    return str(finish) if finish is not None else None
+
+
+class _Fatal(Exception):
+    """An exception raised by vLLM's code inside the engine: EngineCoreProc dies of it."""
+
+
+class VllmEngineCore:
+    """One engine process running vLLM's Scheduler; ``index`` is its place in the system."""
+
+    def __init__(self, world: World, index: int, name: str, config: EngineConfig,
+                 policy: Any, profile: VllmProfile, *, max_model_len: int) -> None:
+        self.world = world
+        self.index = index
+        self.name = name
+        self.config = config
+        self.policy = policy
+        v = _vllm.vllm()
+        self._v = v
+        shape = _vllm.VllmEngineShape(config.num_blocks, config.block_size, config.max_num_seqs,
+                                      config.max_num_batched_tokens, max_model_len,
+                                      bool(config.async_scheduling),
+                                      bool(config.prefix_caching))
+        self.sched = _vllm.new_scheduler(shape)
+        #: ground truth by object: id(Request) -> (the Request, its incarnation, eos_at)
+        self._truth: dict[int, tuple[Any, int, int | None]] = {}
+        self.kv = KvShadow(world, f"{name}.kv", self.sched.kv_cache_manager, self._inc_of_id,
+                           shape.prefix_caching)
+        #: prompt name -> its number, which its token ids spell (equal names, equal tokens)
+        self._prompts: dict[str, int] = {}
+        self.scheduler = SchedulerView(self.sched, self._inc_of)
+        self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling))
+        self.vocab = Vocabulary()
+        self.connector = None
+        self._idle_clears_aborts = profile.idle_clears_aborts
+        self.output_channels: dict[int, Any] = {}
+        self.notify_channels: dict[int, Any] = {}
+        self.dead: str | None = None
+        self._inbox: deque[Any] = deque()
+        self.input_queue: deque[tuple[str, Any]] = deque()
+        self.aborts_queue: deque[AbortMessage] = deque()
+        self._input_wakeup: simpy.Event | None = None
+        self._loop_wakeup: simpy.Event | None = None
+        self._batch_queue: deque[tuple[simpy.Event, Any, int]] = deque()
+        self._max_batches = 2 if config.async_scheduling else 1
+        self._gpu_free_at = 0.0
+        self._step_no = 0
+        self._c_input = f"{name}.input"
+        self._c_core = f"{name}.core"
+        self._c_sched = f"{name}.scheduler"
+        world.env.process(self._input_thread())
+        world.env.process(self._busy_loop())
+
+    # -- ground truth ---------------------------------------------------------------------------
+
+    def _inc_of(self, req: Any) -> int:
+        entry = self._truth.get(id(req))
+        return entry[1] if entry is not None and entry[0] is req else 0
+
+    def _inc_of_id(self, rid: str) -> int:
+        req = self.sched.requests.get(rid)
+        return self._inc_of(req) if req is not None else 0
+
+    # -- sockets --------------------------------------------------------------------------------
+
+    def deliver(self, msg: Any) -> None:
+        """A message arrived on the input socket."""
+        self._inbox.append(msg)
+        ev = self._input_wakeup
+        if ev is not None and not ev.triggered:
+            ev.succeed()
+
+    def _wake_loop(self) -> None:
+        ev = self._loop_wakeup
+        if ev is not None and not ev.triggered:
+            ev.succeed()
+
+    # -- input thread (EngineCoreProc.process_input_sockets) ------------------------------------
+
+    def _input_thread(self) -> Generator[simpy.Event, Any, None]:
+        world = self.world
+        inbox = self._inbox
+        while True:
+            while not inbox:
+                self._input_wakeup = world.env.event()
+                yield self._input_wakeup
+            msg = inbox.popleft()
+            ev = world.sleep("engine.input:preprocess", self.config.preprocess_time,
+                             self._c_input)
+            if ev is not None:
+                yield ev
+            if self.dead is not None:
+                continue
+            if isinstance(msg, EngineCoreRequest):
+                self.input_queue.append(("add", self._preprocess(msg)))
+            elif isinstance(msg, AbortMessage):
+                if self.config.eager_aborts:
+                    self.aborts_queue.append(msg)
+                self.input_queue.append(("abort", msg))
+            self._wake_loop()
+
+    def _preprocess(self, msg: EngineCoreRequest) -> Any:
+        """preprocess_add_request: the vLLM Request, its incarnation kept by the object."""
+        req = _vllm.new_request(msg.request_id, self._prompt_ids(msg), msg.max_tokens,
+                                msg.client_index, float(self.world.now), self.config.block_size,
+                                _EOS)
+        self._truth[id(req)] = (req, msg.inc, msg.eos_at)
+        return req
+
+    def _prompt_ids(self, msg: EngineCoreRequest) -> list[int]:
+        """The prompt's token ids: requests naming one prompt get equal ids (so vLLM's block
+        hashes, and prefix hits, match the model's); an unnamed prompt is its incarnation's
+        own, as in the model (``Request.prompt``). The prompt's number is spelled in base 1000
+        in its first tokens (all below the fake vocabulary's output ids); the rest are 3."""
+        key = msg.prompt or f"#inc{msg.inc}"
+        code = self._prompts.get(key)
+        if code is None:
+            code = self._prompts[key] = len(self._prompts)
+        digits = [1 + code % 1000]
+        while code >= 1000:
+            code //= 1000
+            digits.append(1 + code % 1000)
+        n = msg.prompt_tokens
+        return (digits + [3] * n)[:n]
+
+    # -- busy loop (EngineCoreProc.run_busy_loop) -----------------------------------------------
+
+    def _busy_loop(self) -> Generator[simpy.Event, Any, None]:
+        sched = self.sched
+        try:
+            while self.dead is None:
+                while not self.input_queue and not sched.has_requests() and not self._batch_queue:
+                    if self._idle_clears_aborts:
+                        self.aborts_queue.clear()  # 0.33 core.py:1204-1207
+                    yield from self._idle_wait()
+                while self.input_queue:
+                    self._apply_input(*self.input_queue.popleft())
+                progressed = yield from self._step()
+                if not progressed and not self.input_queue:
+                    # nothing could be scheduled: the real loop spins until an input arrives
+                    if self.aborts_queue:
+                        if sched.has_requests() or self._batch_queue:
+                            self._process_aborts_queue()
+                        elif self._idle_clears_aborts:
+                            self.aborts_queue.clear()
+                    yield from self._idle_wait()
+        except _Fatal as exc:
+            self._die(str(exc))
+
+    def _idle_wait(self) -> Generator[simpy.Event, Any, None]:
+        self._loop_wakeup = self.world.env.event()
+        yield self._loop_wakeup
+        self._loop_wakeup = None
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as exc:  # EngineCoreProc dies of anything its step raises
+            raise _Fatal(f"{type(exc).__name__}: {exc}") from None
+
+    def _apply_input(self, kind: str, payload: Any) -> None:
+        if kind == "add":
+            self._add(payload)
+        else:
+            self._abort(payload, "abort")
+
+    def _add(self, req: Any) -> None:
+        rid = req.request_id
+        prev = self.sched.requests.get(rid)
+        inc = self._inc_of(req)
+        if prev is not None:
+            # vLLM 0.33 scheduler.py:2931-2936 asserts "duplicate request id": record it, let the
+            # real assert fire.
+            self.world.emit(self._c_sched, rid, inc, SchedDuplicate(self._inc_of(prev)))
+        self._call(self.sched.add_request, req)
+        self.world.emit(self._c_sched, rid, inc, SchedAdd(0))
+
+    def _abort(self, msg: AbortMessage, cause: str) -> None:
+        # One ID per call: finish_requests iterates a set of the IDs it is given
+        # (scheduler.py:2983), whose order would depend on PYTHONHASHSEED.
+        for rid in msg.request_ids:
+            req = self.sched.requests.get(rid)
+            if req is None or req.is_finished():
+                self.world.emit(self._c_sched, rid, self._inc_of(req) if req is not None else 0,
+                                SchedAbortMiss(cause, msg.tag))
+                continue
+            inc = self._inc_of(req)
+            status = self._v.RequestStatus.FINISHED_ABORTED
+            self._call(self.sched.finish_requests, rid, status)
+            self.world.emit(self._c_sched, rid, inc,
+                            SchedFinish("FINISHED_ABORTED", cause, msg.tag))
+            self.kv.sync({rid: inc})
+
+    def _process_aborts_queue(self) -> None:
+        while self.aborts_queue:
+            self._abort(self.aborts_queue.popleft(), "abort(eager)")
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def _step(self) -> Generator[simpy.Event, Any, bool]:
+        """One pass of step / step_with_batch_queue. Returns whether anything ran."""
+        sched = self.sched
+        queue = self._batch_queue
+        if sched.has_requests():
+            so = self._call(sched.schedule)
+            self._step_no += 1
+            self._synced_schedule(so)
+            executed = so.total_num_scheduled_tokens > 0
+            if executed or so.finished_req_ids:
+                self._record_step(so)
+                queue.append((self._submit(so, executed), so, self._step_no))
+                if executed and len(queue) < self._max_batches:
+                    return True  # async: do not block on the step in flight
+            elif not queue:
+                return False
+        elif not queue:
+            return False
+        future, so, step = queue.popleft()
+        if not future.processed:
+            yield future
+        mro = future.value
+        if self.aborts_queue:
+            self._process_aborts_queue()  # core.py: just before update_from_output
+        ev = self.world.sleep("engine.step:update_from_output", 0.0, self._c_core)
+        if ev is not None:
+            yield ev
+        self._update(so, mro, step)
+        return True
+
+    def _synced_schedule(self, so: Any) -> None:
+        """The block tables and preemptions of one ``schedule()``: a new table's leading blocks
+        are the prefix hits, the tokens it had computed before this step."""
+        requests = self.sched.requests
+        bs = self.config.block_size
+        hits = {}
+        if self.kv.caching:
+            for rid, n in so.num_scheduled_tokens.items():
+                req = requests.get(rid)
+                if req is not None and req.num_computed_tokens > n:
+                    hits[rid] = (req.num_computed_tokens - n) // bs
+        self.kv.sync(None, hits)
+        for rid in sorted(so.preempted_req_ids or ()):
+            req = requests.get(rid)
+            if req is not None:
+                # scheduler.py:1799-1843: blocks freed, recomputed from waiting; output in
+                # flight (async) is stale
+                stale = req.num_stale_output_tokens
+                self.world.emit(self._c_sched, rid, self._inc_of(req),
+                                SchedPreempt(stale if stale else None))
+
+    def _record_step(self, so: Any) -> None:
+        requests = self.sched.requests
+        batch = [[rid, self._inc_of(requests.get(rid)), n]
+                 for rid, n in so.num_scheduled_tokens.items()]
+        self.world.emit(self._c_sched, None, 0,
+                        SchedStep(self._step_no, batch, sorted(so.finished_req_ids)))
+
+    def _submit(self, so: Any, executes: bool) -> simpy.Event:
+        """execute_model(non_block=True) on the fake executor: the model's runner computes the
+        step's tokens now; they are ready when the GPU queue reaches this step."""
+        world = self.world
+        now = world.now
+        sampled = self.runner.execute_model(self._runner_input(so))
+        vocab = self.vocab
+        req_ids = list(so.num_scheduled_tokens)
+        mro = self._v.ModelRunnerOutput(
+            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[[vocab.encode(sampled[r])] if r in sampled else []
+                               for r in req_ids])
+        delay = world.pause("engine.step:execute", self.config.step_time, self._c_core) \
+            if executes else 0.0
+        start = self._gpu_free_at if self._gpu_free_at > now else now
+        self._gpu_free_at = start + delay
+        return world.env.timeout(self._gpu_free_at - now, mro)
+
+    def _runner_input(self, so: Any) -> SchedulerOutput:
+        """The vLLM SchedulerOutput as the model's runner reads it (IDs, counts, new requests
+        with their incarnation, found through the scheduled Request object)."""
+        requests = self.sched.requests
+        new = []
+        for nr in so.scheduled_new_reqs:
+            req = requests.get(nr.req_id)
+            entry = self._truth.get(id(req))
+            inc, eos_at = (entry[1], entry[2]) if entry is not None else (0, None)
+            new.append(NewRequestData(nr.req_id, inc, len(nr.prompt_token_ids or ()), eos_at,
+                                      nr.num_computed_tokens))
+        cached = so.scheduled_cached_reqs
+        computed = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs}
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        return SchedulerOutput(self._step_no, scheduled_new_reqs=new,
+                               scheduled_cached_reqs=list(cached.req_ids),
+                               num_scheduled_tokens=dict(so.num_scheduled_tokens),
+                               num_computed_tokens=computed,
+                               finished_req_ids=sorted(so.finished_req_ids))
+
+    def _update(self, so: Any, mro: Any, step: int) -> None:
+        requests = self.sched.requests
+        objects = {rid: requests.get(rid) for rid in so.num_scheduled_tokens}
+        before = {rid: (len(r.output_token_ids) if r is not None else 0)
+                  for rid, r in objects.items()}
+        outs = self._call(self.sched.update_from_output, so, mro)
+        vocab = self.vocab
+        applied = []
+        finished: dict[str, int] = {}
+        for rid, req in objects.items():
+            if req is None:
+                continue
+            inc = self._inc_of(req)
+            for t in list(req.output_token_ids)[before[rid]:]:
+                token = vocab.decode(t)
+                applied.append([rid, inc, token.inc, token.ctx])
+            if req.is_finished() and requests.get(rid) is not req:
+                finished[rid] = inc
+                reason = _REASON.get(req.get_finished_reason().name, "stop")
+                self.world.emit(self._c_sched, rid, inc, SchedFinish(req.status.name, reason))
+        self.kv.sync(finished)
+        if objects:
+            self.world.emit(self._c_sched, None, 0, SchedUpdate(step, applied))
+        for client in sorted(outs or {}):
+            real = outs[client]
+            channel = self.output_channels.get(client)
+            if channel is None or not real.outputs:
+                continue
+            # vLLM's own outputs go to the frontend; their incarnations ride beside them
+            envelopes = tuple(
+                Envelope(o, finished.get(o.request_id) or self._inc_of(objects.get(o.request_id)))
+                for o in real.outputs)
+            channel.send(EngineCoreOutputs(self.index, envelopes, real),
+                         [e.output.request_id for e in envelopes],
+                         outputs=[[e.output.request_id, e.inc, len(e.output.new_token_ids),
+                                   _reason(e.output.finish_reason)] for e in envelopes])
+
+    # -- death ----------------------------------------------------------------------------------
+
+    def _die(self, reason: str) -> None:
+        self.dead = reason
+        self.world.emit(self._c_core, None, 0, EngineFatalEvent(reason))
+        for client in sorted(self.output_channels):
+            self.output_channels[client].send(EngineDead(self.index, reason), ["*"])

@@ -1,0 +1,371 @@
+"""Each API server's request state is vLLM 0.33's own ``OutputProcessor``, behind a thin adapter.
+
+AsyncLLM's tasks and await points stay the model's (racesim.engine_model.frontend.async_llm);
+at each of its calls into the output processor the adapter calls vLLM's
+``vllm/v1/engine/output_processor.py`` instead, and records the trace events the model's
+OutputProcessor records, with the same meaning, so the monitors read both backends alike:
+
+- ``add_request`` -> ``OutputProcessor.add_request`` (:663), with a real ``EngineCoreRequest``
+  (``external_req_id`` set) and, for n > 1, vLLM's ``ParentRequest`` (parallel_sampling.py)
+  with all its children named by ``get_child_info`` before the first is registered, as
+  ``AsyncLLM.add_request`` does (async_llm.py:542-555);
+- a same-ID add (``finish_stream``) -> the same ``add_request``, whose non-resumable streaming
+  update finishes the old state and puts STREAM_FINISHED (:695-713);
+- an abort -> ``abort_requests(ids, internal)`` (:596-660). vLLM resolves and pops in that one
+  call; the model resolves in ``flatten_req_to_abort`` and pops in the policy's
+  ``abort_requests`` right after, with no await between (the policies this backend runs), so
+  the adapter calls vLLM's at the first and records the pops at the second;
+- each engine output -> ``process_outputs([output])`` (:734): one output per call, so the
+  events of each output follow it as in the model; vLLM's loop keeps no state across outputs.
+
+Ground truth never comes from IDs: every registration gets its own queue object bound to its
+incarnation and client, and each ``RequestState`` is mapped back by the object. vLLM's
+``RequestOutputCollector`` is asyncio; the queue's ``put`` converts vLLM's ``RequestOutput`` to
+the model's and puts it into the model's simpy collector (tokens decode through the fake
+vocabulary, which carries their incarnation).
+
+Stats: the adapter runs vLLM with ``log_stats=False``, which computes none. ``fe.stats`` is
+recorded where vLLM's ``process_outputs`` calls ``_update_stats_from_finished`` (:884-887):
+a state it finished on an engine output or a stop string; aborts made here are not counted
+(:652-660 only updates ``lora_states``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from racesim.engine_model.events.frontend import (
+    FeAbortIssue,
+    FeAdd,
+    FeDrop,
+    FeError,
+    FeOutput,
+    FePop,
+    FeStats,
+)
+from racesim.engine_model.frontend.output_processor import ParentRequest
+from racesim.engine_model.frontend.outputs import (
+    CompletionOutput,
+    RequestOutput,
+    RequestOutputCollector,
+)
+from racesim.engine_model.messages import EngineCoreRequest, FinishReason
+from racesim.engine_vllm import _vllm
+from racesim.engine_vllm.views import Vocabulary
+from racesim.sim.world import World
+
+__all__ = ["VllmOutputProcessor", "EngineCoreOutputs", "Envelope", "StopTokenizer"]
+
+_PROMPT_TOKEN = 3
+
+
+class Envelope:
+    """One of vLLM's ``EngineCoreOutput`` on the wire, with its incarnation beside it (ground
+    truth, read only for ``fe.drop``)."""
+
+    __slots__ = ("output", "inc")
+
+    def __init__(self, output: Any, inc: int) -> None:
+        self.output = output
+        self.inc = inc
+
+
+class EngineCoreOutputs:
+    """What the engine sends a frontend: vLLM's ``EngineCoreOutputs`` (kept as ``real``) with
+    each output in an :class:`Envelope`. Named as vLLM's, which the trace and reports show."""
+
+    __slots__ = ("engine", "outputs", "real")
+
+    def __init__(self, engine: int, outputs: tuple[Envelope, ...], real: Any) -> None:
+        self.engine = engine
+        self.outputs = outputs
+        self.real = real
+
+
+class StopTokenizer:
+    """A deterministic tokenizer that vLLM's ``SlowIncrementalDetokenizer`` accepts: every
+    output token is the one character ``a`` (the prompt's are ``p``). A scenario's
+    ``stop_string_at = N`` becomes the stop string ``a`` * N, which the N-th output token
+    completes (detokenizer.py:99-160)."""
+
+    is_fast = False
+
+    def __len__(self) -> int:
+        return 1 << 62  # every id is in range (detokenizer_utils.py: ``< len(tokenizer)``)
+
+    def convert_ids_to_tokens(self, ids: list[int], skip_special_tokens: bool = False,
+                              ) -> list[str]:
+        return ["p" if i == _PROMPT_TOKEN else "a" for i in ids]
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        return "".join(tokens)
+
+    def get_added_vocab(self) -> dict[str, int]:
+        return {}
+
+
+class _OrderedIds:
+    """``ParentRequest.child_requests`` in insertion order: vLLM keeps a set of strings, whose
+    order (PYTHONHASHSEED) decides the order of an abort's children (output_processor.py:651)."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self) -> None:
+        self._ids: dict[str, None] = {}
+
+    def add(self, rid: str) -> None:
+        self._ids[rid] = None
+
+    def remove(self, rid: str) -> None:
+        del self._ids[rid]
+
+    def discard(self, rid: str) -> None:
+        self._ids.pop(rid, None)
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._ids
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._ids))
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+class _Queue:
+    """The queue vLLM's RequestState puts into, for one registration: converts each
+    ``RequestOutput`` and feeds the model's simpy collector. Bound to its incarnation."""
+
+    __slots__ = ("op", "collector", "rid", "external", "index", "inc", "uid", "top", "state")
+
+    def __init__(self, op: VllmOutputProcessor, collector: RequestOutputCollector, rid: str,
+                 external: str, index: int, inc: int, uid: int, top: str) -> None:
+        self.op = op
+        self.collector = collector
+        self.rid = rid
+        self.external = external
+        self.index = index
+        self.inc = inc
+        self.uid = uid
+        self.top = top
+        self.state: Any = None  # vLLM's RequestState this queue belongs to
+
+    def put(self, output: Any) -> None:
+        op = self.op
+        if isinstance(output, Exception):
+            error = f"{type(output).__name__}: {op.dead_reason}"  # the model's error text
+            self.collector.put(RequestOutput(self.external, [], True, None, error))
+            op.world.emit(op.component, self.rid, self.inc, FeError(self.uid, self.top))
+            return
+        if output is op.v.STREAM_FINISHED:
+            # vLLM's sentinel (outputs=[], finished=True): the model's marker for a stream that
+            # ended with no finish reason
+            completions = [CompletionOutput(self.index, [], FinishReason.STREAM_FINISHED)]
+            finished = True
+        else:
+            decode = op.vocab.decode
+            completions = [CompletionOutput(c.index, [decode(t) for t in c.token_ids],
+                                            c.finish_reason) for c in output.outputs]
+            finished = bool(output.finished)
+        self.collector.put(RequestOutput(self.external, completions, finished))
+        trace = op.world.trace
+        if trace.reads(FeOutput.KIND):
+            for c in completions:
+                trace.emit(op.component, self.rid, self.inc,
+                           FeOutput(len(c.tokens), c.finish_reason))
+        else:
+            trace.skip()
+
+
+class VllmOutputProcessor:
+    """One API server's request state: vLLM's ``OutputProcessor``, with the model's
+    interface (:class:`racesim.engine_model.frontend.state.FrontendState`)."""
+
+    finishes_duplicates = True  # vLLM 0.33's streaming-update path (output_processor.py:672)
+    #: data parallelism is model-only on this backend (support.model_only_reason)
+    dp = False
+
+    def __init__(self, world: World, component: str, engine: int, vocab: Vocabulary,
+                 client_index: int) -> None:
+        self.world = world
+        self.component = component
+        self.engine = engine
+        self.vocab = vocab
+        self.client_index = client_index
+        self.v = v = _vllm.vllm()
+        self.real = v.OutputProcessor(tokenizer=StopTokenizer(), log_stats=False)
+        #: the model's ParentRequest (AsyncLLM's) -> vLLM's, by object
+        self._parents: dict[int, tuple[ParentRequest, Any]] = {}
+        #: states vLLM's abort_requests popped, until the policy's pop is recorded
+        self._aborted: dict[str, _Queue] = {}
+        #: why the engine died (vLLM's EngineDeadError carries a fixed message)
+        self.dead_reason = ""
+
+    # -- ground truth ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _queue_of(state: Any) -> _Queue:
+        queue = state.queue
+        assert isinstance(queue, _Queue) and queue.state is state
+        return queue
+
+    def has_request(self, request_id: str) -> bool:
+        return bool(self.real.has_request(request_id))
+
+    def inc_of(self, request_id: str) -> int:
+        queue = self._aborted.get(request_id)
+        if queue is None:
+            queue = self._queue_of(self.real.request_states[request_id])
+        return queue.inc
+
+    def engine_of(self, request_id: str) -> int:
+        return self.engine
+
+    def live_ids(self) -> list[tuple[str, int]]:
+        return [(rid, self._queue_of(s).inc) for rid, s in self.real.request_states.items()]
+
+    def orphan_external_ids(self) -> list[str]:
+        real = self.real
+        return [ext for ext, ids in real.external_req_ids.items()
+                if not any(r in real.request_states or r in real.parent_requests for r in ids)]
+
+    # -- add ------------------------------------------------------------------------------------
+
+    def _params(self, max_tokens: int, n: int, stop_string_at: int | None) -> Any:
+        v = self.v
+        kind = v.RequestOutputKind.DELTA
+        if stop_string_at is None:
+            return v.SamplingParams(n=n, max_tokens=max_tokens, detokenize=False,
+                                    output_kind=kind)
+        return v.SamplingParams(n=n, max_tokens=max_tokens, output_kind=kind,
+                                stop=["a" * stop_string_at])
+
+    def _request(self, request: EngineCoreRequest, request_id: str, params: Any) -> Any:
+        return self.v.EngineCoreRequest(
+            request_id=request_id, prompt_token_ids=[_PROMPT_TOKEN] * request.prompt_tokens,
+            mm_features=None, sampling_params=params, pooling_params=None,
+            arrival_time=float(self.world.now), lora_request=None, cache_salt=None,
+            data_parallel_rank=None, client_index=self.client_index,
+            external_req_id=request.external_req_id)
+
+    def _parent(self, parent: ParentRequest, request: EngineCoreRequest,
+                stop_string_at: int | None) -> Any:
+        entry = self._parents.get(id(parent))
+        if entry is not None and entry[0] is parent:
+            return entry[1]
+        params = self._params(request.max_tokens, parent.n, stop_string_at)
+        real = self.v.ParentRequest(self._request(request, parent.request_id, params))
+        real.child_requests = _OrderedIds()
+        for index in range(parent.n):  # AsyncLLM names every child first (async_llm.py:542)
+            real.get_child_info(index)
+        self._parents[id(parent)] = (parent, real)
+        return real
+
+    def add_request(self, request: EngineCoreRequest, parent: ParentRequest | None, index: int,
+                    collector: RequestOutputCollector, client_uid: int, engine: int,
+                    stop_string_at: int | None) -> object:
+        rid = request.request_id
+        real_parent = None
+        if parent is not None:
+            real_parent = self._parent(parent, request, stop_string_at)
+            child_id, params = real_parent.get_child_info(index)
+            assert child_id == rid, (child_id, rid)
+        else:
+            params = self._params(request.max_tokens, 1, stop_string_at)
+        top = parent.request_id if parent is not None else rid
+        queue = _Queue(self, collector, rid, request.external_req_id, index, request.inc,
+                       client_uid, top)
+        self.real.add_request(self._request(request, rid, params), None, real_parent, index,
+                              queue)
+        queue.state = self.real.request_states[rid]
+        self.world.emit(self.component, rid, request.inc,
+                        FeAdd(client_uid, request.external_req_id, index))
+        return queue.state
+
+    def finish_stream(self, request: EngineCoreRequest) -> None:
+        rid = request.request_id
+        old = self._queue_of(self.real.request_states[rid])
+        params = self._params(request.max_tokens, 1, None)
+        self.real.add_request(self._request(request, rid, params), None, None, 0, None)
+        if self.real.request_states.get(rid) is not old.state:
+            self.world.emit(self.component, rid, old.inc, FePop("stream-finished"))
+
+    def open_session(self, request_id: str) -> None:
+        raise NotImplementedError("streaming-input sessions are model-only on this backend")
+
+    def streaming_update(self, request_id: str, resumable: bool) -> None:
+        raise NotImplementedError("streaming-input sessions are model-only on this backend")
+
+    def note_unregistered(self, request: EngineCoreRequest, client_uid: int, index: int) -> None:
+        self.world.emit(self.component, request.request_id, request.inc,
+                        FeAdd(client_uid, request.external_req_id, index, tracked=False))
+
+    # -- abort ----------------------------------------------------------------------------------
+
+    def flatten_req_to_abort(self, request_ids: list[str], internal: bool) -> list[str]:
+        states = self.real.request_states
+        held = {rid: self._queue_of(s) for rid, s in states.items()}
+        ids = list(self.real.abort_requests(request_ids, internal=internal))
+        for rid in ids:
+            self._aborted[rid] = held[rid]
+        return ids
+
+    def abort_requests(self, request_ids: Sequence[str]) -> list[str]:
+        popped = []
+        for rid in request_ids:
+            queue = self._aborted.pop(rid, None)
+            if queue is None:  # not resolved by flatten_req_to_abort: vLLM's call pops it now
+                state = self.real.request_states.get(rid)
+                if state is None:
+                    continue
+                queue = self._queue_of(state)
+                self.real.abort_requests([rid], internal=True)
+            self.world.emit(self.component, rid, queue.inc, FePop("abort"))
+            popped.append(rid)
+        return popped
+
+    def mark_finished(self, request_ids: Sequence[str]) -> None:
+        raise NotImplementedError("vLLM's OutputProcessor has no finished-but-kept state")
+
+    def pop_finished(self, request_ids: Sequence[str]) -> None:
+        raise NotImplementedError("vLLM's OutputProcessor has no finished-but-kept state")
+
+    # -- outputs --------------------------------------------------------------------------------
+
+    def process_outputs(self, outputs: Sequence[Envelope]) -> list[str]:
+        real = self.real
+        states = real.request_states
+        emit = self.world.emit
+        component = self.component
+        reqs_to_abort: list[str] = []
+        for env in outputs:
+            out = env.output
+            rid = out.request_id
+            state = states.get(rid)
+            engine_finish = out.finish_reason
+            if state is None:
+                real.process_outputs([out])  # vLLM ignores it (:760-762)
+                emit(component, rid, env.inc,
+                     FeDrop(len(out.new_token_ids),
+                            str(engine_finish) if engine_finish is not None else None))
+                continue
+            queue = self._queue_of(state)
+            to_abort = real.process_outputs([out]).reqs_to_abort
+            if states.get(rid) is state:
+                continue
+            # finished here: where vLLM calls _update_stats_from_finished (:884-887)
+            reason = str(engine_finish) if engine_finish is not None else FinishReason.STOP
+            emit(component, rid, queue.inc, FeStats(reason, queue.uid))
+            if rid in to_abort:
+                reqs_to_abort.append(rid)
+                emit(component, rid, queue.inc, FeAbortIssue([rid], "stop-string"))
+            emit(component, rid, queue.inc,
+                 FePop("stop-string" if rid in to_abort else "finished"))
+        return reqs_to_abort
+
+    def fail_engine(self, engine: int | None, reason: str) -> None:
+        """vLLM's output handler gives every request state the EngineDeadError and keeps the
+        states (async_llm.py:938-944, ``propagate_error``)."""
+        self.dead_reason = reason
+        self.real.propagate_error(self.v.EngineDeadError())

@@ -1,0 +1,59 @@
+"""What the vLLM backend can run, decided without importing vLLM.
+
+The backend runs vLLM's own abort path (``AsyncLLM.abort``: ``OutputProcessor.abort_requests``
+pops the state, then the ABORT is sent, vllm/v1/engine/async_llm.py), so only the lifecycle
+policies that are that code can run on it: ``buggy`` (IDs as given, as with
+``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1``) and ``internal-id`` with vLLM's own suffix
+(``InputProcessor.assign_request_id``, 8 hex characters, vllm/v1/engine/input_processor.py:354-371)
+or none (``suffix_hex=0``). The fixes that change vLLM's code (``abort-scope``, ``engine-final``)
+and user policies cannot be expressed on the real classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from racesim.engine_model.config import Workload
+
+__all__ = ["SUPPORTED_POLICIES", "PD_MODEL_ONLY", "unsupported_reason", "model_only_reason"]
+
+#: policy -> the ``suffix_hex`` values the real ``assign_request_id`` can give.
+SUPPORTED_POLICIES: dict[str, tuple[str, ...]] = {"buggy": (), "internal-id": ("8", "0")}
+PD_MODEL_ONLY = "P/D is model-only on the vllm backend"
+
+
+def unsupported_reason(workload: Workload, policy: str,
+                       options: Mapping[str, str] | None = None) -> str | None:
+    """Why this run cannot use the vllm backend (one line), or None when it can."""
+    if policy not in SUPPORTED_POLICIES:
+        return (f"policy {policy!r} cannot run on the vllm backend (it changes vLLM's own "
+                f"code); the vllm backend runs: buggy, internal-id (suffix_hex 8 or 0)")
+    allowed = SUPPORTED_POLICIES[policy]
+    suffix = (options or {}).get("suffix_hex", "8")
+    if allowed and suffix not in allowed:
+        return (f"policy {policy!r} with suffix_hex={suffix} cannot run on the vllm backend "
+                f"(vLLM's assign_request_id adds 8 hex characters, or none: suffix_hex 8 or 0)")
+    return model_only_reason(workload)
+
+
+def model_only_reason(workload: Workload) -> str | None:
+    """Why this scenario's deployment is model-only on the vllm backend (one line), or None.
+
+    Data parallelism: the DP client and coordinator are asyncio and socket code, modelled on
+    both backends; the backend does not yet build one vLLM Scheduler per DP rank. Pause,
+    preprocessing errors and streaming-input sessions need engine-initiated outputs and
+    session updates (core.py:2181-2268, 2016-2020; scheduler.py:2931-2947) that the backend's
+    engine loop does not drive through vLLM's classes yet."""
+    if workload.topology == "pd":
+        return PD_MODEL_ONLY
+    engine = workload.engine
+    if (engine.data_parallel_size or 1) > 1:
+        return "data parallelism is model-only on the vllm backend"
+    if engine.pause_at is not None:
+        return "pause_generation is model-only on the vllm backend"
+    for r in workload.requests:
+        if r.preprocess_error:
+            return "preprocessing errors are model-only on the vllm backend"
+        if r.input_chunks:
+            return "streaming-input sessions are model-only on the vllm backend"
+    return None

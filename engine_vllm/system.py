@@ -1,0 +1,77 @@
+"""The modelled deployment with vLLM's own engine-side classes, and the run entry point.
+
+Everything asynchronous is the model's (clients, AsyncLLM tasks, sockets, timing); the engine is
+:class:`racesim.engine_vllm.engine_core.VllmEngineCore`, and ID assignment is vLLM's own
+``InputProcessor.assign_request_id`` for the ``internal-id`` policy; each frontend's request
+state is vLLM's own ``OutputProcessor`` (:mod:`racesim.engine_vllm.frontend`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable
+from typing import Any
+
+import simpy
+
+from racesim.engine_model.config import Workload
+from racesim.engine_model.policies import LifecyclePolicy
+from racesim.engine_model.system import RunResult, System
+from racesim.engine_model.system import run_workload as _run_model
+from racesim.engine_vllm import _vllm
+from racesim.engine_vllm.engine_core import VllmEngineCore
+from racesim.engine_vllm.frontend import VllmOutputProcessor
+from racesim.sim.points import DelayPlan
+
+__all__ = ["VllmSystem", "run_workload"]
+
+
+class _RealIds:
+    """A policy whose ``assign_request_id`` is vLLM's own (the rest is the policy's)."""
+
+    def __init__(self, policy: LifecyclePolicy) -> None:
+        self._policy = policy
+        self.name = policy.name
+        self.engine_final_abort = policy.engine_final_abort
+        self.pop_stop_string_finishes = policy.pop_stop_string_finishes
+
+    def assign_request_id(self, llm: Any, request_id: str) -> str:
+        rng = llm.world.rng.stream(f"request-id/{llm.name}")
+        # random_uuid's first 8 hex characters are all assign_request_id keeps (:.8)
+        return _vllm.assign_request_id(request_id, lambda: f"{rng.getrandbits(32):08x}")
+
+    def abort(self, llm: Any, request_ids: list[str]) -> Generator[simpy.Event, Any, None]:
+        return self._policy.abort(llm, request_ids)
+
+    def abort_stop_strings(self, llm: Any,
+                           request_ids: list[str]) -> Generator[simpy.Event, Any, None]:
+        return self._policy.abort_stop_strings(llm, request_ids)
+
+
+class VllmSystem(System):
+    """``System`` with a ``VllmEngineCore``: vLLM's Scheduler and KV cache manager."""
+
+    def __init__(self, world: Any, workload: Workload, policy: Any, profile: Any) -> None:
+        if getattr(policy, "suffix_hex", 0) == 8:
+            policy = _RealIds(policy)
+        super().__init__(world, workload, policy, profile)
+
+    def new_output_processor(self, index: int, name: str, engine: Any) -> Any:
+        """vLLM's own OutputProcessor, behind the adapter AsyncLLM calls."""
+        return VllmOutputProcessor(self.world, name, engine.index, engine.vocab, index)
+
+    def new_engine(self, index: int, name: str) -> Any:
+        wl = self.workload
+        longest = max((r.prompt_tokens + r.max_tokens for r in wl.requests), default=1)
+        # the model has no length cap: a length that never binds, in whole 256-token steps
+        max_model_len = max(256, -(-(longest + 1) // 256) * 256)
+        return VllmEngineCore(self.world, index, name, wl.engine, self.policy, self.profile,
+                              max_model_len=max_model_len)
+
+
+def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
+                 plan: DelayPlan | None = None, skip: Iterable[str] = (),
+                 retain_trace: bool = True, hash_trace: bool = True) -> RunResult:
+    """``racesim.engine_model.run_workload`` on vLLM's own engine classes."""
+    return _run_model(workload, policy, seed=seed, plan=plan, skip=skip,
+                      retain_trace=retain_trace, hash_trace=hash_trace,
+                      system_cls=VllmSystem, engine="vllm")

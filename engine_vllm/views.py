@@ -1,0 +1,161 @@
+"""What the checker reads of a vLLM engine: block owners, held IDs, and the fake vocabulary.
+
+vLLM's ``KVCacheManager`` keeps ``req_to_blocks`` keyed by request ID (single_type_kv_cache_
+manager.py), and its Request objects do not know the simulator's incarnations. ``KvShadow``
+diffs the block tables after every call into the scheduler and records ``kv.alloc`` /
+``kv.free`` (with the prefix-cache hits and the blocks that stay shared) and the true owner of
+each block, found through the Request *object* that held it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from racesim.engine_model.events.engine import KvAlloc, KvFree
+from racesim.engine_model.messages import Token
+from racesim.sim.world import World
+
+__all__ = ["KvShadow", "SchedulerView", "Vocabulary", "EosIds"]
+
+
+class EosIds(list[int]):
+    """``stop_token_ids`` of every request: the fake vocabulary's odd ids end a sequence
+    (``check_stop`` tests ``token in stop_token_ids``, vllm/v1/core/sched/utils.py:109)."""
+
+    def __contains__(self, token: object) -> bool:
+        return isinstance(token, int) and token >= Vocabulary.BASE and token % 2 == 1
+
+
+class Vocabulary:
+    """Token ids that encode a sampled token's provenance (incarnation, fed-back input, end of
+    sequence), so a token routed to the wrong request is seen as such at the client."""
+
+    BASE = 1024
+
+    def __init__(self) -> None:
+        self._codes: dict[tuple[int, int], int] = {}
+        self._pairs: list[tuple[int, int]] = []
+
+    def encode(self, token: Token) -> int:
+        key = (token.inc, token.ctx)
+        code = self._codes.get(key)
+        if code is None:
+            code = self._codes[key] = len(self._pairs)
+            self._pairs.append(key)
+        return self.BASE + 2 * code + (1 if token.eos else 0)
+
+    def decode(self, token_id: int) -> Token:
+        inc, ctx = self._pairs[(token_id - self.BASE) // 2]
+        return Token(inc, ctx, token_id % 2 == 1)
+
+
+class KvShadow:
+    """Who owns each block of one engine's pool, kept by diffing vLLM's block tables.
+
+    With prefix caching a block sits in several tables (vLLM's ``ref_cnt``): its first holder is
+    its owner, the others share it, as the model's KVCacheManager records it. A table that
+    appears with blocks already held, or cached and free, got them from a prefix hit: the hit is
+    the first ``num_computed_tokens - num_scheduled_tokens`` tokens of a request just scheduled
+    from waiting (scheduler.py: ``get_computed_blocks`` then ``allocate_slots``)."""
+
+    def __init__(self, world: World, component: str, manager: Any, inc_of: Any,
+                 caching: bool) -> None:
+        self.world = world
+        self.component = component
+        self.caching = caching
+        self._tables = manager.coordinator.single_type_managers[0].req_to_blocks
+        self._inc_of = inc_of  # request ID -> the incarnation of the object holding it now
+        #: request ID -> (its table's block ids as last seen, the incarnation holding it)
+        self._seen: dict[str, tuple[list[int], int]] = {}
+        self._owner: dict[int, int] = {}  # block -> its first holder's incarnation
+        self._sharers: dict[int, list[int]] = {}  # block -> the other holders
+        self._ref: dict[int, int] = {}  # block -> how many tables hold it
+
+    def sync(self, freed_by: dict[str, int] | None = None,
+             hits: dict[str, int] | None = None) -> None:
+        """Record what the last scheduler call freed and allocated (frees first). ``hits``:
+        how many leading blocks of a new table came from the prefix cache."""
+        tables = self._tables
+        seen = self._seen
+        current: dict[str, list[int]] = {}
+        for rid, blocks in tables.items():
+            if blocks:
+                current[rid] = [b.block_id for b in blocks]
+        for rid in list(seen):
+            ids, inc = seen[rid]
+            now = current.get(rid)
+            if now is not None and now[:len(ids)] == ids:
+                continue
+            del seen[rid]
+            self._free(rid, (freed_by or {}).get(rid, inc), ids)
+        for rid, now in current.items():
+            entry = seen.get(rid)
+            known = len(entry[0]) if entry is not None else 0
+            if known == len(now):
+                continue
+            inc = entry[1] if entry is not None else self._inc_of(rid)
+            hit_n = (hits or {}).get(rid, 0) if entry is None else 0
+            hit = now[:hit_n]
+            new = now[known + len(hit):]
+            self._alloc(rid, inc, new, now, hit)
+
+    def _alloc(self, rid: str, inc: int, new: list[int], table: list[int],
+               hit: list[int]) -> None:
+        owner, ref, sharers = self._owner, self._ref, self._sharers
+        for b in hit:
+            if ref.get(b, 0):
+                sharers.setdefault(b, []).append(inc)
+            else:
+                owner[b] = inc
+            ref[b] = ref.get(b, 0) + 1
+        for b in new:
+            owner[b] = inc
+            ref[b] = 1
+        self._seen[rid] = (list(table), inc)
+        self.world.emit(self.component, rid, inc, KvAlloc(new, list(table), hit or None))
+
+    def _free(self, rid: str, inc: int, blocks: list[int]) -> None:
+        owner, ref, sharers = self._owner, self._ref, self._sharers
+        owners = [owner.get(b, 0) for b in blocks]
+        kept: list[int] = []
+        for b in blocks:
+            held = sharers.get(b)
+            if held is not None:
+                if inc in held:
+                    held.remove(inc)
+                else:
+                    owner[b] = held.pop(0)
+                if not held:
+                    del sharers[b]
+            left = ref.get(b, 0) - 1
+            if left > 0:
+                ref[b] = left
+                kept.append(b)
+            else:
+                ref.pop(b, None)
+                owner.pop(b, None)
+        self.world.emit(self.component, rid, inc, KvFree(blocks, owners, kept or None))
+
+    # -- the leak audit's view (KVCacheManager in the model) ------------------------------------
+
+    def live_ids(self) -> list[tuple[str, list[int]]]:
+        owner = self._owner
+        return [(rid, [owner.get(b.block_id, 0) for b in blocks])
+                for rid, blocks in self._tables.items()]
+
+    def owned_blocks(self) -> list[tuple[int, int]]:
+        return [(b, self._owner[b]) for b in sorted(self._owner)]
+
+
+class SchedulerView:
+    """The leak audit's view of vLLM's Scheduler: ``requests``, then waiting and running."""
+
+    def __init__(self, scheduler: Any, inc_of_object: Any) -> None:
+        self._s = scheduler
+        self._inc = inc_of_object
+
+    def live_ids(self) -> list[tuple[str, str, int]]:
+        s, inc = self._s, self._inc
+        held = [("requests", rid, inc(req)) for rid, req in s.requests.items()]
+        held += [("queues", req.request_id, inc(req)) for req in [*s.waiting, *s.running]]
+        return held

@@ -1,0 +1,88 @@
+"""The bench's vLLM figure: schedules per second on vLLM's own engine code, beside the model's.
+
+``vllm_schedules_per_s`` is ``explore(abort-reuse, buggy, strategy=random, workers=1,
+engine="vllm")`` on the 0.33 profile (the release the vllm backend runs), in a fresh Python
+process, as ``racesim explore --engine vllm`` runs it: runs per second of the explore call
+(baseline included, no shrinking). That process imports vLLM and builds its config objects
+once, before the clock starts (``import_s``: that one-time cost), as every worker of a real
+exploration does. ``model_schedules_per_s`` is the same explore on the model at 0.33, also in
+a fresh process, so the two figures differ only in the backend. Best of ``repeats``, like the
+other rates. Without an importable vLLM 0.33 the figure is None and ``unavailable`` says why:
+not an error.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from racesim.bench_scale import in_fresh_process
+
+__all__ = ["measure_vllm", "VLLM_SCENARIO", "VLLM_PROFILE", "VLLM_POLICY", "VLLM_TARGET"]
+
+VLLM_SCENARIO = "abort-reuse"
+VLLM_PROFILE = "0.33"
+#: vLLM 0.33 with request-ID randomization disabled: IDs as given, vLLM's own abort path
+VLLM_POLICY = "buggy"
+#: runs per second per core the vllm backend should reach
+VLLM_TARGET = 300.0
+
+
+def _unavailable() -> str | None:
+    """Why the vllm backend cannot run here, without importing vLLM; None when it can."""
+    from racesim.engines import check_engine
+    from racesim.sim import InputError
+
+    try:
+        check_engine("vllm", VLLM_PROFILE)
+    except InputError as exc:
+        return str(exc)
+    return None
+
+
+def _explore_child(budget: int, on_vllm: int) -> dict[str, Any]:
+    """One timed explore in this (fresh) process; on vLLM after a warm-up run that imports it."""
+    from racesim.explore import explore
+    from racesim.runner import run_scenario
+    from racesim.scenarios import load_scenario
+
+    engine = "vllm" if on_vllm else "model"
+    scenario = load_scenario(VLLM_SCENARIO).with_vllm(VLLM_PROFILE)
+    started = time.perf_counter()
+    run_scenario(scenario, VLLM_POLICY, engine=engine, retain_trace=False)
+    warm = time.perf_counter() - started
+    started = time.perf_counter()
+    res = explore(scenario, VLLM_POLICY, strategy="random", budget=budget, workers=1,
+                  shrink_runs=0, engine=engine)
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "runs": res.runs, "violating_runs": res.violating_runs,
+            "import_s": warm}
+
+
+def measure_vllm(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
+    """The ``vllm`` section of the bench document (see the module docstring)."""
+    why = _unavailable()
+    out: dict[str, Any] = {"scenario": VLLM_SCENARIO, "vllm": VLLM_PROFILE,
+                           "policy": VLLM_POLICY, "strategy": "random", "workers": 1,
+                           "budget": budget, "target_per_core": VLLM_TARGET,
+                           "unavailable": why}
+    if why is not None:
+        return {**out, "vllm_schedules_per_s": None, "model_schedules_per_s": None}
+    real: list[dict[str, Any]] = []
+    model: list[dict[str, Any]] = []
+    for i in range(repeats):
+        progress(f"vllm backend: {VLLM_SCENARIO} ({i + 1}/{repeats})")
+        real.append(in_fresh_process(__name__, "_explore_child", budget, 1))
+        progress(f"model at {VLLM_PROFILE}: {VLLM_SCENARIO} ({i + 1}/{repeats})")
+        model.append(in_fresh_process(__name__, "_explore_child", budget, 0))
+    best = min(real, key=lambda r: r["seconds"])
+    best_model = min(model, key=lambda r: r["seconds"])
+    return {**out,
+            "vllm_schedules_per_s": round(best["runs"] / best["seconds"], 1),
+            "model_schedules_per_s": round(best_model["runs"] / best_model["seconds"], 1),
+            "runs": best["runs"], "seconds": round(best["seconds"], 3),
+            "import_s": round(min(r["import_s"] for r in real), 2),
+            "same_result": all(r["violating_runs"] == best_model["violating_runs"]
+                               for r in real + model),
+            "samples_s": [round(r["seconds"], 3) for r in real],
+            "model_samples_s": [round(r["seconds"], 3) for r in model]}

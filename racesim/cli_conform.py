@@ -1,0 +1,123 @@
+"""``racesim conform``: the model against vLLM's own engine code (parse, call, render)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from racesim.cli_support import BUDGET, check_workers, console, emit_json, output_dir, output_file
+from racesim.cli_support import parse_options as _options
+from racesim.conform import STRATEGIES, conform, lifecycle
+from racesim.engine_model.versions import PROFILES
+from racesim.progress import ProgressBar
+from racesim.reports.text import printable
+from racesim.scenarios import bundled_names, load_scenario
+
+__all__ = ["conform_cmd"]
+
+
+@click.command("conform")
+@click.argument("scenarios", nargs=-1)
+@click.option("--vllm", type=click.Choice(list(PROFILES)), default=None,
+              help="vLLM release profile [default: the scenario's, else 0.33]; the vLLM "
+                   "backend runs 0.33 only.")
+@click.option("-p", "--policy", "policies", multiple=True,
+              help="Policy (repeatable) [default: the lifecycle vLLM has on the profile: "
+                   "internal-id on 0.33].")
+@click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
+              help="A policy option for every -p policy (repeatable).")
+@click.option("--budget", type=BUDGET, default=100, show_default=True,
+              help="Schedules per scenario and policy (run 0 is the unperturbed baseline).")
+@click.option("--strategy", type=click.Choice(list(STRATEGIES)), default="random",
+              show_default=True, help="How the model draws each schedule.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Base seed.")
+@click.option("--workers", type=int, default=None,
+              help="Worker processes [default: all cores]; each imports vLLM once.")
+@click.option("--skip", multiple=True, metavar="INVARIANT",
+              help="Leave an invariant unchecked on both sides (repeatable).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="racesim-out",
+              show_default=True, help="Where each mismatch's counterexample file is written.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False),
+              help="Write the HTML conformance report.")
+def conform_cmd(scenarios: Sequence[str], vllm: str | None, policies: Sequence[str],
+                policy_opts: Sequence[str], budget: int, strategy: str, seed: int,
+                workers: int | None, skip: Sequence[str], out_dir: str, as_json: bool,
+                html_file: str | None) -> None:
+    """Replay the same schedules on the model and on vLLM's own engine code, and compare.
+
+    Each SCENARIO (default: every bundled one) gets --budget schedules drawn on the model;
+    each exact schedule then runs on both backends, which must agree on every client's tokens,
+    finish reason and token owners, on the violated invariants and their reach, and on engine
+    death. Exit 1 on a mismatch the known-mismatch table does not list, else 0."""
+    scens = [load_scenario(n).with_vllm(vllm) for n in (scenarios or bundled_names())]
+    options = _options(policy_opts)
+    cells = ([(p, options) for p in policies]
+             or [(p, {**o, **options}) for p, o in _default_policies(scens)])
+    output_file("--html", html_file)
+    out = output_dir("--out", out_dir)
+    check_workers(workers, None)
+    bar = ProgressBar(not as_json, "conform")
+    try:
+        res = conform(scens, cells, budget=budget, strategy=strategy, seed=seed,
+                      workers=workers, skip=skip, out_dir=out, progress=bar)
+    finally:
+        bar.close()
+    doc = res.document()
+    if html_file:
+        from racesim.reports.conform import write_conform_report
+        write_conform_report(Path(html_file), doc)
+    if as_json:
+        emit_json(doc)
+    else:
+        _print(doc)
+        if html_file:
+            click.echo(f"report: {html_file}")
+    if res.interrupted:
+        click.echo("racesim: interrupted; kept the mismatches found so far", err=True)
+        sys.exit(130)
+    sys.exit(1 if res.unlisted else 0)
+
+
+def _default_policies(scens: Sequence[Any]) -> list[tuple[str, dict[str, str]]]:
+    """The lifecycle vLLM has on each profile among the scenarios', once each."""
+    names = dict.fromkeys(s.vllm for s in scens)
+    return list({lifecycle(v)[0]: lifecycle(v) for v in names}.values())
+
+
+def _print(doc: dict[str, Any]) -> None:
+    out = console()
+    t = Table(title="model vs vLLM", title_justify="left")
+    t.add_column("scenario / policy", no_wrap=True)
+    t.add_column("runs", justify="right")
+    t.add_column("violating", justify="right")
+    t.add_column("mismatching", justify="right")
+    t.add_column("unlisted", justify="right")
+    for c in doc["cells"]:
+        name = Text(printable(f"{c['scenario']} / {c['policy']}"))
+        if c["model_only"]:
+            t.add_row(name, Text("model only", style="dim"), "", "", "")
+            continue
+        t.add_row(name, str(c["runs"]), str(c["violating_runs"]), str(c["mismatching_runs"]),
+                  Text(str(c["unlisted"]), style="bold red" if c["unlisted"] else "green"))
+    out.print(t)
+    for why in dict.fromkeys(c["model_only"] for c in doc["cells"] if c["model_only"]):
+        out.print(Text(printable(f"model only: {why}"), style="dim"))
+    for m in doc["mismatches"]:
+        tag = "known" if m["known"] else "UNLISTED"
+        out.print(Text(printable(f"{tag}: {m['scenario']} / {m['policy']} run {m['run']} "
+                                 f"(seed {m['seed']}) -> {m['path'] or '(not saved)'}"),
+                       style="dim" if m["known"] else "bold red"))
+        for d in m["differences"][:6]:
+            out.print(Text(printable(f"    {d}")))
+        if m["known"]:
+            out.print(Text(printable(f"    cause: {m['known']}"), style="dim"))
+    out.print(Text(f"{doc['agreeing_runs']}/{doc['runs']} runs agree; "
+                   f"{doc['unlisted_mismatches']} unlisted mismatches "
+                   f"({doc['elapsed_s']} s)"))

@@ -1,0 +1,313 @@
+"""Conformance: the model against vLLM's own engine code, schedule by schedule.
+
+For each scenario and policy, a strategy draws schedules on the model (run 0 is the unperturbed
+baseline, as in ``explore``); each exact schedule is then replayed on the vLLM backend, and the
+two runs are compared on what a user of vLLM can observe and what the checker concludes:
+
+- per client request: tokens received, finish reason, and whose tokens they were (each token's
+  incarnation mapped back to the client that sent it, so crosstalk shows as another client's
+  number);
+- invariant verdicts: the violated invariants' names, each with its reach;
+- engine death: which engines reached a fatal error.
+
+Any difference is a mismatch. A mismatch is saved as a counterexample file (it replays on either
+backend) and is *known* when :mod:`racesim.conform_known` explains every difference in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from racesim.conform_outcome import Outcome, differences, outcome_of
+from racesim.documents import Counterexample, safe_file_name, violation_dicts, write_counterexample
+from racesim.engine_model import RunResult
+from racesim.engine_model.checker import check_invariant_names
+from racesim.engine_model.policies import policy_spec
+from racesim.engines import check_engine
+from racesim.parallel import executor, ordered_map
+from racesim.runner import import_from_cwd, run_scenario
+from racesim.scenarios import Scenario
+from racesim.sim import Decision, InputError
+from racesim.sim.strategies import StrategyConfig, make_strategy
+
+__all__ = ["ConformResult", "Mismatch", "conform", "STRATEGIES", "ENGINES", "LIFECYCLE",
+           "lifecycle", "check_backend", "model_only", "run_on", "mismatch_path"]
+
+#: The strategies that draw a schedule per run index (hypothesis drives its own search).
+STRATEGIES = ("random", "pct", "grid")
+#: The reference side first: the model is checked against vLLM's code.
+ENGINES = ("model", "vllm")
+
+#: The lifecycle real vLLM has on each profile: IDs as given before #15326 (0.8), and internal
+#: IDs with an 8-hex random suffix on 0.33 (#27987, ``v1/engine/input_processor.py:354-371``).
+LIFECYCLE: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "0.8": ("buggy", ()),
+    "0.33": ("internal-id", ()),
+}
+
+Progress = Callable[[int, int, int], None]
+
+
+def lifecycle(profile: str) -> tuple[str, dict[str, str]]:
+    """The policy (and options) vLLM itself has on ``profile``: conform's default."""
+    policy, options = LIFECYCLE.get(profile, LIFECYCLE["0.33"])
+    return policy, dict(options)
+
+
+def check_backend(scenario: Scenario) -> None:
+    """An InputError, before any work, when the vLLM backend cannot run ``scenario``'s profile
+    here (another release, or vLLM not installed: the line names the install command)."""
+    check_engine("vllm", scenario.vllm)
+
+
+def model_only(scenario: Scenario, policy: str, options: Mapping[str, str],
+               engines: Sequence[str]) -> str | None:
+    """Why this cell runs on the model only (P/D, DP, pause, sessions, preprocessing errors on
+    the vllm backend), else None. A policy the vllm backend cannot express is bad input: one
+    InputError line."""
+    if "vllm" not in engines:
+        return None
+    from racesim.engine_vllm import model_only_reason, unsupported_reason
+
+    why = model_only_reason(scenario.workload)
+    if why is not None:
+        return why
+    why = unsupported_reason(scenario.workload, policy, options)
+    if why is not None:
+        raise InputError(why)
+    return None
+
+
+def run_on(engine: str, scenario: Scenario, policy: str, **kwargs: Any) -> RunResult:
+    """``run_scenario`` on one backend (tests replace this to perturb one side)."""
+    return run_scenario(scenario, policy, engine=engine, **kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """One schedule on which the two backends disagree."""
+
+    scenario: str
+    policy: str
+    options: Mapping[str, str]
+    vllm_profile: str
+    seed: int
+    run: int
+    schedule: tuple[Decision, ...]
+    outcomes: tuple[Outcome, Outcome]
+    differences: tuple[str, ...]
+    #: the cause from the known-mismatch table, None when it is not listed
+    known: str | None = None
+    path: str | None = None
+
+    def document(self) -> dict[str, Any]:
+        model, vllm = self.outcomes
+        return {"scenario": self.scenario, "policy": self.policy, "vllm_profile": self.vllm_profile,
+                "seed": self.seed, "run": self.run,
+                "schedule": [d.as_dict() for d in self.schedule],
+                "model": model.as_dict(), "vllm": vllm.as_dict(),
+                "differences": list(self.differences), "known": self.known, "path": self.path}
+
+
+@dataclass
+class ConformResult:
+    """Every compared run of one ``conform`` call, and the mismatches among them."""
+
+    scenarios: list[str]
+    policies: list[str]
+    parameters: dict[str, Any]
+    runs: int = 0
+    agreeing_runs: int = 0
+    mismatches: list[Mismatch] = field(default_factory=list)
+    #: runs per (scenario, policy) cell, and the cell's mismatching runs
+    cells: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    interrupted: bool = False
+
+    @property
+    def unlisted(self) -> list[Mismatch]:
+        return [m for m in self.mismatches if m.known is None]
+
+    def document(self) -> dict[str, Any]:
+        return {"runs": self.runs, "agreeing_runs": self.agreeing_runs,
+                "mismatches": [m.document() for m in self.mismatches],
+                "unlisted_mismatches": len(self.unlisted),
+                "scenarios": self.scenarios, "policies": self.policies,
+                "parameters": self.parameters, "cells": self.cells,
+                "elapsed_s": round(self.elapsed_s, 3), "interrupted": self.interrupted}
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What a worker needs to run schedule i of one cell on both backends (pickled per batch)."""
+
+    scenario: Scenario
+    policy: str
+    options: tuple[tuple[str, str], ...]
+    seed: int
+    strategy: str
+    config: StrategyConfig
+    skip: tuple[str, ...]
+    engines: tuple[str, str]
+
+
+def _both(ctx: _Context, runs: Sequence[int]) -> list[tuple[int, tuple[Decision, ...],
+                                                                 Outcome, Outcome]]:
+    """Each run drawn on the first engine, its exact schedule replayed on the second."""
+    strategy = make_strategy(ctx.strategy, ctx.config)
+    options = dict(ctx.options)
+    first, second = ctx.engines
+    out = []
+    for i in runs:
+        decider = strategy.decider(i) if i > 0 else None
+        a = run_on(first, ctx.scenario, ctx.policy, options=options, seed=ctx.seed,
+                   decider=decider, skip=ctx.skip, hash_trace=False)
+        b = run_on(second, ctx.scenario, ctx.policy, options=options, seed=ctx.seed,
+                   schedule=a.schedule, skip=ctx.skip, hash_trace=False)
+        out.append((i, a.schedule, outcome_of(a), outcome_of(b)))
+    return out
+
+
+def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping[str, str]]], *,
+            budget: int = 100, strategy: str = "random", seed: int = 0,
+            workers: int | None = 1, skip: Sequence[str] = (), out_dir: Path | None = None,
+            progress: Progress | None = None,
+            known: Callable[..., str | None] | None = None,
+            engines: tuple[str, str] = ENGINES) -> ConformResult:
+    """Compare ``budget`` schedules per (scenario, policy) on the two ``engines``.
+
+    ``known(scenario, policy, differences, engine_died=)`` gives a listed mismatch's cause
+    (default: the table in :mod:`racesim.conform_known`)."""
+    if strategy not in STRATEGIES:
+        raise InputError(f"--strategy {strategy!r}: conform draws schedules with "
+                         f"{', '.join(STRATEGIES)}")
+    if budget < 1:
+        raise InputError(f"--budget must be >= 1, got {budget}")
+    skip = tuple(sorted(check_invariant_names(tuple(skip))))
+    for name, opts in policies:
+        import_from_cwd(name)
+        policy_spec(name)
+        for scen in scenarios:
+            model_only(scen, name, opts, engines)
+            if "vllm" in engines:
+                check_backend(scen)
+    if known is None:
+        from racesim.conform_known import explain as known
+    started = time.monotonic()
+    result = ConformResult([s.name for s in scenarios], [p for p, _ in policies], {
+        "budget": budget, "strategy": strategy, "seed": seed, "skip": list(skip),
+        "vllm": sorted({s.vllm for s in scenarios}), "engines": list(engines)})
+    total = budget * sum(1 for scen in scenarios for name, opts in policies
+                         if model_only(scen, name, opts, engines) is None)
+    try:
+        with executor(workers, None) as ex:
+            for scen in scenarios:
+                for policy, options in policies:
+                    _cell(result, scen, policy, dict(options), budget, strategy, seed, skip,
+                          engines, ex, out_dir, known, progress, total)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    result.elapsed_s = time.monotonic() - started
+    return result
+
+
+def _cell(result: ConformResult, scen: Scenario, policy: str, options: dict[str, str],
+          budget: int, strategy: str, seed: int, skip: tuple[str, ...],
+          engines: tuple[str, str], ex: Any, out_dir: Path | None,
+          known: Callable[..., str | None],
+          progress: Progress | None, total: int) -> None:
+    cell: dict[str, Any] = {"scenario": scen.name, "policy": policy, "runs": 0,
+                            "mismatching_runs": 0, "unlisted": 0, "model_only": None,
+                            # what the compared runs covered: races, not only quiet runs
+                            "violating_runs": 0, "engine_death_runs": 0}
+    result.cells.append(cell)
+    why = model_only(scen, policy, options, engines)
+    if why is not None:
+        cell["model_only"] = why
+        return
+    baseline = run_on(engines[0], scen, policy, options=options, seed=seed, skip=skip,
+                      retain_trace=False, hash_trace=False)
+    config = StrategyConfig(occurrences=baseline.occurrences,
+                            scale=scen.workload.engine.step_time, seed=seed)
+    size = make_strategy(strategy, config).size()
+    runs = budget if size is None else min(budget, size + 1)
+    ctx = _Context(scen, policy, tuple(sorted(options.items())), seed, strategy, config, skip,
+                   engines)
+    for i, schedule, a, b in ordered_map(_both, ctx, range(runs), ex):
+        result.runs += 1
+        cell["runs"] += 1
+        cell["violating_runs"] += bool(a.invariants)
+        cell["engine_death_runs"] += bool(a.dead_engines)
+        diffs = differences(a, b)
+        if not diffs:
+            result.agreeing_runs += 1
+        else:
+            cause = known(scen.name, policy, diffs,
+                          engine_died=bool(a.dead_engines and b.dead_engines))
+            m = Mismatch(scen.name, policy, options, scen.vllm, seed, i, schedule, (a, b),
+                         tuple(diffs), cause)
+            if out_dir is not None:
+                m = _save(m, scen, skip, engines, strategy, out_dir)
+            result.mismatches.append(m)
+            cell["mismatching_runs"] += 1
+            cell["unlisted"] += cause is None
+        if progress is not None:
+            progress(result.runs, total, len(result.unlisted))
+
+
+def mismatch_path(out_dir: Path, m: Mismatch, strategy: str) -> Path:
+    """One file per (scenario, policy, strategy, seed, run): conform runs never collide."""
+    stem = safe_file_name(f"conform__{m.scenario}__{m.policy}__{strategy}__seed{m.seed}"
+                          f"__run{m.run}")
+    return out_dir / f"{stem}.json"
+
+
+def _ours(path: Path) -> bool:
+    """Whether ``path`` is a file an earlier ``conform`` wrote (so replacing it loses nothing)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("found_by"), dict) \
+        and data["found_by"].get("by") == "conform"
+
+
+def _free_path(path: Path) -> Path:
+    """``path``, or ``stem-2.json``, ``stem-3.json``...: never a file someone else wrote."""
+    candidate, n = path, 1
+    while candidate.exists() or candidate.is_symlink():
+        if candidate.is_file() and not candidate.is_symlink() and _ours(candidate):
+            return candidate
+        n += 1
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return candidate
+
+
+def _save(m: Mismatch, scen: Scenario, skip: tuple[str, ...], engines: tuple[str, str],
+          strategy: str, out_dir: Path) -> Mismatch:
+    """The mismatch as a counterexample file: its drawn schedule and the reference side's
+    (vLLM's) run, which the file's trace hash is; both sides are re-run with their trace hashed
+    (exploration runs skip hashing)."""
+    runs = [run_on(e, scen, m.policy, options=m.options, seed=m.seed, schedule=m.schedule,
+                   skip=skip) for e in engines]
+    outcomes = (dataclasses.replace(m.outcomes[0], trace_hash=runs[0].trace_hash),
+                dataclasses.replace(m.outcomes[1], trace_hash=runs[1].trace_hash))
+    r = runs[1]
+    cx = Counterexample(scen, m.policy, dict(m.options), m.seed, m.schedule, skip,
+                        tuple(violation_dicts(r)), r.trace_hash, None,
+                        {"by": "conform", "run": m.run,
+                         "strategy": strategy if m.run > 0 else "baseline",
+                         "differences": list(m.differences),
+                         "outcomes": {engines[0]: outcomes[0].as_dict(),
+                                      engines[1]: outcomes[1].as_dict()},
+                         "known": m.known},
+                        r.reach().reach if r.violations else None, engine=engines[1])
+    path = _free_path(mismatch_path(out_dir, m, strategy))
+    write_counterexample(path, cx)
+    return dataclasses.replace(m, outcomes=outcomes, path=str(path))

