@@ -41,8 +41,15 @@ class _Vllm:
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.core.sched.interface import PauseState
         from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.engine import EngineCoreRequest, FinishReason, input_processor
+        from vllm.v1.engine import (
+            EngineCoreOutput,
+            EngineCoreOutputs,
+            EngineCoreRequest,
+            FinishReason,
+            input_processor,
+        )
         from vllm.v1.engine.exceptions import EngineDeadError
         from vllm.v1.engine.output_processor import OutputProcessor
         from vllm.v1.engine.parallel_sampling import ParentRequest
@@ -57,6 +64,8 @@ class _Vllm:
         self.SamplingParams, self.RequestOutputKind = SamplingParams, RequestOutputKind
         self.Scheduler, self.AsyncScheduler = Scheduler, AsyncScheduler
         self.EngineCoreRequest, self.FinishReason = EngineCoreRequest, FinishReason
+        self.EngineCoreOutput, self.EngineCoreOutputs = EngineCoreOutput, EngineCoreOutputs
+        self.PauseState = PauseState
         self.input_processor = input_processor
         self.OutputProcessor, self.ParentRequest = OutputProcessor, ParentRequest
         self.STREAM_FINISHED, self.EngineDeadError = STREAM_FINISHED, EngineDeadError

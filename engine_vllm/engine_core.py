@@ -33,13 +33,15 @@ from racesim.engine_model.messages import (
     AbortMessage,
     EngineCoreRequest,
     EngineDead,
+    UtilityMessage,
 )
 from racesim.engine_model.runner import ModelRunner
 from racesim.engine_model.scheduler import NewRequestData, SchedulerOutput
 from racesim.engine_model.versions import VllmProfile
 from racesim.engine_vllm import _vllm
+from racesim.engine_vllm import engine_finishes as finishes
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
-from racesim.engine_vllm.views import EosIds, KvShadow, SchedulerView, Vocabulary
+from racesim.engine_vllm.views import EosIds, KvShadow, PromptTokens, SchedulerView, Vocabulary
 from racesim.sim.world import World
 
 __all__ = ["VllmEngineCore"]
@@ -68,7 +70,7 @@ class VllmEngineCore:
         self.config = config
         self.policy = policy
         v = _vllm.vllm()
-        self._v = v
+        self.v = v
         shape = _vllm.VllmEngineShape(config.num_blocks, config.block_size, config.max_num_seqs,
                                       config.max_num_batched_tokens, max_model_len,
                                       bool(config.async_scheduling),
@@ -78,9 +80,8 @@ class VllmEngineCore:
         self._truth: dict[int, tuple[Any, int, int | None]] = {}
         self.kv = KvShadow(world, f"{name}.kv", self.sched.kv_cache_manager, self._inc_of_id,
                            shape.prefix_caching)
-        #: prompt name -> its number, which its token ids spell (equal names, equal tokens)
-        self._prompts: dict[str, int] = {}
-        self.scheduler = SchedulerView(self.sched, self._inc_of)
+        self._prompts = PromptTokens()
+        self.scheduler = SchedulerView(self.sched, self.inc_of)
         self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling))
         self.vocab = Vocabulary()
         self.connector = None
@@ -88,6 +89,8 @@ class VllmEngineCore:
         self.output_channels: dict[int, Any] = {}
         self.notify_channels: dict[int, Any] = {}
         self.dead: str | None = None
+        #: pause_generation in "abort"/"wait" mode: adds of new IDs get a retryable ERROR
+        self.reject_new_requests = False
         self._inbox: deque[Any] = deque()
         self.input_queue: deque[tuple[str, Any]] = deque()
         self.aborts_queue: deque[AbortMessage] = deque()
@@ -98,20 +101,20 @@ class VllmEngineCore:
         self._gpu_free_at = 0.0
         self._step_no = 0
         self._c_input = f"{name}.input"
-        self._c_core = f"{name}.core"
-        self._c_sched = f"{name}.scheduler"
+        self.c_core = f"{name}.core"
+        self.c_sched = f"{name}.scheduler"
         world.env.process(self._input_thread())
         world.env.process(self._busy_loop())
 
     # -- ground truth ---------------------------------------------------------------------------
 
-    def _inc_of(self, req: Any) -> int:
+    def inc_of(self, req: Any) -> int:
         entry = self._truth.get(id(req))
         return entry[1] if entry is not None and entry[0] is req else 0
 
     def _inc_of_id(self, rid: str) -> int:
         req = self.sched.requests.get(rid)
-        return self._inc_of(req) if req is not None else 0
+        return self.inc_of(req) if req is not None else 0
 
     # -- sockets --------------------------------------------------------------------------------
 
@@ -144,36 +147,28 @@ class VllmEngineCore:
             if self.dead is not None:
                 continue
             if isinstance(msg, EngineCoreRequest):
+                if msg.fault == "preprocess":
+                    # core.py:2016-2020, 2161-2168: preprocess_add_request raised; the input
+                    # thread sends an ERROR output and queues nothing
+                    finishes.reject(self, msg.request_id, msg.inc, msg.client_index,
+                                    "preprocess-error")
+                    continue
                 self.input_queue.append(("add", self._preprocess(msg)))
             elif isinstance(msg, AbortMessage):
                 if self.config.eager_aborts:
                     self.aborts_queue.append(msg)
                 self.input_queue.append(("abort", msg))
+            elif isinstance(msg, UtilityMessage):
+                self.input_queue.append(("utility", msg))
             self._wake_loop()
 
     def _preprocess(self, msg: EngineCoreRequest) -> Any:
         """preprocess_add_request: the vLLM Request, its incarnation kept by the object."""
-        req = _vllm.new_request(msg.request_id, self._prompt_ids(msg), msg.max_tokens,
+        req = _vllm.new_request(msg.request_id, self._prompts.ids(msg), msg.max_tokens,
                                 msg.client_index, float(self.world.now), self.config.block_size,
                                 _EOS)
         self._truth[id(req)] = (req, msg.inc, msg.eos_at)
         return req
-
-    def _prompt_ids(self, msg: EngineCoreRequest) -> list[int]:
-        """The prompt's token ids: requests naming one prompt get equal ids (so vLLM's block
-        hashes, and prefix hits, match the model's); an unnamed prompt is its incarnation's
-        own, as in the model (``Request.prompt``). The prompt's number is spelled in base 1000
-        in its first tokens (all below the fake vocabulary's output ids); the rest are 3."""
-        key = msg.prompt or f"#inc{msg.inc}"
-        code = self._prompts.get(key)
-        if code is None:
-            code = self._prompts[key] = len(self._prompts)
-        digits = [1 + code % 1000]
-        while code >= 1000:
-            code //= 1000
-            digits.append(1 + code % 1000)
-        n = msg.prompt_tokens
-        return (digits + [3] * n)[:n]
 
     # -- busy loop (EngineCoreProc.run_busy_loop) -----------------------------------------------
 
@@ -204,7 +199,7 @@ class VllmEngineCore:
         yield self._loop_wakeup
         self._loop_wakeup = None
 
-    def _call(self, fn: Any, *args: Any) -> Any:
+    def call(self, fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
         except Exception as exc:  # EngineCoreProc dies of anything its step raises
@@ -212,20 +207,28 @@ class VllmEngineCore:
 
     def _apply_input(self, kind: str, payload: Any) -> None:
         if kind == "add":
+            if self.reject_new_requests and payload.request_id not in self.sched.requests:
+                # core.py:1796-1813: paused in "abort"/"wait" mode, a new ADD gets a
+                # retryable ERROR
+                finishes.reject(self, payload.request_id, self.inc_of(payload),
+                                payload.client_index, "engine-paused")
+                return
             self._add(payload)
-        else:
+        elif kind == "abort":
             self._abort(payload, "abort")
+        else:
+            finishes.utility(self, payload)
 
     def _add(self, req: Any) -> None:
         rid = req.request_id
         prev = self.sched.requests.get(rid)
-        inc = self._inc_of(req)
+        inc = self.inc_of(req)
         if prev is not None:
             # vLLM 0.33 scheduler.py:2931-2936 asserts "duplicate request id": record it, let the
             # real assert fire.
-            self.world.emit(self._c_sched, rid, inc, SchedDuplicate(self._inc_of(prev)))
-        self._call(self.sched.add_request, req)
-        self.world.emit(self._c_sched, rid, inc, SchedAdd(0))
+            self.world.emit(self.c_sched, rid, inc, SchedDuplicate(self.inc_of(prev)))
+        self.call(self.sched.add_request, req)
+        self.world.emit(self.c_sched, rid, inc, SchedAdd(0))
 
     def _abort(self, msg: AbortMessage, cause: str) -> None:
         # One ID per call: finish_requests iterates a set of the IDs it is given
@@ -233,13 +236,13 @@ class VllmEngineCore:
         for rid in msg.request_ids:
             req = self.sched.requests.get(rid)
             if req is None or req.is_finished():
-                self.world.emit(self._c_sched, rid, self._inc_of(req) if req is not None else 0,
+                self.world.emit(self.c_sched, rid, self.inc_of(req) if req is not None else 0,
                                 SchedAbortMiss(cause, msg.tag))
                 continue
-            inc = self._inc_of(req)
-            status = self._v.RequestStatus.FINISHED_ABORTED
-            self._call(self.sched.finish_requests, rid, status)
-            self.world.emit(self._c_sched, rid, inc,
+            inc = self.inc_of(req)
+            status = self.v.RequestStatus.FINISHED_ABORTED
+            self.call(self.sched.finish_requests, rid, status)
+            self.world.emit(self.c_sched, rid, inc,
                             SchedFinish("FINISHED_ABORTED", cause, msg.tag))
             self.kv.sync({rid: inc})
 
@@ -254,7 +257,7 @@ class VllmEngineCore:
         sched = self.sched
         queue = self._batch_queue
         if sched.has_requests():
-            so = self._call(sched.schedule)
+            so = self.call(sched.schedule)
             self._step_no += 1
             self._synced_schedule(so)
             executed = so.total_num_scheduled_tokens > 0
@@ -273,7 +276,7 @@ class VllmEngineCore:
         mro = future.value
         if self.aborts_queue:
             self._process_aborts_queue()  # core.py: just before update_from_output
-        ev = self.world.sleep("engine.step:update_from_output", 0.0, self._c_core)
+        ev = self.world.sleep("engine.step:update_from_output", 0.0, self.c_core)
         if ev is not None:
             yield ev
         self._update(so, mro, step)
@@ -297,14 +300,14 @@ class VllmEngineCore:
                 # scheduler.py:1799-1843: blocks freed, recomputed from waiting; output in
                 # flight (async) is stale
                 stale = req.num_stale_output_tokens
-                self.world.emit(self._c_sched, rid, self._inc_of(req),
+                self.world.emit(self.c_sched, rid, self.inc_of(req),
                                 SchedPreempt(stale if stale else None))
 
     def _record_step(self, so: Any) -> None:
         requests = self.sched.requests
-        batch = [[rid, self._inc_of(requests.get(rid)), n]
+        batch = [[rid, self.inc_of(requests.get(rid)), n]
                  for rid, n in so.num_scheduled_tokens.items()]
-        self.world.emit(self._c_sched, None, 0,
+        self.world.emit(self.c_sched, None, 0,
                         SchedStep(self._step_no, batch, sorted(so.finished_req_ids)))
 
     def _submit(self, so: Any, executes: bool) -> simpy.Event:
@@ -315,11 +318,11 @@ class VllmEngineCore:
         sampled = self.runner.execute_model(self._runner_input(so))
         vocab = self.vocab
         req_ids = list(so.num_scheduled_tokens)
-        mro = self._v.ModelRunnerOutput(
+        mro = self.v.ModelRunnerOutput(
             req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=[[vocab.encode(sampled[r])] if r in sampled else []
                                for r in req_ids])
-        delay = world.pause("engine.step:execute", self.config.step_time, self._c_core) \
+        delay = world.pause("engine.step:execute", self.config.step_time, self.c_core) \
             if executes else 0.0
         start = self._gpu_free_at if self._gpu_free_at > now else now
         self._gpu_free_at = start + delay
@@ -350,24 +353,24 @@ class VllmEngineCore:
         objects = {rid: requests.get(rid) for rid in so.num_scheduled_tokens}
         before = {rid: (len(r.output_token_ids) if r is not None else 0)
                   for rid, r in objects.items()}
-        outs = self._call(self.sched.update_from_output, so, mro)
+        outs = self.call(self.sched.update_from_output, so, mro)
         vocab = self.vocab
         applied = []
         finished: dict[str, int] = {}
         for rid, req in objects.items():
             if req is None:
                 continue
-            inc = self._inc_of(req)
+            inc = self.inc_of(req)
             for t in list(req.output_token_ids)[before[rid]:]:
                 token = vocab.decode(t)
                 applied.append([rid, inc, token.inc, token.ctx])
             if req.is_finished() and requests.get(rid) is not req:
                 finished[rid] = inc
                 reason = _REASON.get(req.get_finished_reason().name, "stop")
-                self.world.emit(self._c_sched, rid, inc, SchedFinish(req.status.name, reason))
+                self.world.emit(self.c_sched, rid, inc, SchedFinish(req.status.name, reason))
         self.kv.sync(finished)
         if objects:
-            self.world.emit(self._c_sched, None, 0, SchedUpdate(step, applied))
+            self.world.emit(self.c_sched, None, 0, SchedUpdate(step, applied))
         for client in sorted(outs or {}):
             real = outs[client]
             channel = self.output_channels.get(client)
@@ -375,7 +378,7 @@ class VllmEngineCore:
                 continue
             # vLLM's own outputs go to the frontend; their incarnations ride beside them
             envelopes = tuple(
-                Envelope(o, finished.get(o.request_id) or self._inc_of(objects.get(o.request_id)))
+                Envelope(o, finished.get(o.request_id) or self.inc_of(objects.get(o.request_id)))
                 for o in real.outputs)
             channel.send(EngineCoreOutputs(self.index, envelopes, real),
                          [e.output.request_id for e in envelopes],
@@ -386,6 +389,6 @@ class VllmEngineCore:
 
     def _die(self, reason: str) -> None:
         self.dead = reason
-        self.world.emit(self._c_core, None, 0, EngineFatalEvent(reason))
+        self.world.emit(self.c_core, None, 0, EngineFatalEvent(reason))
         for client in sorted(self.output_channels):
             self.output_channels[client].send(EngineDead(self.index, reason), ["*"])

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from racesim.engine_model.events.engine import KvAlloc, KvFree
-from racesim.engine_model.messages import Token
+from racesim.engine_model.messages import EngineCoreRequest, Token
 from racesim.sim.world import World
 
-__all__ = ["KvShadow", "SchedulerView", "Vocabulary", "EosIds"]
+__all__ = ["KvShadow", "SchedulerView", "Vocabulary", "EosIds", "PromptTokens"]
 
 
 class EosIds(list[int]):
@@ -47,6 +47,28 @@ class Vocabulary:
     def decode(self, token_id: int) -> Token:
         inc, ctx = self._pairs[(token_id - self.BASE) // 2]
         return Token(inc, ctx, token_id % 2 == 1)
+
+
+class PromptTokens:
+    """Prompt token ids by prompt name: requests naming one prompt get equal ids (so vLLM's
+    block hashes, and its prefix hits, match the model's); an unnamed prompt is its
+    incarnation's own, as in the model (``Request.prompt``). A prompt's number is spelled in
+    base 1000 in its first tokens (all below the fake vocabulary's output ids); the rest are 3."""
+
+    def __init__(self) -> None:
+        self._codes: dict[str, int] = {}
+
+    def ids(self, msg: EngineCoreRequest) -> list[int]:
+        key = msg.prompt or f"#inc{msg.inc}"
+        code = self._codes.get(key)
+        if code is None:
+            code = self._codes[key] = len(self._codes)
+        digits = [1 + code % 1000]
+        while code >= 1000:
+            code //= 1000
+            digits.append(1 + code % 1000)
+        n = msg.prompt_tokens
+        return (digits + [3] * n)[:n]
 
 
 class KvShadow:

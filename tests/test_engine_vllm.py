@@ -61,12 +61,19 @@ def test_what_the_vllm_backend_cannot_run_is_one_line_and_exit_2(
     assert status == 2 and words in err and len(err.splitlines()) == 1
 
 
-def test_pd_is_model_only_on_the_vllm_backend(monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("scenario", "what"), [
+    ("pd-reuse", "P/D is"), ("pd-kv-load-failure", "P/D is"),
+    ("dp-reuse-across-engines", "data parallelism is"),
+    ("dp-cancel-during-add", "data parallelism is"),
+    ("streaming-input-session", "streaming-input sessions are"),
+])
+def test_what_stays_model_only_on_the_vllm_backend(
+        scenario: str, what: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(engines, "installed_vllm", lambda: "0.33.0")
-    status, err = _main(["run", "pd-reuse", "--engine", "vllm"], capsys)
+    status, err = _main(["run", scenario, "--engine", "vllm"], capsys)
     assert status == 2
-    assert err.strip() == "racesim: error: P/D is model-only on the vllm backend"
+    assert err.strip() == f"racesim: error: {what} model-only on the vllm backend"
 
 
 @pytest.mark.parametrize(("installed", "words"), [

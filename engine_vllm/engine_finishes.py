@@ -1,0 +1,89 @@
+"""Engine-initiated finishes on the vllm backend, through vLLM 0.33's own Scheduler.
+
+``EngineCoreProc`` sends these outputs itself, outside ``update_from_output``: an ERROR output
+for a request whose preprocessing raised (``_handle_request_preproc_error``, core.py:2161-2168,
+from the input thread) or that arrived while generation was paused in "abort" or "wait" mode
+(``_reject_add_while_paused``, core.py:1796-1813), and ABORT outputs for the requests
+``pause_generation(mode="abort")`` finished (``pause_scheduler``, core.py:2181-2237, with
+``finish_requests(None, FINISHED_ABORTED)`` and ``_send_abort_outputs``). Each is vLLM's own
+``EngineCoreOutput`` with no tokens (``_send_finish_outputs_to_client``, core.py:2246-2258).
+The pause state is the real Scheduler's (``set_pause_state``): what it keeps from being
+scheduled is vLLM's decision. Not driven: ``_finish_pause``'s cache clearing once the pause
+completes (the model does not clear the prefix cache either).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from racesim.engine_model.events.engine import EngineReject, EngineUtility, SchedFinish
+from racesim.engine_model.messages import UtilityMessage
+from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
+
+__all__ = ["send_finish_outputs", "reject", "utility"]
+
+
+class VllmEngineCore(Protocol):
+    """What these finishes use of :class:`racesim.engine_vllm.engine_core.VllmEngineCore`."""
+
+    world: Any
+    index: int
+    v: Any
+    sched: Any
+    kv: Any
+    output_channels: dict[int, Any]
+    reject_new_requests: bool
+    c_core: str
+    c_sched: str
+
+    def inc_of(self, req: Any) -> int: ...
+
+    def call(self, fn: Any, *args: Any) -> Any: ...
+
+
+def send_finish_outputs(core: VllmEngineCore, finished: list[tuple[str, int]], client: int,
+                        reason: Any) -> None:
+    """``_send_finish_outputs_to_client``: one empty final output per (ID, incarnation)."""
+    channel = core.output_channels.get(client)
+    if channel is None or not finished:
+        return
+    v = core.v
+    outs = [v.EngineCoreOutput(rid, [], finish_reason=reason) for rid, _inc in finished]
+    real = v.EngineCoreOutputs(finished_requests=[rid for rid, _inc in finished], outputs=outs)
+    envelopes = tuple(Envelope(o, inc) for o, (_rid, inc) in zip(outs, finished, strict=True))
+    channel.send(EngineCoreOutputs(core.index, envelopes, real), [rid for rid, _ in finished],
+                 outputs=[[rid, inc, 0, str(reason)] for rid, inc in finished])
+
+
+def reject(core: VllmEngineCore, rid: str, inc: int, client: int, why: str) -> None:
+    """An ADD answered with an ERROR output and never scheduled."""
+    core.world.emit(core.c_core, rid, inc, EngineReject(why))
+    send_finish_outputs(core, [(rid, inc)], client, core.v.FinishReason.ERROR)
+
+
+def utility(core: VllmEngineCore, msg: UtilityMessage) -> None:
+    """pause_generation / resume_scheduler (core.py:2181-2237) on the real Scheduler."""
+    v = core.v
+    sched = core.sched
+    core.world.emit(core.c_core, None, 0, EngineUtility(msg.method, msg.mode))
+    if msg.method != "pause_generation":
+        core.reject_new_requests = False
+        sched.set_pause_state(v.PauseState.UNPAUSED)
+        return
+    if msg.mode == "abort":
+        held = [(rid, core.inc_of(req)) for rid, req in sched.requests.items()
+                if not req.is_finished()]
+        aborted = core.call(sched.finish_requests, None, v.RequestStatus.FINISHED_ABORTED)
+        incs = dict(held)
+        by_client: dict[int, list[tuple[str, int]]] = {}
+        for req in aborted:
+            inc = incs.get(req.request_id, 0)
+            core.world.emit(core.c_sched, req.request_id, inc,
+                            SchedFinish("FINISHED_ABORTED", "pause", 0))
+            by_client.setdefault(req.client_index, []).append((req.request_id, inc))
+        core.kv.sync(incs)
+        for client in sorted(by_client):
+            send_finish_outputs(core, by_client[client], client, v.FinishReason.ABORT)
+    sched.set_pause_state(v.PauseState.PAUSED_ALL if msg.mode == "keep"
+                          else v.PauseState.PAUSED_NEW)
+    core.reject_new_requests = msg.mode != "keep"
