@@ -361,14 +361,15 @@ class VllmEngineCore:
             if req is None:
                 continue
             inc = self.inc_of(req)
-            for t in list(req.output_token_ids)[before[rid]:]:
+            for t in req.output_token_ids[before[rid]:]:
                 token = vocab.decode(t)
                 applied.append([rid, inc, token.inc, token.ctx])
             if req.is_finished() and requests.get(rid) is not req:
                 finished[rid] = inc
                 reason = _REASON.get(req.get_finished_reason().name, "stop")
                 self.world.emit(self.c_sched, rid, inc, SchedFinish(req.status.name, reason))
-        self.kv.sync(finished)
+        if finished:  # update_from_output frees only the blocks of requests it finished
+            self.kv.sync(finished)
         if objects:
             self.world.emit(self.c_sched, None, 0, SchedUpdate(step, applied))
         for client in sorted(outs or {}):
