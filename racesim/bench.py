@@ -40,13 +40,12 @@ returns:
     process) and ``run_rss_mb`` (its growth during the run); ``growth_exponent`` is the
     least-squares slope of log(seconds) against log(requests).
 ``feature_schedules_per_s``, ``features``
-    exploration speed on newer lifecycle features' scenarios (prefix caching: prefix-reuse
-    under internal-id, on its own profile), as ``schedules_per_s`` is measured but with a fifth
-    of its budget; see :mod:`racesim.bench_features`.
+    exploration speed on newer lifecycle features' scenarios (prefix-reuse under internal-id, on
+    its own profile), measured as ``schedules_per_s`` with a fifth of its budget
+    (:mod:`racesim.bench_features`).
 ``vllm_schedules_per_s``, ``vllm``
-    the same kind of explore on vLLM's own engine code (``--engine vllm``, profile 0.33) beside
-    the model's at 0.33; None, with ``vllm.unavailable`` saying why, when vLLM 0.33 is not
-    importable (see :mod:`racesim.bench_vllm`).
+    that explore on vLLM's own engine code (``--engine vllm``, 0.33) beside the model's at 0.33;
+    None when vLLM 0.33 is not importable (``vllm.unavailable``; :mod:`racesim.bench_vllm`).
 ``build``, ``compiled``
     whether the simulation's hot modules run compiled (mypyc, the default install) or as
     Python source (``RACESIM_PURE=1``, or no compiler at install time), and why.
@@ -69,7 +68,7 @@ from typing import Any
 
 from racesim.bench_features import measure_feature_explores
 from racesim.bench_scale import BENCH_VLLM, in_fresh_process, measure_scale, storm_workload
-from racesim.bench_vllm import measure_vllm
+from racesim.bench_vllm import vllm_figures
 
 __all__ = ["run_bench", "storm_workload", "bare_simpy", "parallel_capacity",
            "RACE_SCENARIOS", "STRATEGIES", "TARGETS"]
@@ -317,7 +316,6 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
 
     scale = measure_scale(sizes.scale, say)
     features = measure_feature_explores(max(1, sizes.explore_budget // 5), sizes.repeats, say)
-    vllm = measure_vllm(sizes.vllm_budget, sizes.repeats, say)
 
     best: dict[str, int | None] = {
         name: min((c["runs"] for c in cells.values() if c["runs"] is not None), default=None)
@@ -349,8 +347,7 @@ def run_bench(*, quick: bool = False, progress: Progress | None = None) -> dict[
         "features": features,
         "scale": scale,
         "parallel_speedup": round(one_s / two_s, 2),
-        "vllm_schedules_per_s": vllm["vllm_schedules_per_s"],
-        "vllm": vllm,
+        **vllm_figures(sizes.vllm_budget, sizes.repeats, say),
         "repeats": sizes.repeats,
         "simpy": {"steps": steps, "seconds": round(seconds, 3), "pairs": sizes.simpy_pairs,
                   "rounds": sizes.simpy_rounds,

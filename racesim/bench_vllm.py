@@ -18,7 +18,8 @@ from typing import Any
 
 from racesim.bench_scale import in_fresh_process
 
-__all__ = ["measure_vllm", "VLLM_SCENARIO", "VLLM_PROFILE", "VLLM_POLICY", "VLLM_TARGET"]
+__all__ = ["measure_vllm", "vllm_figures", "VLLM_SCENARIO", "VLLM_PROFILE", "VLLM_POLICY",
+           "VLLM_TARGET"]
 
 VLLM_SCENARIO = "abort-reuse"
 VLLM_PROFILE = "0.33"
@@ -86,3 +87,9 @@ def measure_vllm(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
                                for r in real + model),
             "samples_s": [round(r["seconds"], 3) for r in real],
             "model_samples_s": [round(r["seconds"], 3) for r in model]}
+
+
+def vllm_figures(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
+    """The bench document's ``vllm_schedules_per_s`` and its ``vllm`` section."""
+    section = measure_vllm(budget, repeats, progress)
+    return {"vllm_schedules_per_s": section["vllm_schedules_per_s"], "vllm": section}

@@ -25,12 +25,14 @@ from racesim.cli_support import fail as _fail
 from racesim.cli_support import output_dir as _output_dir
 from racesim.cli_support import output_file as _output_file
 from racesim.cli_support import parse_options as _options
+from racesim.cli_support import replay_note as _replay_note
 from racesim.cli_support import warn_accounting as _warn_accounting
 from racesim.documents import read_counterexample, run_document
 from racesim.engine_model import INVARIANTS, POINTS, POLICIES
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.policies import policy_spec
-from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES, get_profile, profile_gap
+from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES, get_profile
+from racesim.engines import cannot_run
 from racesim.explore import explore
 from racesim.matrix import run_matrix
 from racesim.progress import ProgressBar
@@ -198,18 +200,9 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
     scen = cx.scenario.with_vllm(vllm)
     result = run_scenario(scen, cx.policy, options=cx.options, seed=cx.seed,
                           schedule=cx.schedule, skip=cx.skip, engine=engine or cx.engine)
-    recorded = list(dict.fromkeys(str(v.get("invariant")) for v in cx.violations))
-    on = f" ({result.engine} backend)" if result.engine != cx.engine else ""
-    if recorded and set(recorded) != set(result.violated):
-        click.echo(f"racesim: {counterexample} no longer reproduces on vLLM {result.vllm}{on} "
-                   f"(recorded {', '.join(recorded)}; now "
-                   f"{', '.join(result.violated) or 'nothing'})", err=True)
-    elif on:
-        click.echo(f"racesim: {counterexample} reproduces on vLLM {result.vllm}{on}: "
-                   f"{', '.join(result.violated) or 'nothing'}", err=True)
-    elif not as_json and result.trace_hash != cx.trace_hash:
-        click.echo(f"warning: trace hash {result.trace_hash} differs from the recorded "
-                   f"{cx.trace_hash} (the model changed since it was written)", err=True)
+    note = _replay_note(counterexample, cx, result, as_json)
+    if note:
+        click.echo(note, err=True)
     _finish_run(scen, cx.policy, dict(cx.options), result,
                 replay_command(counterexample, cx.policy, result.engine), cx.skip, as_json,
                 html_file, trace_file, strict)
@@ -306,17 +299,12 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     Exits 0 when it completed, whatever it found; 1 with --fail-on-race and a racing cell."""
     scens = [load_scenario(n).with_vllm(vllm) for n in (scenario_names or bundled_names())]
     if not scenario_names:  # every bundled scenario the profile (and backend) can run
-        left = [s.name for s in scens if profile_gap(s.workload) is not None]
-        if engine == "vllm":
-            from racesim.engine_vllm import model_only_reason
-
-            left += [s.name for s in scens
-                     if s.name not in left and model_only_reason(s.workload) is not None]
+        left = [s.name for s in scens if cannot_run(s.workload, engine or "model")]
         scens = [s for s in scens if s.name not in left]
         if left:
             click.echo(f"racesim: matrix on vLLM {vllm} ({engine}) leaves out {', '.join(left)} "
-                       f"(they use engine features not modelled on that profile, or "
-                       f"model-only on that backend)", err=True)
+                       f"(engine features not modelled on that profile, or model-only on that "
+                       f"backend)", err=True)
     pols = list(policies or (("buggy", "internal-id") if engine == "vllm" else POLICIES))
     for p in pols:
         import_from_cwd(p)

@@ -16,7 +16,7 @@ from racesim.reports.verdict import ACCOUNTING, accounting_warning, verdict
 from racesim.sim import InputError
 
 __all__ = ["fail", "parse_options", "output_file", "output_dir", "warn_accounting", "BUDGET",
-           "emit_json", "console", "check_workers"]
+           "emit_json", "console", "check_workers", "replay_note"]
 
 
 def fail(message: str) -> NoReturn:
@@ -62,3 +62,21 @@ def emit_json(doc: Any) -> None:
 
 def console() -> Console:
     return Console(highlight=False, soft_wrap=False)
+
+
+def replay_note(path: str, cx: Any, result: Any, as_json: bool) -> str | None:
+    """What ``replay`` says on stderr about a replayed file: that it no longer reproduces,
+    what it showed on another backend than the one that wrote it, or that its trace hash
+    changed (the model changed since it was written); None when there is nothing to say."""
+    recorded = list(dict.fromkeys(str(v.get("invariant")) for v in cx.violations))
+    on = f" ({result.engine} backend)" if result.engine != cx.engine else ""
+    now = ", ".join(result.violated) or "nothing"
+    if recorded and set(recorded) != set(result.violated):
+        return (f"racesim: {path} no longer reproduces on vLLM {result.vllm}{on} "
+                f"(recorded {', '.join(recorded)}; now {now})")
+    if on:
+        return f"racesim: {path} reproduces on vLLM {result.vllm}{on}: {now}"
+    if not as_json and result.trace_hash != cx.trace_hash:
+        return (f"warning: trace hash {result.trace_hash} differs from the recorded "
+                f"{cx.trace_hash} (the model changed since it was written)")
+    return None

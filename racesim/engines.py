@@ -12,9 +12,12 @@ from __future__ import annotations
 from functools import cache
 from importlib import metadata
 
+from racesim.engine_model.config import Workload
+from racesim.engine_model.versions import profile_gap
 from racesim.sim.errors import InputError
 
-__all__ = ["ENGINES", "SUPPORTED_VLLM", "INSTALL_COMMAND", "check_engine", "installed_vllm"]
+__all__ = ["ENGINES", "SUPPORTED_VLLM", "INSTALL_COMMAND", "check_engine", "installed_vllm",
+           "cannot_run"]
 
 ENGINES = ("model", "vllm")
 #: vLLM releases the vllm backend runs on (its adapters follow these releases' signatures), by
@@ -52,3 +55,15 @@ def check_engine(engine: str, vllm: str) -> None:
     if not version.startswith(SUPPORTED_VLLM[vllm]):
         raise InputError(f"--engine vllm: installed vLLM {version} is not supported "
                          f"(supported: {supported}; {INSTALL_COMMAND} installs it)")
+
+
+def cannot_run(workload: Workload, engine: str) -> bool:
+    """Whether ``workload`` uses an engine feature its profile does not model, or one that is
+    model-only on ``engine`` (P/D, DP and streaming-input sessions on the vllm backend)."""
+    if profile_gap(workload) is not None:
+        return True
+    if engine != "vllm":
+        return False
+    from racesim.engine_vllm import model_only_reason
+
+    return model_only_reason(workload) is not None
