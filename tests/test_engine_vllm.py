@@ -19,6 +19,8 @@ from click.testing import CliRunner
 from racesim import engines
 from racesim.cli import cli, main
 from racesim.documents import read_counterexample
+from racesim.engine_model import RunResult
+from racesim.engine_model.events import KvAlloc
 from racesim.runner import run_scenario
 from racesim.scenarios import bundled_names, load_scenario
 
@@ -289,3 +291,36 @@ def test_abort_storm_after_engine_death_agrees_with_the_model() -> None:
     v = run_scenario(scen, "buggy", schedule=m.schedule, engine="vllm")
     assert "engine-alive" in m.violated and "engine-alive" in v.violated
     assert _outcome(v) == _outcome(m)
+
+
+def _hits(r: RunResult) -> list[int]:
+    return [len(e.detail.hit) for e in r.trace if isinstance(e.detail, KvAlloc) and e.detail.hit]
+
+
+@pytest.mark.vllm
+def test_prefix_caching_follows_the_scenario_on_vllms_own_block_pool() -> None:
+    """prefix-reuse: a named prompt gives equal prompt token ids, so vLLM's own block hashes
+    hit as the model's do (blocks shared, kv-ownership still holding); with
+    ``prefix_caching = false`` vLLM's CacheConfig turns caching off and nothing is shared."""
+    import dataclasses
+
+    scen = load_scenario("prefix-reuse")
+    for policy in ("buggy", "internal-id"):
+        v = run_scenario(scen, policy, engine="vllm")
+        m = run_scenario(scen, policy)
+        assert _hits(v) == _hits(m) and _hits(v)
+        assert "kv-ownership" not in v.violated
+    w = scen.workload
+    off = dataclasses.replace(scen, workload=dataclasses.replace(
+        w, engine=dataclasses.replace(w.engine, prefix_caching=False)))
+    v = run_scenario(off, "internal-id", engine="vllm")
+    assert _hits(v) == [] == _hits(run_scenario(off, "internal-id"))
+
+
+@pytest.mark.vllm
+def test_preemption_happens_on_vllms_own_scheduler_where_the_model_preempts() -> None:
+    for name in ("preempt-abort", "preempt-reuse"):
+        v = run_scenario(load_scenario(name), "internal-id", engine="vllm")
+        m = run_scenario(load_scenario(name), "internal-id")
+        assert [e.request for e in v.trace if e.kind == "sched.preempt"] == \
+            [e.request for e in m.trace if e.kind == "sched.preempt"] != []
