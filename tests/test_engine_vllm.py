@@ -324,3 +324,13 @@ def test_preemption_happens_on_vllms_own_scheduler_where_the_model_preempts() ->
         m = run_scenario(load_scenario(name), "internal-id")
         assert [e.request for e in v.trace if e.kind == "sched.preempt"] == \
             [e.request for e in m.trace if e.kind == "sched.preempt"] != []
+
+
+@pytest.mark.vllm
+def test_the_vllm_backends_components_are_in_the_topology() -> None:
+    """Every component the vllm backend records (vLLM's engine, each frontend's adapter, the
+    sockets between them) is one the run's topology names, as on the model."""
+    v = run_scenario(load_scenario("multi-frontend"), "internal-id", engine="vllm")
+    m = run_scenario(load_scenario("multi-frontend"), "internal-id")
+    assert v.topology is not None and v.topology == m.topology
+    assert [e.component for e in v.trace if v.topology.component(e.component) is None] == []
