@@ -8,8 +8,14 @@ prefix-reuse scenario end to end.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from typing import Any
+
 import pytest
 
+from racesim import sim
 from racesim.engine_model import EngineConfig
 from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.kv_cache import KVCacheManager
@@ -159,8 +165,19 @@ class _SharesPrivateBlocks(KVCacheManager):
     (_SharesPrivateBlocks, "a private block is shared"),
 ])
 def test_kv_ownership_catches_a_pool_that_shares_wrongly(monkeypatch: pytest.MonkeyPatch,
-                                                          broken: type, text: str) -> None:
-    import racesim.engine_model.engine_core as engine_core
+                                                          broken: type, text: str,
+                                                          request: pytest.FixtureRequest) -> None:
+    if sim.NATIVE:
+        # a compiled KVCacheManager refuses interpreted subclasses: run this case on the
+        # pure-Python modules (RACESIM_PURE loads them from source) in a child process
+        child = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+             f"{__file__}::{request.node.name}"],
+            env={**os.environ, "RACESIM_PURE": "1"}, capture_output=True, text=True)
+        assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-2000:]
+        assert "1 passed" in child.stdout, child.stdout[-2000:]
+        return
+    from racesim.engine_model.system import System
     scen = load_scenario("prefix-reuse")
     if broken is _SharesPrivateBlocks:   # give Y a text of its own: only a broken lookup hits it
         import dataclasses
@@ -169,7 +186,19 @@ def test_kv_ownership_catches_a_pool_that_shares_wrongly(monkeypatch: pytest.Mon
         reqs[1] = dataclasses.replace(reqs[1], prompt="notes")
         scen = dataclasses.replace(scen, workload=dataclasses.replace(w, requests=tuple(reqs)))
     assert run_scenario(scen, "internal-id", skip=["metrics-exact"]).violations == ()
-    monkeypatch.setattr(engine_core, "KVCacheManager", broken)
+    build = System.new_engine
+
+    def with_broken_pool(self: System, index: int, name: str) -> Any:
+        # swap the pool after construction: the compiled engine_core binds its own
+        # KVCacheManager at build time, so patching the module global would not reach it
+        engine = build(self, index, name)
+        kv = engine.kv
+        engine.kv = engine.scheduler.kv = broken(
+            kv.world, kv.component, kv.num_blocks, kv.block_size, kv.caching,
+            "lifo-uncached" if kv._lifo else "append")
+        return engine
+
+    monkeypatch.setattr(System, "new_engine", with_broken_pool)
     raced = run_scenario(scen, "internal-id", skip=["metrics-exact"])
     details = [v.detail for v in raced.violations if v.invariant == "kv-ownership"]
     assert any(text in d for d in details), raced.violations
