@@ -32,6 +32,7 @@ from racesim.engine_model import INVARIANTS, POINTS, POLICIES
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.policies import policy_spec
 from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES, get_profile
+from racesim.engine_vllm.support import SUPPORTED_POLICIES
 from racesim.engines import cannot_run
 from racesim.explore import explore
 from racesim.matrix import run_matrix
@@ -302,10 +303,12 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
         left = [s.name for s in scens if cannot_run(s.workload, engine or "model")]
         scens = [s for s in scens if s.name not in left]
         if left:
-            click.echo(f"racesim: matrix on vLLM {vllm} ({engine}) leaves out {', '.join(left)} "
+            on = f"vLLM {vllm}" if vllm else "each scenario's vLLM profile"
+            click.echo(f"racesim: matrix on {on} ({engine or 'model'} backend) leaves out "
+                       f"{', '.join(left)} "
                        f"(engine features not modelled on that profile, or model-only on that "
                        f"backend)", err=True)
-    pols = list(policies or (("buggy", "internal-id") if engine == "vllm" else POLICIES))
+    pols = list(policies or (SUPPORTED_POLICIES if engine == "vllm" else POLICIES))
     for p in pols:
         import_from_cwd(p)
         policy_spec(p)
