@@ -31,7 +31,6 @@ from racesim.engine_model.kv_cache import KVCacheManager
 from racesim.engine_model.kv_connector import ConnectorScheduler
 from racesim.engine_model.messages import (
     AbortMessage,
-    EngineCoreOutput,
     EngineCoreRequest,
     KVDoneNotice,
     KVHeartbeat,
@@ -311,14 +310,7 @@ class EngineCore:
             yield ev
         self._process_kv_finished()
         results = sched.update_from_output(out, sampled)
-        outputs = self.outputs
-        if outputs.finished_by_client is not None:
-            outputs.step_outputs(results)
-        elif results:
-            by_client: dict[int, list[EngineCoreOutput]] = {}
-            for client, output in results:
-                by_client.setdefault(client, []).append(output)
-            outputs.send(by_client)
+        self.outputs.step_outputs(results)
         return True
 
     def _process_aborts_queue(self) -> None:

@@ -76,14 +76,23 @@ def outcome_of(result: RunResult, engine: str = "") -> Outcome:
     uid_of_inc: dict[int, int] = {}
     received: dict[int, list[tuple[int, int, int]]] = {}
     dead: dict[str, str] = {}
+    topology = result.topology
+    if topology is None:
+        raise ValueError("conformance needs a run that recorded its topology")
+
+    def index_of(component: str) -> int:
+        c = topology.component(component)
+        assert c is not None and c.kind == "client", component
+        return c.index
+
     for ev in result.trace:
         d = ev.detail
         if isinstance(d, ClientSend):
-            client_of_uid[d.uid] = int(ev.component[len("client"):])
+            client_of_uid[d.uid] = index_of(ev.component)
         elif isinstance(d, FeAdd):
             uid_of_inc[ev.inc] = d.uid
         elif isinstance(d, ClientOutput):
-            index = int(ev.component[len("client"):])
+            index = index_of(ev.component)
             got = received.setdefault(index, [])
             for child, inc, ctx in d.tokens:
                 sender = client_of_uid.get(uid_of_inc.get(inc, -1), -1)
@@ -91,9 +100,9 @@ def outcome_of(result: RunResult, engine: str = "") -> Outcome:
                 got.append((int(child), sender, carried))
         elif isinstance(d, EngineFatalEvent):
             error = d.error
-            # the engine, not which of its threads raised: "engine.core" -> "engine"
             kind_of_error = error.split(":", 1)[0].split()[0] if error.strip() else ""
-            dead.setdefault(ev.component.split(".", 1)[0], kind_of_error)
+            # the engine, not which of its threads raised
+            dead.setdefault(topology.engine_of(ev.component), kind_of_error)
     requests = tuple(RequestView(r.id, r.frontend, r.tokens, r.finish_reason,
                                  _spans(received.get(i, ())))
                      for i, r in enumerate(result.requests))
