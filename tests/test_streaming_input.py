@@ -59,12 +59,26 @@ def test_an_accidental_duplicate_ends_the_session_with_equal_ids_only() -> None:
     scen = load_scenario("streaming-input-session")
     buggy = run_scenario(scen, "buggy")
     assert "no-hang" in buggy.violated and buggy.reach().reach == "live"
-    assert [q.finish_reason for q in buggy.requests[:2]] == ["stream_finished", None]
+    # the duplicate came while S's second chunk ran: that chunk became S's last
+    assert [(q.finish_reason, q.tokens) for q in buggy.requests[:2]] == [("length", 10),
+                                                                         (None, 0)]
+    assert "queue-end" in _actions(buggy)
     assert "engine-alive" not in buggy.violated          # a session's ID takes no assert
     fixed = run_scenario(scen, "internal-id")
     assert fixed.violated == ()
     assert [(q.finish_reason, q.tokens) for q in fixed.requests] == [
         ("length", 15), ("length", 5), ("length", 40)]
+
+
+def test_a_duplicate_while_the_session_waits_for_input_ends_its_stream() -> None:
+    """output_processor.py:701-707: the session's stream ends with STREAM_FINISHED; the
+    scheduler ends the session (scheduler.py:2943-2945); the newcomer is never answered."""
+    r = _run(RequestSpec("S", max_tokens=5, input_chunks=1, chunk_interval=0.2),
+             RequestSpec("S", at=0.15, max_tokens=5), policy="buggy")
+    assert [(q.finish_reason, q.tokens) for q in r.requests] == [("stream_finished", 5),
+                                                                 (None, 0)]
+    assert _actions(r) == ["wait", "end"]
+    assert "no-hang" in r.violated and "engine-alive" not in r.violated
 
 
 def test_a_duplicate_of_an_id_that_is_no_session_still_asserts() -> None:

@@ -23,7 +23,10 @@ from racesim.engine_model.events.frontend import (
     FeUtility,
 )
 from racesim.engine_model.frontend.output_processor import OutputProcessor, ParentRequest
-from racesim.engine_model.frontend.outputs import RequestOutputCollector
+from racesim.engine_model.frontend.outputs import (
+    RequestOutputCollector,
+    StreamingInputOutputCollector,
+)
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.messages import (
     AbortMessage,
@@ -159,7 +162,7 @@ class AsyncLLM:
             self.world.emit(self.name, request_id, 0, FeReject(client_uid, "EngineDeadError"))
             return FinishReason.ERROR
         internal = self.policy.assign_request_id(self, request_id)
-        collector = RequestOutputCollector(self.world.env, internal)
+        collector = StreamingInputOutputCollector(self.world.env, internal)
         self.world.env.process(self._handle_inputs(
             internal, request_id, collector, client_uid, prompt_tokens, max_tokens, eos_at,
             chunks, interval, self._next_inc()))
@@ -196,7 +199,7 @@ class AsyncLLM:
             op.add_request(req, None, 0, collector, client_uid, engine, None)
             op.open_session(rid)
         else:
-            op.streaming_update(rid, req.resumable)
+            op.streaming_update(req)
         ev = self.world.sleep("frontend.add_request:before_send", 0.0, self.name)
         if ev is not None:
             yield ev

@@ -133,13 +133,13 @@ class OutputProcessor:
         state.streaming_input = True
         state.input_chunk_queue = deque()
 
-    def streaming_update(self, request_id: str, resumable: bool) -> None:
+    def streaming_update(self, request: EngineCoreRequest) -> None:
         """``_update_streaming_request_state`` (output_processor.py:695-726): an add for an ID
         still here. A non-resumable one is the session's end, or, for a request that is no
         session (or whose last chunk the engine finished), ends its stream at once."""
-        state = self.request_states[request_id]
+        state = self.request_states[request.request_id]
         queue = state.input_chunk_queue
-        if not resumable:
+        if not request.resumable:
             if queue is None:
                 self._end_stream(state)
             elif queue:
@@ -154,10 +154,12 @@ class OutputProcessor:
             queue.append(False)
 
     def finish_stream(self, request: EngineCoreRequest) -> None:
-        """vLLM 0.33 ``_update_streaming_request_state`` for a non-resumable add of an ID that
-        is still here (output_processor.py:695-713): the old request's state is dropped with no
-        stats, and its client's stream ends with STREAM_FINISHED."""
-        self._end_stream(self.request_states[request.request_id])
+        """vLLM 0.33 ``add_request`` of an ID that is still here, not resumable: the same
+        ``_update_streaming_request_state`` (output_processor.py:672-713). For a request that
+        is no session, or a session waiting for input, the old state is dropped with no stats
+        and its stream ends with STREAM_FINISHED; a session with a chunk running takes the add
+        as its final one (:708-711)."""
+        self.streaming_update(request)
 
     def _end_stream(self, state: RequestState) -> None:
         if not state.finished:

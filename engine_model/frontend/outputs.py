@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Generator
 from typing import Any
 
@@ -9,7 +10,8 @@ import simpy
 
 from racesim.engine_model.messages import KVTransferParams, Token
 
-__all__ = ["CompletionOutput", "RequestOutput", "RequestOutputCollector"]
+__all__ = ["CompletionOutput", "RequestOutput", "RequestOutputCollector",
+           "StreamingInputOutputCollector"]
 
 
 class CompletionOutput:
@@ -91,3 +93,47 @@ class RequestOutputCollector:
         """The event the next ``put`` triggers."""
         ev = self._ready = self.env.event()
         return ev
+
+
+def _is_chunk_boundary(output: RequestOutput | None) -> bool:
+    """A streaming-input chunk's last output: a finish reason on an output not finished
+    (``_is_chunk_boundary``, v1/engine/output_processor.py:117-125)."""
+    return (output is not None and output.error is None and not output.finished
+            and any(c.finish_reason is not None for c in output.outputs))
+
+
+class StreamingInputOutputCollector(RequestOutputCollector):
+    """A session's collector: deltas merge as before, but never across an input chunk's
+    boundary; what arrives behind one waits in a backlog, each chunk's outputs merged
+    (``StreamingInputOutputCollector``, v1/engine/output_processor.py:128-160)."""
+
+    __slots__ = ("_backlog",)
+
+    def __init__(self, env: simpy.Environment, request_id: str) -> None:
+        super().__init__(env, request_id)
+        self._backlog: deque[RequestOutput] = deque()
+
+    def put(self, output: RequestOutput) -> None:
+        backlog = self._backlog
+        if output.error is not None:
+            backlog.clear()
+        elif backlog or _is_chunk_boundary(self._slot):
+            if backlog and not _is_chunk_boundary(backlog[-1]):
+                backlog[-1].merge(output)
+            else:
+                backlog.append(output)
+            return
+        super().put(output)
+
+    def get(self) -> Generator[simpy.Event, Any, RequestOutput]:
+        while self._slot is None:
+            yield self.wait()
+        out = self.take()
+        assert out is not None
+        return out
+
+    def take(self) -> RequestOutput | None:
+        out, self._slot = self._slot, None
+        if out is not None and self._backlog:
+            self._slot = self._backlog.popleft()
+        return out

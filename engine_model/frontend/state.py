@@ -47,14 +47,15 @@ class FrontendState(Protocol):
         ...
 
     def finish_stream(self, request: EngineCoreRequest) -> None:
-        """A non-resumable add of an ID still held: the old stream ends."""
+        """A plain (non-resumable) add of an ID still held: its stream ends, or a session
+        takes it as its final add."""
         ...
 
     def open_session(self, request_id: str) -> None:
         """The first chunk of a streaming-input session was registered."""
         ...
 
-    def streaming_update(self, request_id: str, resumable: bool) -> None:
+    def streaming_update(self, request: EngineCoreRequest) -> None:
         """A later add of a streaming-input session's ID (more input, or its end)."""
         ...
 
