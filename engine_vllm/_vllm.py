@@ -146,9 +146,11 @@ def new_scheduler(shape: VllmEngineShape) -> Any:
 
 
 def new_request(request_id: str, prompt_token_ids: list[int], max_tokens: int, client_index: int,
-                arrival_time: float, block_size: int, stop_ids: Any) -> Any:
+                arrival_time: float, block_size: int, stop_ids: Any,
+                resumable: bool = False) -> Any:
     """A vLLM ``Request`` as ``EngineCoreProc.preprocess_add_request`` builds it
-    (``Request.from_engine_core_request``, vllm/v1/request.py:244)."""
+    (``Request.from_engine_core_request``, vllm/v1/request.py:244); ``resumable``: a
+    streaming-input session's chunk (:264)."""
     v = vllm()
     sp = v.SamplingParams(max_tokens=max_tokens, detokenize=False,
                           output_kind=v.RequestOutputKind.DELTA)
@@ -156,7 +158,8 @@ def new_request(request_id: str, prompt_token_ids: list[int], max_tokens: int, c
     ecr = v.EngineCoreRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
                               mm_features=None, sampling_params=sp, pooling_params=None,
                               arrival_time=arrival_time, lora_request=None, cache_salt=None,
-                              data_parallel_rank=None, client_index=client_index)
+                              data_parallel_rank=None, client_index=client_index,
+                              resumable=resumable)
     return v.Request.from_engine_core_request(ecr, v.block_hasher(block_size))
 
 

@@ -23,7 +23,6 @@ from racesim.engine_model.events.engine import (
     EngineFatalEvent,
     SchedAbortMiss,
     SchedAdd,
-    SchedDuplicate,
     SchedFinish,
     SchedPreempt,
     SchedStep,
@@ -38,7 +37,7 @@ from racesim.engine_model.messages import (
 from racesim.engine_model.runner import ModelRunner
 from racesim.engine_model.scheduler import NewRequestData, SchedulerOutput
 from racesim.engine_model.versions import VllmProfile
-from racesim.engine_vllm import _vllm
+from racesim.engine_vllm import _vllm, sessions
 from racesim.engine_vllm import engine_finishes as finishes
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
 from racesim.engine_vllm.views import EosIds, KvShadow, PromptTokens, SchedulerView, Vocabulary
@@ -166,7 +165,7 @@ class VllmEngineCore:
         """preprocess_add_request: the vLLM Request, its incarnation kept by the object."""
         req = _vllm.new_request(msg.request_id, self._prompts.ids(msg), msg.max_tokens,
                                 msg.client_index, float(self.world.now), self.config.block_size,
-                                _EOS)
+                                _EOS, msg.resumable)
         self._truth[id(req)] = (req, msg.inc, msg.eos_at)
         return req
 
@@ -222,13 +221,11 @@ class VllmEngineCore:
     def _add(self, req: Any) -> None:
         rid = req.request_id
         prev = self.sched.requests.get(rid)
-        inc = self.inc_of(req)
-        if prev is not None:
-            # vLLM 0.33 scheduler.py:2931-2936 asserts "duplicate request id": record it, let the
-            # real assert fire.
-            self.world.emit(self.c_sched, rid, inc, SchedDuplicate(self.inc_of(prev)))
+        if prev is not None:  # a session's streaming update, or the duplicate-ID assert
+            sessions.add_held(self, prev, req)
+            return
         self.call(self.sched.add_request, req)
-        self.world.emit(self.c_sched, rid, inc, SchedAdd(0))
+        self.world.emit(self.c_sched, rid, self.inc_of(req), SchedAdd(0))
 
     def _abort(self, msg: AbortMessage, cause: str) -> None:
         # One ID per call: finish_requests iterates a set of the IDs it is given
@@ -354,6 +351,7 @@ class VllmEngineCore:
         before = {rid: (len(r.output_token_ids) if r is not None else 0)
                   for rid, r in objects.items()}
         outs = self.call(self.sched.update_from_output, so, mro)
+        by_session = sessions.session_outputs(objects, outs)
         vocab = self.vocab
         applied = []
         finished: dict[str, int] = {}
@@ -361,9 +359,12 @@ class VllmEngineCore:
             if req is None:
                 continue
             inc = self.inc_of(req)
-            for t in req.output_token_ids[before[rid]:]:
+            out = by_session.get(rid)
+            for t in req.output_token_ids[before[rid]:] if out is None else out.new_token_ids:
                 token = vocab.decode(t)
                 applied.append([rid, inc, token.inc, token.ctx])
+            if out is not None and out.finish_reason is not None and not req.is_finished():
+                sessions.chunk_stopped(self, req, inc)
             if req.is_finished() and requests.get(rid) is not req:
                 finished[rid] = inc
                 reason = _REASON.get(req.get_finished_reason().name, "stop")

@@ -9,8 +9,11 @@ OutputProcessor records, with the same meaning, so the monitors read both backen
   (``external_req_id`` set) and, for n > 1, vLLM's ``ParentRequest`` (parallel_sampling.py)
   with all its children named by ``get_child_info`` before the first is registered, as
   ``AsyncLLM.add_request`` does (async_llm.py:542-555);
-- a same-ID add (``finish_stream``) -> the same ``add_request``, whose non-resumable streaming
-  update finishes the old state and puts STREAM_FINISHED (:695-713);
+- a same-ID add (``finish_stream``) and a streaming-input session's later adds
+  (``streaming_update``) -> the same ``add_request`` with the same internal ID: vLLM's
+  ``_update_streaming_request_state`` (:695-726) queues or applies a resumable chunk, and takes
+  a non-resumable add as the session's end, or finishes the old state with STREAM_FINISHED;
+  a session's first add (``resumable=True``) opens it in ``RequestState`` (:249-252, 346);
 - an abort -> ``abort_requests(ids, internal)`` (:596-660). vLLM resolves and pops in that one
   call; the model resolves in ``flatten_req_to_abort`` and pops in the policy's
   ``abort_requests`` right after, with no await between (the policies this backend runs), so
@@ -137,10 +140,12 @@ class _Queue:
     """The queue vLLM's RequestState puts into, for one registration: converts each
     ``RequestOutput`` and feeds the model's simpy collector. Bound to its incarnation."""
 
-    __slots__ = ("op", "collector", "rid", "external", "index", "inc", "uid", "top", "state")
+    __slots__ = ("op", "collector", "rid", "external", "index", "inc", "uid", "top", "state",
+                 "session")
 
     def __init__(self, op: VllmOutputProcessor, collector: RequestOutputCollector, rid: str,
-                 external: str, index: int, inc: int, uid: int, top: str) -> None:
+                 external: str, index: int, inc: int, uid: int, top: str,
+                 session: bool = False) -> None:
         self.op = op
         self.collector = collector
         self.rid = rid
@@ -150,6 +155,8 @@ class _Queue:
         self.uid = uid
         self.top = top
         self.state: Any = None  # vLLM's RequestState this queue belongs to
+        #: a streaming-input session's (its first add was resumable)
+        self.session = session
 
     def put(self, output: Any) -> None:
         op = self.op
@@ -247,7 +254,7 @@ class VllmOutputProcessor:
             mm_features=None, sampling_params=params, pooling_params=None,
             arrival_time=float(self.world.now), lora_request=None, cache_salt=None,
             data_parallel_rank=None, client_index=self.client_index,
-            external_req_id=request.external_req_id)
+            external_req_id=request.external_req_id, resumable=request.resumable)
 
     def _parent(self, parent: ParentRequest, request: EngineCoreRequest,
                 stop_string_at: int | None) -> Any:
@@ -275,7 +282,7 @@ class VllmOutputProcessor:
             params = self._params(request.max_tokens, 1, stop_string_at)
         top = parent.request_id if parent is not None else rid
         queue = _Queue(self, collector, rid, request.external_req_id, index, request.inc,
-                       client_uid, top)
+                       client_uid, top, request.resumable)
         self.real.add_request(self._request(request, rid, params), None, real_parent, index,
                               queue)
         queue.state = self.real.request_states[rid]
@@ -284,18 +291,21 @@ class VllmOutputProcessor:
         return queue.state
 
     def finish_stream(self, request: EngineCoreRequest) -> None:
+        self.streaming_update(request)
+
+    def open_session(self, request_id: str) -> None:
+        # vLLM's add_request opened it: a resumable request's state streams input (:346)
+        assert self.real.request_states[request_id].streaming_input
+
+    def streaming_update(self, request: EngineCoreRequest) -> None:
+        """A later add of a held ID (AsyncLLM._add_request, async_llm.py:567-585): vLLM's
+        ``add_request`` takes it as a streaming update (output_processor.py:672-674)."""
         rid = request.request_id
         old = self._queue_of(self.real.request_states[rid])
         params = self._params(request.max_tokens, 1, None)
-        self.real.add_request(self._request(request, rid, params), None, None, 0, None)
+        self.real.add_request(self._request(request, rid, params), None, None, 0, old)
         if self.real.request_states.get(rid) is not old.state:
             self.world.emit(self.component, rid, old.inc, FePop("stream-finished"))
-
-    def open_session(self, request_id: str) -> None:
-        raise NotImplementedError("streaming-input sessions are model-only on this backend")
-
-    def streaming_update(self, request_id: str, resumable: bool) -> None:
-        raise NotImplementedError("streaming-input sessions are model-only on this backend")
 
     def note_unregistered(self, request: EngineCoreRequest, client_uid: int, index: int) -> None:
         self.world.emit(self.component, request.request_id, request.inc,
@@ -357,6 +367,12 @@ class VllmOutputProcessor:
             # finished here: where vLLM calls _update_stats_from_finished (:884-887)
             reason = str(engine_finish) if engine_finish is not None else FinishReason.STOP
             emit(component, rid, queue.inc, FeStats(reason, queue.uid))
+            if queue.session:
+                # no stop strings in a session (async_llm.py:717-729): an abort here is for a
+                # chunk in flight that may re-create the session (output_processor.py:878-882)
+                reqs_to_abort.extend(to_abort)
+                emit(component, rid, queue.inc, FePop("finished"))
+                continue
             if rid in to_abort:
                 reqs_to_abort.append(rid)
                 emit(component, rid, queue.inc, FeAbortIssue([rid], "stop-string"))

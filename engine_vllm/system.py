@@ -61,7 +61,9 @@ class VllmSystem(System):
 
     def new_engine(self, index: int, name: str) -> Any:
         wl = self.workload
-        longest = max((r.prompt_tokens + r.max_tokens for r in wl.requests), default=1)
+        # a streaming-input session's prompt grows by each chunk and all but one of its tokens
+        longest = max(((r.prompt_tokens + r.max_tokens) * (r.input_chunks + 1)
+                       for r in wl.requests), default=1)
         # the model has no length cap: a length that never binds, in whole 256-token steps
         max_model_len = max(256, -(-(longest + 1) // 256) * 256)
         return VllmEngineCore(self.world, index, name, wl.engine, self.policy, self.profile,
