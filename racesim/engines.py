@@ -59,7 +59,7 @@ def check_engine(engine: str, vllm: str) -> None:
 
 def cannot_run(workload: Workload, engine: str) -> bool:
     """Whether ``workload`` uses an engine feature its profile does not model, or one that is
-    model-only on ``engine`` (P/D, DP and streaming-input sessions on the vllm backend)."""
+    model-only on ``engine`` (P/D and DP on the vllm backend)."""
     if profile_gap(workload) is not None:
         return True
     if engine != "vllm":

