@@ -75,8 +75,10 @@ class VllmEngineCore:
                                       bool(config.async_scheduling),
                                       bool(config.prefix_caching))
         self.sched = _vllm.new_scheduler(shape)
-        #: ground truth by object: id(Request) -> (the Request, its incarnation, eos_at)
-        self._truth: dict[int, tuple[Any, int, int | None]] = {}
+        #: ground truth by object: id(Request) -> (the Request, its incarnation); id of its
+        #: SamplingParams -> (them, eos_at): a session's chunk brings its own (scheduler.py:1911)
+        self._truth: dict[int, tuple[Any, int]] = {}
+        self._eos: dict[int, tuple[Any, int | None]] = {}
         self.kv = KvShadow(world, f"{name}.kv", self.sched.kv_cache_manager, self._inc_of_id,
                            shape.prefix_caching)
         self._prompts = PromptTokens()
@@ -166,7 +168,8 @@ class VllmEngineCore:
         req = _vllm.new_request(msg.request_id, self._prompts.ids(msg), msg.max_tokens,
                                 msg.client_index, float(self.world.now), self.config.block_size,
                                 _EOS, msg.resumable)
-        self._truth[id(req)] = (req, msg.inc, msg.eos_at)
+        self._truth[id(req)] = (req, msg.inc)
+        self._eos[id(req.sampling_params)] = (req.sampling_params, msg.eos_at)
         return req
 
     # -- busy loop (EngineCoreProc.run_busy_loop) -----------------------------------------------
@@ -332,10 +335,9 @@ class VllmEngineCore:
         new = []
         for nr in so.scheduled_new_reqs:
             req = requests.get(nr.req_id)
-            entry = self._truth.get(id(req))
-            inc, eos_at = (entry[1], entry[2]) if entry is not None else (0, None)
-            new.append(NewRequestData(nr.req_id, inc, len(nr.prompt_token_ids or ()), eos_at,
-                                      nr.num_computed_tokens))
+            eos = self._eos.get(id(req.sampling_params))  # kept alive there: ids stay unique
+            new.append(NewRequestData(nr.req_id, self.inc_of(req), len(nr.prompt_token_ids or ()),
+                                      eos[1] if eos is not None else None, nr.num_computed_tokens))
         cached = so.scheduled_cached_reqs
         computed = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs}
         computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
