@@ -27,7 +27,12 @@ from racesim.engine_model.kv_cache import KVCacheManager
 from racesim.engine_model.messages import EngineCoreOutput, KVTransferParams, Token
 from racesim.engine_model.request import Request, RequestStatus
 from racesim.engine_model.sched_output import NewRequestData, SchedulerOutput
-from racesim.engine_model.sessions import add_to_session, chunk_stopped, open_session
+from racesim.engine_model.sessions import (
+    add_to_session,
+    chunk_stopped,
+    kv_holding_end,
+    open_session,
+)
 from racesim.engine_model.versions import VllmProfile, get_profile
 from racesim.sim.world import World
 
@@ -280,15 +285,16 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         """scheduler.py:1799-1843: free the blocks, reset the computed tokens, and put the
-        request at the front of waiting to be recomputed. Output still in flight (async) is
-        marked stale: delivered on return, it must not touch the reset counters."""
+        request at the front of waiting (behind those holding blocks) to be recomputed. Output
+        still in flight (async) is marked stale: delivered on return, it must not touch the
+        reset counters."""
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         stale = req.num_in_flight_tokens
         req.num_stale_output_tokens = stale
         req.num_output_placeholders = 0
-        self.waiting.appendleft(req)
+        self.waiting.insert(kv_holding_end(self.waiting), req)
         self.world.emit(self.component, req.request_id, req.inc,
                         SchedPreempt(stale if stale else None))
 

@@ -18,7 +18,7 @@ from racesim.engine_model.events.engine import SchedSession
 from racesim.engine_model.request import Request, RequestStatus
 from racesim.sim.world import World
 
-__all__ = ["add_to_session", "chunk_stopped", "open_session"]
+__all__ = ["add_to_session", "chunk_stopped", "kv_holding_end", "open_session"]
 
 
 class Scheduler(Protocol):
@@ -55,7 +55,7 @@ def add_to_session(sched: Scheduler, session: Request, update: Request) -> bool:
                          SchedSession("queue" if update.resumable else "queue-end"))
     elif update.resumable:
         _resume(sched, session, update)
-        sched.waiting.append(session)
+        _enqueue(sched, session)
     else:
         sched.world.emit(sched.component, rid, session.inc, SchedSession("end"))
         sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED, "session-end")
@@ -77,7 +77,7 @@ def chunk_stopped(sched: Scheduler, req: Request) -> bool:
         if update is None:
             return False  # the session's final add came while this chunk ran
         _resume(sched, req, update)
-        sched.waiting.append(req)
+        _enqueue(sched, req)
     else:
         req.status = RequestStatus.WAITING_FOR_STREAMING_REQ
         sched.world.emit(sched.component, req.request_id, req.inc, SchedSession("wait"))
@@ -95,3 +95,21 @@ def _resume(sched: Scheduler, session: Request, update: Request) -> None:
     session.status = RequestStatus.WAITING
     sched.world.emit(sched.component, session.request_id, session.inc,
                      SchedSession("resume", session.prompt_tokens))
+
+
+def kv_holding_end(waiting: deque[Request]) -> int:
+    """Where ``waiting`` stops holding KV blocks: the model's one deque keeps vLLM's
+    ``kv_holding_waiting`` (resumed sessions, remote KV loads) ahead of ``waiting``, as the
+    scheduler drains it first (scheduler.py:1062-1067, ``_holds_kv_blocks`` :2697-2715)."""
+    i = 0
+    for r in waiting:
+        if r.num_computed_tokens <= 0 and r.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+            break
+        i += 1
+    return i
+
+
+def _enqueue(sched: Scheduler, session: Request) -> None:
+    """A resumed session keeps its blocks: it waits behind the other waiting requests that
+    hold blocks, ahead of those that hold none (``_enqueue_waiting_request``)."""
+    sched.waiting.insert(kv_holding_end(sched.waiting), session)
