@@ -49,7 +49,7 @@ class Scheduler:
 
     __slots__ = ("world", "component", "config", "kv", "requests", "waiting", "running",
                  "finished_req_ids", "connector", "pause_state", "_step", "_async",
-                 "_assert_duplicate", "_free_after_recv")
+                 "_assert_duplicate", "_free_after_recv", "num_waiting_for_streaming_input")
 
     def __init__(self, world: World, component: str, config: EngineConfig,
                  kv: KVCacheManager, profile: VllmProfile | None = None) -> None:
@@ -61,6 +61,9 @@ class Scheduler:
         self.kv = kv
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
+        #: sessions waiting for input: out of ``running``, yet each holds a model-runner slot
+        #: that counts against max_num_seqs (scheduler.py:1070-1074)
+        self.num_waiting_for_streaming_input = 0
         self.running: list[Request] = []
         # An ordered set (a dict), shipped to the model runner with the next step.
         self.finished_req_ids: dict[str, None] = {}
@@ -108,6 +111,8 @@ class Scheduler:
                 continue
             if req.status == RequestStatus.RUNNING:
                 self._remove_running(req)
+            elif req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                self.num_waiting_for_streaming_input -= 1  # in no queue (scheduler.py:3002)
             else:
                 self._remove_waiting(req)
             # vLLM 0.33 scheduler.py:3017-3025: a read into this request's blocks has started
@@ -221,7 +226,8 @@ class Scheduler:
         caching = kv.caching
         skipped: list[Request] = []
         waiting = self.waiting
-        while admit and waiting and budget > 0 and len(running) < self.config.max_num_seqs:
+        limit = self.config.max_num_seqs - self.num_waiting_for_streaming_input
+        while admit and waiting and budget > 0 and len(running) < limit:
             req = waiting[0]
             if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 assert connector is not None

@@ -33,6 +33,8 @@ class Scheduler(Protocol):
     @property
     def waiting(self) -> deque[Request]: ...
 
+    num_waiting_for_streaming_input: int
+
     def finish_requests(self, request_ids: tuple[str, ...] | list[str], status: str, cause: str,
                         tag: int = 0) -> list[Request]: ...
 
@@ -54,6 +56,7 @@ def add_to_session(sched: Scheduler, session: Request, update: Request) -> bool:
         sched.world.emit(sched.component, rid, session.inc,
                          SchedSession("queue" if update.resumable else "queue-end"))
     elif update.resumable:
+        sched.num_waiting_for_streaming_input -= 1
         _resume(sched, session, update)
         _enqueue(sched, session)
     else:
@@ -80,6 +83,7 @@ def chunk_stopped(sched: Scheduler, req: Request) -> bool:
         _enqueue(sched, req)
     else:
         req.status = RequestStatus.WAITING_FOR_STREAMING_REQ
+        sched.num_waiting_for_streaming_input += 1
         sched.world.emit(sched.component, req.request_id, req.inc, SchedSession("wait"))
     return True
 

@@ -96,6 +96,22 @@ def test_the_duplicate_paths_are_the_ones_named() -> None:
     assert [q.finish_reason for q in waiting.requests] == ["stream_finished", None]
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_session_waiting_for_input_holds_a_slot(async_scheduling: bool) -> None:
+    """With max_num_seqs = 1, a request arriving while a session waits for input is admitted
+    only once the session has ended (scheduler.py:1070-1074)."""
+    runs = _runs("internal-id", RequestSpec("S", max_tokens=3, input_chunks=2,
+                                            chunk_interval=0.1),
+                 RequestSpec("X", at=0.05, max_tokens=3), max_num_seqs=1,
+                 async_scheduling=async_scheduling)
+    for r in runs:
+        ends = {e.request.split("-")[0]: e.time for e in r.trace if e.kind == "sched.finish"}
+        first_x = min(e.time for e in r.trace if e.kind == "sched.step"
+                      and any(str(b[0]).startswith("X") for b in e.detail.batch))
+        assert first_x >= ends["S"], r.engine
+    assert _seen(runs[1]) == _seen(runs[0])
+
+
 def test_a_duplicate_of_an_id_that_is_no_session_still_kills_the_engine() -> None:
     """With a session open, a plain duplicate of another ID in flight reaches vLLM's own
     "duplicate request id" assert (scheduler.py:2935-2936): the engine dies."""
