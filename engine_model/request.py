@@ -42,7 +42,7 @@ class Request:
                  "kv_transfer_params", "status", "num_computed_tokens", "output",
                  "num_output_placeholders", "remote_kv_ready", "prompt",
                  "num_in_flight_tokens", "num_stale_output_tokens", "fault", "resumable",
-                 "streaming_queue", "stale_tokens")
+                 "streaming_queue", "drop_stale_output")
 
     def __init__(self, msg: EngineCoreRequest) -> None:
         self.request_id = msg.request_id
@@ -69,8 +69,9 @@ class Request:
         #: a session's input chunks queued while a chunk runs (None: the session's end; the
         #: attribute is None for a request that is not a session).
         self.streaming_queue: deque[Request | None] | None = None
-        #: sampled tokens still in flight from a session's finished chunk, to be dropped.
-        self.stale_tokens = 0
+        #: the stale output is dropped, not delivered: a session's finished chunk (vLLM
+        #: request.py:168, scheduler.py:2728, 2337-2339).
+        self.drop_stale_output = False
 
     @property
     def num_tokens(self) -> int:

@@ -146,7 +146,20 @@ class Scheduler:
                 return
 
     def has_requests(self) -> bool:
+        if self.num_waiting_for_streaming_input:
+            return self._has_requests_with_sessions()
         return bool(self.waiting) or bool(self.running) or bool(self.finished_req_ids)
+
+    def _has_requests_with_sessions(self) -> bool:
+        """get_num_unfinished_requests (scheduler.py:3147-3155): vLLM queues each session
+        waiting for input and subtracts its counter. A counter over by one (a chunk's stopping
+        output applied twice, the in-flight count being the ID's) hides a waiting request, and
+        the engine stops stepping."""
+        held = sum(1 for r in self.requests.values()
+                   if r.status == RequestStatus.WAITING_FOR_STREAMING_REQ)
+        unfinished = (len(self.waiting) + len(self.running) + held
+                      - self.num_waiting_for_streaming_input)
+        return unfinished > 0 or bool(self.finished_req_ids)
 
     def live_ids(self) -> list[tuple[str, str, int]]:
         """``(table, request ID, incarnation)`` for every request still held: ``requests``,
@@ -242,7 +255,7 @@ class Scheduler:
                 connector.start_recv(req)
                 skipped.append(waiting.popleft())
                 continue
-            elif req.num_stale_output_tokens:
+            elif req.num_stale_output_tokens and not req.drop_stale_output:
                 # scheduler.py:1084-1088: output from before a preemption is still in flight;
                 # resuming now could resample a position it later delivers.
                 skipped.append(waiting.popleft())
@@ -298,6 +311,8 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         stale = req.num_in_flight_tokens
+        # an undrained dropped share stays dropped (scheduler.py:1832-1834)
+        req.drop_stale_output = req.drop_stale_output and req.num_stale_output_tokens > 0
         req.num_stale_output_tokens = stale
         req.num_output_placeholders = 0
         self.waiting.insert(kv_holding_end(self.waiting), req)
@@ -332,17 +347,18 @@ class Scheduler:
             if req is None or req.is_finished():
                 continue
             token = sampled.get(rid)
+            stale = False
             if is_async:
                 # scheduler.py:2313-2323: in-flight counts drain; output from before a
                 # preemption is stale: delivered, but it leaves the reset counters alone
                 req.num_in_flight_tokens -= n
                 if req.num_stale_output_tokens > 0:
+                    stale = True
                     req.num_stale_output_tokens -= n
                     if req.num_stale_output_tokens < 0:  # another request's step, by ID
                         raise EngineFatal(
                             f"AssertionError: num_stale_output_tokens >= 0 for {rid!r}")
-                elif token is not None and not req.stale_tokens and \
-                        req.num_output_placeholders > 0:
+                elif token is not None and req.num_output_placeholders > 0:
                     # scheduler.py:2766-2769 resolves placeholders only while there are some:
                     # a step scheduled before a preemption reset them (to 0) and not marked
                     # stale (another request's step under this ID drained the stale count)
@@ -351,9 +367,8 @@ class Scheduler:
                     req.num_output_placeholders -= 1
             if token is None:
                 continue  # a partial prefill chunk samples nothing
-            if req.stale_tokens:
-                req.stale_tokens -= 1  # a session's finished chunk: in flight, dropped
-                continue
+            if stale and req.drop_stale_output:
+                continue  # scheduler.py:2337-2339: a session's finished chunk, dropped
             req.output.append(token)
             applied.append([rid, req.inc, token.inc, token.ctx])
             reason = None

@@ -71,9 +71,11 @@ def chunk_stopped(sched: Scheduler, req: Request) -> bool:
     queue = req.streaming_queue
     if queue is None:
         return False
-    # Drop the chunk's work still in flight and resume from the computed frontier.
+    # Drop the chunk's work still in flight and resume from the computed frontier. The in
+    # flight count is the ID's, so a step of an earlier request under this ID counts too.
     req.num_computed_tokens -= req.num_output_placeholders
-    req.stale_tokens = req.num_output_placeholders
+    req.num_stale_output_tokens = req.num_in_flight_tokens
+    req.drop_stale_output = True
     req.num_output_placeholders = 0
     if queue:
         update = queue.popleft()
