@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -22,7 +22,7 @@ from racesim.sim.points import delay_entry
 
 __all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
            "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts",
-           "racesim_version", "LEGACY_VLLM"]
+           "racesim_version", "LEGACY_VLLM", "free_path"]
 
 COUNTEREXAMPLE_FORMAT = "racesim-counterexample/1"
 #: the profile of a counterexample file that names none: it was written by the model that the
@@ -117,6 +117,35 @@ def write_counterexample(path: Path, cx: Counterexample) -> Path:
     from racesim.reports._io import write_text
 
     return write_text(path, json.dumps(cx.as_dict(), indent=2, ensure_ascii=False) + "\n")
+
+
+def free_path(path: Path, ours: Callable[[Any], bool]) -> Path:
+    """``path``, or ``stem-2.json``, ``stem-3.json``...: never a file someone else wrote.
+
+    An existing file may be replaced only when ``ours(its JSON)`` says the same command wrote it
+    from the same input, so replacing it loses nothing. ``<stem>.unshrunk.json``, the stand-in
+    an exploration writes before it shrinks, counts as part of its candidate."""
+    def free(candidate: Path) -> bool:
+        return all(_replaceable(f, ours)
+                   for f in (candidate, candidate.with_name(candidate.stem + ".unshrunk.json")))
+
+    candidate, n = path, 1
+    while not free(candidate):
+        n += 1
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return candidate
+
+
+def _replaceable(path: Path, ours: Callable[[Any], bool]) -> bool:
+    if not (path.exists() or path.is_symlink()):
+        return True
+    if not path.is_file() or path.is_symlink():
+        return False
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return ours(data)
 
 
 def _need(data: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], src: str) -> Any:
