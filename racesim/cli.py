@@ -33,7 +33,7 @@ from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.policies import policy_spec
 from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES, get_profile
 from racesim.engine_vllm.support import SUPPORTED_POLICIES
-from racesim.engines import cannot_run
+from racesim.engines import cannot_run, why_not_run
 from racesim.explore import explore
 from racesim.matrix import run_matrix
 from racesim.progress import ProgressBar
@@ -308,6 +308,9 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
                        f"{', '.join(left)} "
                        f"(engine features not modelled on that profile, or model-only on that "
                        f"backend)", err=True)
+    for s in scens:  # a scenario asked for by name: refused before any cell runs
+        if (why := why_not_run(s.workload, engine or "model")) is not None:
+            raise InputError(f"{s.name}: {why}")
     pols = list(policies or (SUPPORTED_POLICIES if engine == "vllm" else POLICIES))
     for p in pols:
         import_from_cwd(p)
@@ -317,10 +320,9 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
         raise InputError(f"--time-limit must be > 0 seconds, got {time_limit}")
     _output_file("--html", html_file)
     if html_file:
-        cells_dir = Path(html_file).with_name(Path(html_file).stem + "-cells")
-        if cells_dir.exists() and not cells_dir.is_dir():
-            raise InputError(f"--html {html_file!r}: {str(cells_dir)!r} (its cell reports' "
-                             f"folder) exists and is not a folder")
+        from racesim.report_files import check_cells_dir
+        if (why := check_cells_dir(Path(html_file))) is not None:
+            raise InputError(f"--html {html_file!r}: {why}")
     out = _output_dir("--out", out_dir)
     _check_workers(workers, dask)
     bar = ProgressBar(not as_json, "matrix")
@@ -337,15 +339,18 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     finally:
         bar.close()
     doc = result.document()
+    cells = None
     if html_file:
         from racesim.report_files import write_matrix_reports
-        write_matrix_reports(Path(html_file), doc, result)
+        cells = write_matrix_reports(Path(html_file), doc, result)
     if as_json:
         _emit_json(doc)
     else:
         print_matrix(_console(), doc)
         if html_file:
-            click.echo(f"report: {html_file}")
+            click.echo(f"report: {html_file}" + (f" (failing cells' reports in {cells}/)"
+                                                   if cells is not None and cells.is_dir()
+                                                   else ""))
     if result.errors:
         _fail(result.errors[0])
     if result.interrupted:
