@@ -13,6 +13,7 @@ from rich.console import Console
 from racesim.cli_conform import conform_cmd
 from racesim.cli_options import engine_option as _engine
 from racesim.cli_options import explore_options as _explore_options
+from racesim.cli_options import matrix_options as _matrix_options
 from racesim.cli_options import output_options as _outputs
 from racesim.cli_options import run_options as _run_options
 from racesim.cli_options import strict_option as _strict
@@ -77,7 +78,7 @@ def cli() -> None:
 @cli.command("list")
 @click.argument("what", required=False,
                 type=click.Choice(["scenarios", "policies", "points", "invariants", "versions"]))
-@_vllm_option
+@_vllm_option(f"{DEFAULT_VLLM}; the profile whose await-point widths are listed")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
     """List bundled scenarios, policies, await points (with their width in a vLLM profile),
@@ -132,8 +133,8 @@ def show_cmd(scenario: str) -> None:
 @cli.command("run")
 @click.argument("scenario")
 @_run_options
-@_vllm_option
-@_engine
+@_vllm_option()
+@_engine()
 @click.option("--witness", is_flag=True, help="Apply the scenario's [witness] schedule.")
 @click.option("--delay", "delays", multiple=True, metavar="POINT[#K]=SECONDS",
               help="Delay every occurrence of a point, or only its K-th (from 0).")
@@ -182,7 +183,7 @@ def _finish_run(scen: Any, policy: str, options: dict[str, str], result: Any, co
                    "written before profiles].")
 @click.option("--allow-import", is_flag=True,
               help="Let the file's module:Class policy be imported (it runs that code).")
-@_engine
+@_engine("the file's")
 @_strict
 @_outputs
 def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine: str | None,
@@ -222,8 +223,8 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
 @click.option("--reach", type=click.Choice(["all", "live"]), default="all", show_default=True,
               help="'live': delay only await points that are live or yield in the vLLM "
                    "profile (races vLLM can hit as released).")
-@_vllm_option
-@_engine
+@_vllm_option()
+@_engine()
 @_explore_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
@@ -282,9 +283,9 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
 @click.option("-p", "--policy", "policies", multiple=True,
               help="Policy (repeatable) [default: every built-in policy].")
 @click.option("--budget", type=_BUDGET, default=100, show_default=True, help="Runs per cell.")
-@_vllm_option
-@_engine
-@_explore_options
+@_vllm_option()
+@_engine()
+@_matrix_options
 @click.option("--fail-on-race", is_flag=True,
               help="Exit 1 when a cell races (with --strict, also when one is accounting-only).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
