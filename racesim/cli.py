@@ -11,9 +11,9 @@ import click
 from rich.console import Console
 
 from racesim.cli_conform import conform_cmd
+from racesim.cli_matrix import matrix_cmd
 from racesim.cli_options import engine_option as _engine
 from racesim.cli_options import explore_options as _explore_options
-from racesim.cli_options import matrix_options as _matrix_options
 from racesim.cli_options import output_options as _outputs
 from racesim.cli_options import run_options as _run_options
 from racesim.cli_options import strict_option as _strict
@@ -30,18 +30,12 @@ from racesim.cli_support import replay_note as _replay_note
 from racesim.cli_support import warn_accounting as _warn_accounting
 from racesim.documents import read_counterexample, run_document
 from racesim.engine_model import INVARIANTS, POINTS, POLICIES
-from racesim.engine_model.checker import check_invariant_names
-from racesim.engine_model.policies import policy_spec
 from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES, get_profile
-from racesim.engine_vllm.support import SUPPORTED_POLICIES
-from racesim.engines import cannot_run, why_not_run
 from racesim.explore import explore
-from racesim.matrix import run_matrix
 from racesim.progress import ProgressBar
-from racesim.render import print_explore, print_matrix, print_run
+from racesim.render import print_explore, print_run
 from racesim.reports.verdict import exit_status
 from racesim.runner import (
-    import_from_cwd,
     parse_delay_option,
     policy_title,
     replay_command,
@@ -171,9 +165,18 @@ def _finish_run(scen: Any, policy: str, options: dict[str, str], result: Any, co
     else:
         print_run(_console(), f"{scen.name} under {policy_title(policy)}", result, command,
                   skip)
+        _say_written(html_file, trace_file)
     if not as_json:
         _warn_accounting(result.violated, strict)
     sys.exit(exit_status(result.violated, strict=strict))
+
+
+def _say_written(html_file: str | None, trace_file: str | None) -> None:
+    """Where the files asked for went (on stdout after the human-readable output)."""
+    if html_file:
+        click.echo(f"report: {html_file}")
+    if trace_file:
+        click.echo(f"trace: {trace_file} (open it in https://ui.perfetto.dev)")
 
 
 @cli.command("replay")
@@ -267,6 +270,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
         print_explore(_console(), doc, after,
                       replay_command(res.counterexample_path, policy, res.engine)
                       if res.counterexample_path else "")
+        _say_written(html_file, None)
     if res.interrupted:
         click.echo("racesim: interrupted; kept what was found"
                    + (f" ({res.counterexample_path})" if res.counterexample_path else ""),
@@ -275,90 +279,6 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
     if not as_json:
         _warn_accounting(res.invariants, strict)
     sys.exit(exit_status(res.invariants, strict=strict))
-
-
-@cli.command("matrix")
-@click.option("-s", "--scenario", "scenario_names", multiple=True,
-              help="Scenario (repeatable) [default: every bundled scenario].")
-@click.option("-p", "--policy", "policies", multiple=True,
-              help="Policy (repeatable) [default: every built-in policy].")
-@click.option("--budget", type=_BUDGET, default=100, show_default=True, help="Runs per cell.")
-@_vllm_option()
-@_engine()
-@_matrix_options
-@click.option("--fail-on-race", is_flag=True,
-              help="Exit 1 when a cell races (with --strict, also when one is accounting-only).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
-@click.option("--html", "html_file", type=click.Path(dir_okay=False),
-              help="Write the HTML matrix report (and a run report per failing cell).")
-def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: int,
-               vllm: str | None, engine: str | None, strict: bool, time_limit: float | None,
-               skip: Sequence[str],
-               strategy: str, seed: int, workers: int | None, dask: str | None, out_dir: str,
-               fail_on_race: bool, as_json: bool, html_file: str | None) -> None:
-    """Explore every scenario under every policy on the same seeds: which policy closes what.
-
-    Exits 0 when it completed, whatever it found; 1 with --fail-on-race and a racing cell."""
-    scens = [load_scenario(n).with_vllm(vllm) for n in (scenario_names or bundled_names())]
-    if not scenario_names:  # every bundled scenario the profile (and backend) can run
-        left = [s.name for s in scens if cannot_run(s.workload, engine or "model")]
-        scens = [s for s in scens if s.name not in left]
-        if left:
-            on = f"vLLM {vllm}" if vllm else "each scenario's vLLM profile"
-            click.echo(f"racesim: matrix on {on} ({engine or 'model'} backend) leaves out "
-                       f"{', '.join(left)} "
-                       f"(engine features not modelled on that profile, or model-only on that "
-                       f"backend)", err=True)
-    for s in scens:  # a scenario asked for by name: refused before any cell runs
-        if (why := why_not_run(s.workload, engine or "model")) is not None:
-            raise InputError(f"{s.name}: {why}")
-    pols = list(policies or (SUPPORTED_POLICIES if engine == "vllm" else POLICIES))
-    for p in pols:
-        import_from_cwd(p)
-        policy_spec(p)
-    check_invariant_names(tuple(skip))
-    if time_limit is not None and not time_limit > 0:
-        raise InputError(f"--time-limit must be > 0 seconds, got {time_limit}")
-    _output_file("--html", html_file)
-    if html_file:
-        from racesim.report_files import check_cells_dir
-        if (why := check_cells_dir(Path(html_file))) is not None:
-            raise InputError(f"--html {html_file!r}: {why}")
-    out = _output_dir("--out", out_dir)
-    _check_workers(workers, dask)
-    bar = ProgressBar(not as_json, "matrix")
-
-    def on_cell(done: int, total: int, res: Any) -> None:
-        if res is None:
-            bar.relabel(f"cell {done + 1}/{total}")
-
-    try:
-        result = run_matrix(scens, pols, budget=budget, seed=seed, strategy=strategy,
-                            workers=workers, dask=dask, skip=skip, out_dir=out,
-                            on_cell=on_cell, progress=bar, time_limit=time_limit,
-                            engine=engine or "model")
-    finally:
-        bar.close()
-    doc = result.document()
-    cells = None
-    if html_file:
-        from racesim.report_files import write_matrix_reports
-        cells = write_matrix_reports(Path(html_file), doc, result)
-    if as_json:
-        _emit_json(doc)
-    else:
-        print_matrix(_console(), doc)
-        if html_file:
-            click.echo(f"report: {html_file}" + (f" (failing cells' reports in {cells}/)"
-                                                   if cells is not None and cells.is_dir()
-                                                   else ""))
-    if result.errors:
-        _fail(result.errors[0])
-    if result.interrupted:
-        click.echo("racesim: interrupted; kept the cells finished so far", err=True)
-        sys.exit(130)
-    worst = max((exit_status(c["invariants"], strict=strict) for c in doc["cells"]), default=0)
-    sys.exit(worst if fail_on_race else 0)
 
 
 @cli.command("bench")
@@ -379,6 +299,7 @@ def bench_cmd(quick: bool, as_json: bool) -> None:
     print_bench(_console(), doc)
 
 
+cli.add_command(matrix_cmd)
 cli.add_command(conform_cmd)
 
 
