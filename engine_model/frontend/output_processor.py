@@ -239,8 +239,10 @@ class OutputProcessor:
                 state.finished = True
 
     def fail_engine(self, engine: int | None, reason: str) -> None:
-        """EngineDeadError: every request on the dead engine (None: on any engine) ends with
-        an error."""
+        """EngineDeadError: every request on the dead engine (None: on any engine, data
+        parallelism) ends with an error. Under data parallelism the states stay, as vLLM's
+        ``propagate_error`` only queues the error (output_processor.py:593-597): another
+        rank may still run them, and they are still this frontend's."""
         for rid in [r for r, s in self.request_states.items()
                     if engine is None or s.engine == engine]:
             state = self.request_states[rid]
@@ -249,7 +251,8 @@ class OutputProcessor:
                 state.collector.put(RequestOutput(state.external_req_id, [], True, None,
                                                   f"EngineDeadError: {reason}"))
                 self.world.emit(self.component, rid, state.inc, FeError(state.client_uid, top))
-            self._pop(state, "error")
+            if engine is not None:
+                self._pop(state, "error")
 
     # -- outputs --------------------------------------------------------------------------------
 
