@@ -276,14 +276,18 @@ class OutputProcessor:
             finish = out.finish_reason
             stop_string = False
             state.num_generated += len(tokens)
-            if finish is None and state.stop_string_at is not None \
+            if (finish is None or finish == FinishReason.LENGTH) \
+                    and state.stop_string_at is not None \
                     and state.num_generated >= state.stop_string_at:
                 extra = state.num_generated - state.stop_string_at
                 if extra:
                     del tokens[len(tokens) - extra:]
                     state.num_generated -= extra
+                # A stop string found on the engine's last (max_tokens) token still makes the
+                # finish STOP (output_processor.py:825-830); only a request the engine still
+                # runs gets an ABORT (:875-880).
+                stop_string = finish is None
                 finish = FinishReason.STOP
-                stop_string = True
             if finish is not None and state.streaming_input and finish not in (
                     FinishReason.ABORT, FinishReason.ERROR):
                 # A chunk boundary (:844-875): the output is not final; the next queued
