@@ -14,9 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import racesim.engine_vllm.system as vsys
 from racesim.conform import conform, lifecycle
+from racesim.conform_outcome import differences, outcome_of
+from racesim.engine_model import EngineConfig, RequestSpec, Workload, load_policy, run_workload
+from racesim.engine_vllm import run_workload as run_on_vllm
 from racesim.runner import run_scenario
 from racesim.scenarios import bundled_names, load_scenario
 
@@ -132,3 +137,31 @@ def test_a_dp_run_hashes_alike_in_two_processes_under_two_hash_seeds() -> None:
     here = run_scenario(load_scenario("dp-reuse-across-engines"), "buggy", witness=True,
                         engine="vllm")
     assert here.trace_hash in outs[0]
+
+
+_request = st.builds(
+    lambda rid, at, fe, abort, tokens, eos, stop, n: RequestSpec(
+        rid, at=at, frontend=fe, max_tokens=tokens, eos_at=eos, stop_string_at=stop, n=n,
+        abort_at=None if abort is None else at + abort),
+    st.sampled_from(["A", "B", "C"]), st.floats(0, 0.2), st.integers(0, 1),
+    st.none() | st.floats(0, 0.1), st.integers(1, 12), st.none() | st.integers(1, 10),
+    st.none() | st.integers(1, 6), st.sampled_from([1, 1, 2]))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(requests=st.lists(_request, min_size=1, max_size=7), size=st.integers(2, 3),
+       num_blocks=st.sampled_from([8, 64]), async_scheduling=st.booleans())
+def test_any_dp_workload_under_vllms_lifecycle_agrees_on_both_backends(
+        requests: list[RequestSpec], size: int, num_blocks: int,
+        async_scheduling: bool) -> None:
+    """Reused IDs across two API servers, 2-3 ranks, aborts, EOS, stop strings, n = 2, a small
+    KV pool (preemption) and both scheduling modes, under 0.33's internal IDs: the model and
+    vLLM's Schedulers agree on every client's outcome and every verdict."""
+    workload = Workload(frontends=2, requests=tuple(requests),
+                        engine=EngineConfig(vllm="0.33", data_parallel_size=size,
+                                            num_blocks=num_blocks,
+                                            async_scheduling=async_scheduling))
+    m = run_workload(workload, load_policy("internal-id"))
+    v = run_on_vllm(workload, load_policy("internal-id"))
+    assert differences(outcome_of(m), outcome_of(v)) == []
