@@ -139,9 +139,10 @@ def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
     return vc, spec
 
 
-def new_scheduler(shape: VllmEngineShape) -> Any:
+def new_scheduler(shape: VllmEngineShape, include_finished_set: bool = False) -> Any:
     """A fresh ``Scheduler`` (``AsyncScheduler`` under async scheduling, as
-    ``SchedulerConfig.get_scheduler_cls`` picks, config/scheduler.py:231)."""
+    ``SchedulerConfig.get_scheduler_cls`` picks, config/scheduler.py:231). A DP rank's has
+    ``include_finished_set`` (v1/engine/core.py:1219-1238): each client's finished IDs."""
     v = vllm()
     vc, spec = _config(shape)
     kvc = v.KVCacheConfig(num_blocks=shape.num_blocks + 1, kv_cache_tensors=[],
@@ -149,7 +150,8 @@ def new_scheduler(shape: VllmEngineShape) -> Any:
     cls = v.AsyncScheduler if shape.async_scheduling else v.Scheduler
     return cls(vllm_config=vc, kv_cache_config=kvc,
                structured_output_manager=v.StructuredOutputManager(vc),
-               block_size=shape.block_size, log_stats=False)
+               block_size=shape.block_size, log_stats=False,
+               include_finished_set=include_finished_set)
 
 
 def new_request(request_id: str, prompt_token_ids: list[int], max_tokens: int, client_index: int,

@@ -60,22 +60,22 @@ class _Fatal(Exception):
 
 
 class VllmEngineCore:
-    """One engine process running vLLM's Scheduler; ``index`` is its place in the system."""
+    """One engine process running vLLM's Scheduler; ``index`` is its place in the system, and
+    with ``dp`` a DP rank (its Scheduler lists each client's finished IDs, core.py:1219-1238)."""
 
     def __init__(self, world: World, index: int, name: str, config: EngineConfig,
-                 policy: Any, profile: VllmProfile, *, max_model_len: int) -> None:
+                 policy: Any, profile: VllmProfile, *, max_model_len: int,
+                 vocab: Vocabulary | None = None, dp: bool = False) -> None:
         self.world = world
         self.index = index
         self.name = name
         self.config = config
         self.policy = policy
-        v = _vllm.vllm()
-        self.v = v
+        self.v = _vllm.vllm()
         shape = _vllm.VllmEngineShape(config.num_blocks, config.block_size, config.max_num_seqs,
                                       config.max_num_batched_tokens, max_model_len,
-                                      bool(config.async_scheduling),
-                                      bool(config.prefix_caching))
-        self.sched = _vllm.new_scheduler(shape)
+                                      bool(config.async_scheduling), bool(config.prefix_caching))
+        self.sched = _vllm.new_scheduler(shape, include_finished_set=dp)
         #: ground truth by object: id(Request) -> (the Request, its incarnation, eos_at)
         self._truth: dict[int, tuple[Any, int, int | None]] = {}
         self.kv = KvShadow(world, f"{name}.kv", self.sched.kv_cache_manager, self._inc_of_id,
@@ -83,8 +83,9 @@ class VllmEngineCore:
         self._prompts = PromptTokens()
         self.scheduler = SchedulerView(self.sched, self.inc_of)
         self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling))
-        self.vocab = Vocabulary()
+        self.vocab = vocab if vocab is not None else Vocabulary()  # DP: the ranks share one
         self.connector = None
+        self.coordinator: Any = None  # DP: told after each step (the model's DPCoordinator)
         self._idle_clears_aborts = profile.idle_clears_aborts
         self.output_channels: dict[int, Any] = {}
         self.notify_channels: dict[int, Any] = {}
@@ -375,16 +376,20 @@ class VllmEngineCore:
         for client in sorted(outs or {}):
             real = outs[client]
             channel = self.output_channels.get(client)
-            if channel is None or not real.outputs:
+            done = sorted(real.finished_requests or ())  # a set: sorted for the trace
+            if channel is None or not (real.outputs or done):
                 continue
             # vLLM's own outputs go to the frontend; their incarnations ride beside them
             envelopes = tuple(
                 Envelope(o, finished.get(o.request_id) or self.inc_of(objects.get(o.request_id)))
                 for o in real.outputs)
             channel.send(EngineCoreOutputs(self.index, envelopes, real),
-                         [e.output.request_id for e in envelopes],
+                         [e.output.request_id for e in envelopes] or done,
                          outputs=[[e.output.request_id, e.inc, len(e.output.new_token_ids),
-                                   _reason(e.output.finish_reason)] for e in envelopes])
+                                   _reason(e.output.finish_reason)] for e in envelopes],
+                         finished=done or None)
+        if self.coordinator is not None:
+            self.coordinator.note_change()
 
     # -- death ----------------------------------------------------------------------------------
 

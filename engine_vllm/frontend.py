@@ -82,6 +82,13 @@ class EngineCoreOutputs:
         self.outputs = outputs
         self.real = real
 
+    @property
+    def finished_requests(self) -> tuple[str, ...] | None:
+        """vLLM's ``finished_requests`` (a set, so sorted), which a DP client's load balancer
+        reads before the outputs are processed (core_client.py:1819-1825)."""
+        done = self.real.finished_requests
+        return tuple(sorted(done)) if done else None
+
 
 class StopTokenizer:
     """A deterministic tokenizer that vLLM's ``SlowIncrementalDetokenizer`` accepts: every
@@ -137,10 +144,11 @@ class _Queue:
     """The queue vLLM's RequestState puts into, for one registration: converts each
     ``RequestOutput`` and feeds the model's simpy collector. Bound to its incarnation."""
 
-    __slots__ = ("op", "collector", "rid", "external", "index", "inc", "uid", "top", "state")
+    __slots__ = ("op", "collector", "rid", "external", "index", "inc", "uid", "top", "engine",
+                 "state")
 
     def __init__(self, op: VllmOutputProcessor, collector: RequestOutputCollector, rid: str,
-                 external: str, index: int, inc: int, uid: int, top: str) -> None:
+                 external: str, index: int, inc: int, uid: int, top: str, engine: int) -> None:
         self.op = op
         self.collector = collector
         self.rid = rid
@@ -149,6 +157,7 @@ class _Queue:
         self.inc = inc
         self.uid = uid
         self.top = top
+        self.engine = engine  # the engine the request was sent to (the DP client's choice)
         self.state: Any = None  # vLLM's RequestState this queue belongs to
 
     def put(self, output: Any) -> None:
@@ -183,7 +192,7 @@ class VllmOutputProcessor:
     interface (:class:`racesim.engine_model.frontend.state.FrontendState`)."""
 
     finishes_duplicates = True  # vLLM 0.33's streaming-update path (output_processor.py:672)
-    #: data parallelism is model-only on this backend (support.model_only_reason)
+    #: under data parallelism the trace names each request's engine (set by the System)
     dp = False
 
     def __init__(self, world: World, component: str, engine: int, vocab: Vocabulary,
@@ -220,7 +229,10 @@ class VllmOutputProcessor:
         return queue.inc
 
     def engine_of(self, request_id: str) -> int:
-        return self.engine
+        queue = self._aborted.get(request_id)
+        if queue is None:
+            queue = self._queue_of(self.real.request_states[request_id])
+        return queue.engine
 
     def live_ids(self) -> list[tuple[str, int]]:
         return [(rid, self._queue_of(s).inc) for rid, s in self.real.request_states.items()]
@@ -275,12 +287,13 @@ class VllmOutputProcessor:
             params = self._params(request.max_tokens, 1, stop_string_at)
         top = parent.request_id if parent is not None else rid
         queue = _Queue(self, collector, rid, request.external_req_id, index, request.inc,
-                       client_uid, top)
+                       client_uid, top, engine)
         self.real.add_request(self._request(request, rid, params), None, real_parent, index,
                               queue)
         queue.state = self.real.request_states[rid]
         self.world.emit(self.component, rid, request.inc,
-                        FeAdd(client_uid, request.external_req_id, index))
+                        FeAdd(client_uid, request.external_req_id, index,
+                              dp_engine=engine if self.dp else None))
         return queue.state
 
     def finish_stream(self, request: EngineCoreRequest) -> None:
@@ -359,7 +372,8 @@ class VllmOutputProcessor:
             emit(component, rid, queue.inc, FeStats(reason, queue.uid))
             if rid in to_abort:
                 reqs_to_abort.append(rid)
-                emit(component, rid, queue.inc, FeAbortIssue([rid], "stop-string"))
+                emit(component, rid, queue.inc,
+                     FeAbortIssue([rid], "stop-string", [queue.engine] if self.dp else None))
             emit(component, rid, queue.inc,
                  FePop("stop-string" if rid in to_abort else "finished"))
         return reqs_to_abort

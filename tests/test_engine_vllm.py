@@ -66,8 +66,6 @@ def test_what_the_vllm_backend_cannot_run_is_one_line_and_exit_2(
 
 @pytest.mark.parametrize(("scenario", "what"), [
     ("pd-reuse", "P/D is"), ("pd-kv-load-failure", "P/D is"),
-    ("dp-reuse-across-engines", "data parallelism is"),
-    ("dp-cancel-during-add", "data parallelism is"),
     ("streaming-input-session", "streaming-input sessions are"),
 ])
 def test_what_stays_model_only_on_the_vllm_backend(

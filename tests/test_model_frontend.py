@@ -38,3 +38,17 @@ def test_unicode_digits_are_bad_input(argv: list[str], capsys: pytest.CaptureFix
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("vllm", ["0.8", "0.33"])
+def test_a_stop_string_on_the_last_allowed_token_finishes_stop_with_no_abort(vllm: str) -> None:
+    """The engine ends the request on max_tokens (LENGTH); the detokenizer still finds the stop
+    string in that last token, so the finish is STOP (output_processor.py:825-830), and no ABORT
+    is sent: the engine already finished it (:875-880)."""
+    workload = Workload(engine=EngineConfig(vllm=vllm),
+                        requests=(RequestSpec("B", max_tokens=5, stop_string_at=5),
+                                  RequestSpec("C", max_tokens=5, stop_string_at=6)))
+    r = run_workload(workload, load_policy("buggy"))
+    assert [(q.tokens, q.finish_reason) for q in r.requests] == [(5, "stop"), (5, "length")]
+    assert [e for e in r.trace if e.kind == "fe.abort_issue"] == []
+    assert [e.detail["why"] for e in r.trace if e.kind == "fe.pop"] == ["finished", "finished"]

@@ -27,7 +27,6 @@ from racesim.engine_model.frontend.outputs import RequestOutputCollector
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.messages import (
     AbortMessage,
-    EngineCoreOutputs,
     EngineCoreRequest,
     EngineDead,
     FinishReason,
@@ -225,6 +224,10 @@ class AsyncLLM:
             yield ev
         if not request_ids:
             return
+        if self.dp is not None and self.engine_dead is not None:
+            # DPLBAsyncMPClient.abort_requests_async sends nothing once an engine died
+            # (core_client.py:1874-1876): the other ranks keep what they hold.
+            return
         tag = self._next_inc()
         if self.dp is None:
             self._send(AbortMessage(tuple(request_ids), tag), list(request_ids), self.engine,
@@ -258,10 +261,13 @@ class AsyncLLM:
     def deliver(self, msg: Any) -> None:
         """Output socket: EngineCoreOutputs (or the engine's death) arrived. The socket task
         lets the load balancer forget finished IDs before the handler sees the outputs
-        (core_client.py:1819-1825)."""
+        (core_client.py:1819-1825). The outputs are the model's or a backend's (vLLM's own
+        behind an envelope): both name ``finished_requests``."""
         dp = self.dp
-        if dp is not None and isinstance(msg, EngineCoreOutputs) and msg.finished_requests:
-            dp.finished(msg.finished_requests)
+        if dp is not None and not isinstance(msg, EngineDead):
+            finished = msg.finished_requests
+            if finished:
+                dp.finished(finished)
         self._inbox.append(msg)
         ev = self._wakeup
         if ev is not None and not ev.triggered:
@@ -282,7 +288,10 @@ class AsyncLLM:
                 self.engine_dead = msg.reason
                 # Under data parallelism one dead engine fails the whole client.
                 op.fail_engine(msg.engine if self.dp is None else None, msg.reason)
-                continue
+                # The handler's loop ends with its first exception (async_llm.py:880-945;
+                # the socket task's too, core_client.py:1259-1262): nothing after the death
+                # is processed, not even another DP rank's outputs.
+                return
             # EngineCoreOutputs: the model's, or vLLM's own behind a backend's envelope
             outputs = msg.outputs
             if len(outputs) <= chunk:  # one chunk: no slice, no await between chunks

@@ -239,8 +239,10 @@ class OutputProcessor:
                 state.finished = True
 
     def fail_engine(self, engine: int | None, reason: str) -> None:
-        """EngineDeadError: every request on the dead engine (None: on any engine) ends with
-        an error."""
+        """EngineDeadError: every request on the dead engine (None: on any engine, data
+        parallelism) ends with an error. Under data parallelism the states stay, as vLLM's
+        ``propagate_error`` only queues the error (output_processor.py:593-597): another
+        rank may still run them, and they are still this frontend's."""
         for rid in [r for r, s in self.request_states.items()
                     if engine is None or s.engine == engine]:
             state = self.request_states[rid]
@@ -249,7 +251,8 @@ class OutputProcessor:
                 state.collector.put(RequestOutput(state.external_req_id, [], True, None,
                                                   f"EngineDeadError: {reason}"))
                 self.world.emit(self.component, rid, state.inc, FeError(state.client_uid, top))
-            self._pop(state, "error")
+            if engine is not None:
+                self._pop(state, "error")
 
     # -- outputs --------------------------------------------------------------------------------
 
@@ -273,14 +276,18 @@ class OutputProcessor:
             finish = out.finish_reason
             stop_string = False
             state.num_generated += len(tokens)
-            if finish is None and state.stop_string_at is not None \
+            if (finish is None or finish == FinishReason.LENGTH) \
+                    and state.stop_string_at is not None \
                     and state.num_generated >= state.stop_string_at:
                 extra = state.num_generated - state.stop_string_at
                 if extra:
                     del tokens[len(tokens) - extra:]
                     state.num_generated -= extra
+                # A stop string found on the engine's last (max_tokens) token still makes the
+                # finish STOP (output_processor.py:825-830); only a request the engine still
+                # runs gets an ABORT (:875-880).
+                stop_string = finish is None
                 finish = FinishReason.STOP
-                stop_string = True
             if finish is not None and state.streaming_input and finish not in (
                     FinishReason.ABORT, FinishReason.ERROR):
                 # A chunk boundary (:844-875): the output is not final; the next queued
