@@ -94,7 +94,7 @@ class VllmProfile:
     pd_held_finishes: frozenset[str]
     #: what an abort by external ID leaves of an n > 1 parent in
     #: ``OutputProcessor.parent_requests``: "drop" (the entry goes with its last child) or
-    #: "keep" (the entry stays; no later code removes it).
+    #: "keep" (the entry stays; nothing in the request's lifecycle removes it).
     external_abort_parent: str
     widths: Mapping[str, str]
     behaviours: tuple[Behaviour, ...]
@@ -204,8 +204,8 @@ PROFILES: dict[str, VllmProfile] = {
                       "v1/engine/async_llm.py:538-565"),
             Behaviour("n > 1: an abort by external ID pops the children's states and the "
                       "external_req_ids entry but leaves the parent in parent_requests, which "
-                      "nothing removes later (only _finish_request and an abort by the "
-                      "parent's internal ID do)",
+                      "the request's lifecycle never removes (only _finish_request and an "
+                      "abort by the parent's internal ID do)",
                       "v1/engine/output_processor.py:599-661, 917-932"),
             Behaviour("async scheduling is on by default (two batches in flight)",
                       "#27614; config/vllm.py:1685-1719"),

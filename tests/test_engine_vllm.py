@@ -214,8 +214,8 @@ def test_each_frontend_holds_its_requests_in_vllms_own_output_processor(
     pops = [(e.request, e.detail["why"]) for e in r.trace if e.kind == "fe.pop"]
     assert [why for _rid, why in pops] == ["abort", "abort", "finished", "finished"]
     # vLLM's abort by external ID pops the children but keeps their ParentRequest (0.33
-    # output_processor.py:627-659; external_req_ids lists child IDs), which nothing removes
-    # later: the leak audit reports it, and the model keeps the same entry.
+    # output_processor.py:627-659; external_req_ids lists child IDs), which nothing in its
+    # lifecycle removes later: the leak audit reports it, and the model keeps the same entry.
     assert len(real.parent_requests) == 1
     (leak,) = [v for v in r.violations if v.invariant == "no-leak"]
     assert "parent_requests" in leak.detail and leak.request in real.parent_requests

@@ -365,7 +365,7 @@ class OutputProcessor:
             if all(c not in self.request_states for c in parent.child_requests):
                 # vLLM 0.33 pops the parent in _finish_request (:917-932) and on an abort by
                 # its internal ID (:653-659), never on an abort by external ID (:627-652):
-                # that entry stays for good (it is overwritten only by a parent of equal ID).
+                # that entry stays until a parent of equal ID replaces it.
                 if not (why == "abort" and parent.aborted_by_external):
                     self.parent_requests.pop(parent.request_id, None)
             else:
