@@ -237,6 +237,20 @@ class VllmOutputProcessor:
     def live_ids(self) -> list[tuple[str, int]]:
         return [(rid, self._queue_of(s).inc) for rid, s in self.real.request_states.items()]
 
+    def orphan_parents(self) -> list[tuple[str, int]]:
+        """vLLM's ``parent_requests`` entries with no child state left (an abort by external
+        ID leaves them: output_processor.py:620-661)."""
+        real = self.real
+        held = {id(s.parent_req) for s in real.request_states.values()
+                if s.parent_req is not None}
+        incs = {id(r): m.incs for m, r in self._parents.values()}
+        out = []
+        for pid, p in real.parent_requests.items():
+            if id(p) not in held:
+                children = incs.get(id(p))
+                out.append((pid, children[0] if children else 0))
+        return out
+
     def orphan_external_ids(self) -> list[str]:
         real = self.real
         return [ext for ext, ids in real.external_req_ids.items()
@@ -286,6 +300,8 @@ class VllmOutputProcessor:
         else:
             params = self._params(request.max_tokens, 1, stop_string_at)
         top = parent.request_id if parent is not None else rid
+        if parent is not None:
+            parent.incs.append(request.inc)  # ground truth, for the leak audit
         queue = _Queue(self, collector, rid, request.external_req_id, index, request.inc,
                        client_uid, top, engine)
         self.real.add_request(self._request(request, rid, params), None, real_parent, index,

@@ -245,9 +245,13 @@ def test_each_frontend_holds_its_requests_in_vllms_own_output_processor(
     pops = [(e.request, e.detail["why"]) for e in r.trace if e.kind == "fe.pop"]
     assert [why for _rid, why in pops] == ["abort", "abort", "finished", "finished"]
     # vLLM's abort by external ID pops the children but keeps their ParentRequest (0.33
-    # output_processor.py:627-659; external_req_ids lists child IDs): a known difference the
-    # leak audit does not judge (vLLM's own test checks request_states only).
+    # output_processor.py:627-659; external_req_ids lists child IDs), which nothing in its
+    # lifecycle removes later: the leak audit reports it, and the model keeps the same entry.
     assert len(real.parent_requests) == 1
+    (leak,) = [v for v in r.violations if v.invariant == "no-leak"]
+    assert "parent_requests" in leak.detail and leak.request in real.parent_requests
+    model = run_scenario(load_scenario("parallel-sampling-abort"), "internal-id")
+    assert [v.detail for v in model.violations if v.invariant == "no-leak"] == [leak.detail]
     assert [(q.tokens, q.finish_reason) for q in r.requests] == [
         (r.requests[0].tokens, "abort"), (80, "length")]
 

@@ -186,3 +186,37 @@ def test_parallel_sampling_finishes_when_the_last_child_does(simulate: Simulate)
     assert [f for _, f in outs].count("length") == 1 and outs[-1][1] == "length"
     assert result.requests[0].tokens == 12
     _assert_drained(system)
+
+
+def _n2_aborted(simulate: Simulate, vllm: str, *, cancel: bool) -> tuple[RunResult, System]:
+    spec = RequestSpec("P", max_tokens=20, n=2, abort_at=None if cancel else 0.05,
+                       cancel_at=0.05 if cancel else None)
+    return simulate(Workload(engine=EngineConfig(vllm=vllm), requests=(spec,)), "internal-id")
+
+
+def test_033_abort_by_external_id_leaves_the_parent_request_behind(simulate: Simulate) -> None:
+    # OutputProcessor.abort_requests(["P"], internal=False) (0.33 output_processor.py:620-661)
+    # pops both children's states and external_req_ids["P"], never parent_requests[P-...].
+    result, system = _n2_aborted(simulate, "0.33", cancel=False)
+    (fe,) = system.frontends
+    op = fe.output_processor
+    assert (op.request_states, op.external_req_ids) == ({}, {})
+    ((pid, parent),) = op.parent_requests.items()
+    assert pid.startswith("P-") and parent.child_requests == [f"0_{pid}", f"1_{pid}"]
+    (leak,) = [v for v in result.violations if v.invariant == "no-leak"]
+    assert leak.request == pid and "OutputProcessor.parent_requests" in leak.detail
+    assert result.reach(leak).reach == "live"  # no delay anywhere
+    assert result.requests[0].finish_reason == "abort"
+
+
+def test_033_abort_by_the_parents_internal_id_drops_it(simulate: Simulate) -> None:
+    # A cancel makes generate() abort q.request_id, the parent's internal ID (:653-659).
+    result, system = _n2_aborted(simulate, "0.33", cancel=True)
+    _assert_drained(system)
+    assert "no-leak" not in result.violated
+
+
+def test_08_abort_by_external_id_drops_the_parent_with_its_children(simulate: Simulate) -> None:
+    result, system = _n2_aborted(simulate, "0.8", cancel=False)
+    _assert_drained(system)
+    assert "no-leak" not in result.violated

@@ -62,11 +62,24 @@ def test_internal_id_on_033_keeps_every_safety_invariant_with_shared_prefixes(
         data: st.DataObject, seed: int) -> None:
     """The same on vLLM 0.33, where prefix caching is on: requests naming one prompt share its
     full blocks by reference count (P/D included, where the decode side reads a shared prefill
-    block), and no block is freed, reused or read under an owner that still holds it."""
+    block), and no block is freed, reused or read under an owner that still holds it.
+
+    Except one leak vLLM 0.33 itself has: an abort by external ID of an n > 1 request leaves
+    its ParentRequest in ``parent_requests`` (output_processor.py:599-661), pinned by
+    parallel-sampling-external-abort and tests/test_fidelity_async_llm.py."""
     scen = data.draw(scenarios(vllm="0.33"), label="scenario")
     sched = data.draw(schedules(scen, policy="internal-id", seed=seed, points=NOT_BEFORE_SEND),
                       label="schedule")
-    assert safety(run_scenario(scen, "internal-id", seed=seed, schedule=sched)) == []
+    result = run_scenario(scen, "internal-id", seed=seed, schedule=sched)
+    assert [v for v in safety(result) if not _parent_leak(v)] == []
+    if any(_parent_leak(v) for v in safety(result)):
+        assert any(r.n > 1 and r.abort_at is not None for r in scen.workload.requests)
+
+
+def _parent_leak(violation: str) -> bool:
+    """The no-leak violation of vLLM 0.33's parent_requests after an abort by external ID."""
+    return violation.startswith("no-leak") and \
+        "OutputProcessor.parent_requests still holds" in violation
 
 
 @given(st.data())

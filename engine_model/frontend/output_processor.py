@@ -51,6 +51,10 @@ class ParentRequest:
     child_requests: list[str] = field(default_factory=list)
     finished_children: int = 0
     n: int = 1
+    #: an abort by external ID resolved to this parent: its entry outlives its children.
+    aborted_by_external: bool = False
+    #: ground truth, for the leak audit only: the incarnation of each registered child.
+    incs: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -91,6 +95,9 @@ class OutputProcessor:
         #: abort's ID was looked up as given.
         self._unknown_external_noop = profile.abort_unknown_external == "noop"
         self.finishes_duplicates = profile.frontend_duplicate == "finish-old"
+        #: 0.33 output_processor.py:620-661: an abort by external ID pops the children's
+        #: states but not their parent's parent_requests entry.
+        self._external_abort_keeps_parent = profile.external_abort_parent == "keep"
         #: under data parallelism each state's engine is the load balancer's choice, and the
         #: trace names it where an abort is issued (for the checker).
         self.dp = False
@@ -113,6 +120,7 @@ class OutputProcessor:
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
             parent.child_requests.append(rid)
+            parent.incs.append(request.inc)
         self.world.emit(self.component, rid, request.inc,
                         FeAdd(client_uid, request.external_req_id, index,
                               dp_engine=engine if self.dp else None))
@@ -178,6 +186,13 @@ class OutputProcessor:
         """``(request ID, incarnation)`` for every request state still held."""
         return [(rid, state.inc) for rid, state in self.request_states.items()]
 
+    def orphan_parents(self) -> list[tuple[str, int]]:
+        """``(parent ID, a child's incarnation)`` for every ``parent_requests`` entry none of
+        whose children has a state left."""
+        held = {id(s.parent) for s in self.request_states.values() if s.parent is not None}
+        return [(pid, p.incs[0] if p.incs else 0) for pid, p in self.parent_requests.items()
+                if id(p) not in held]
+
     def orphan_external_ids(self) -> list[str]:
         """The external IDs still mapped whose internal IDs are all gone."""
         return [ext for ext, ids in self.external_req_ids.items()
@@ -209,6 +224,8 @@ class OutputProcessor:
                     continue
                 parent = self.parent_requests.get(t)
                 if parent is not None:
+                    if not internal and self._external_abort_keeps_parent:
+                        parent.aborted_by_external = True
                     out.extend(c for c in parent.child_requests
                                if c in self.request_states and not self.request_states[c].finished)
         return out
@@ -353,7 +370,11 @@ class OutputProcessor:
         if parent is not None:
             top = parent.request_id
             if all(c not in self.request_states for c in parent.child_requests):
-                self.parent_requests.pop(parent.request_id, None)
+                # vLLM 0.33 pops the parent in _finish_request (:917-932) and on an abort by
+                # its internal ID (:653-659), never on an abort by external ID (:627-652):
+                # that entry stays until a parent of equal ID replaces it.
+                if not (why == "abort" and parent.aborted_by_external):
+                    self.parent_requests.pop(parent.request_id, None)
             else:
                 top = ""
         if top:
