@@ -67,7 +67,7 @@ def test_abort_during_final_step(simulate: Simulate, eager: bool, status: str,
                         requests=(RequestSpec("X", prompt_tokens=32, max_tokens=3,
                                               abort_at=0.005),))
     result, _ = simulate(workload, "abort-scope")
-    finishes = [e.detail["status"] for e in result.trace
+    finishes = [e.detail.status for e in result.trace
                 if e.kind == "sched.finish" and e.component.startswith("prefill")]
     assert finishes == [status]
     (free,) = [e for e in result.trace if e.kind == "kv.free" and e.component == "prefill.kv"]
@@ -103,4 +103,4 @@ def test_abort_timeout_on_prefiller_holds_the_request_until_the_lease_expires(
                     (0.099, True, [0, 1]),
                     (0.2, False, [])]          # the hold expired at 0.1005
     (release,) = [e for e in result.trace if e.kind == "pd.release"]
-    assert (release.detail["cause"], round(release.time, 9)) == ("timeout", 0.1005)
+    assert (release.detail.cause, round(release.time, 9)) == ("timeout", 0.1005)

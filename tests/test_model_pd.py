@@ -45,10 +45,10 @@ def test_prefill_holds_its_blocks_until_the_decode_side_has_read_them() -> None:
         ("decode.kv kv.free", 0.0435)]
     (hold,) = [e for e in result.trace if e.kind == "pd.hold"]
     (read,) = [e for e in result.trace if e.kind == "pd.read"]
-    assert read.detail["remote_blocks"] == hold.detail["blocks"] == [0, 1]
-    assert read.detail["remote_inc"] == hold.inc
+    assert read.detail.remote_blocks == hold.detail.blocks == [0, 1]
+    assert read.detail.remote_inc == hold.inc
     (release,) = [e for e in result.trace if e.kind == "pd.release"]
-    assert release.detail["cause"] == "notify"
+    assert release.detail.cause == "notify"
     assert [(r.tokens, r.finish_reason) for r in result.requests] == [(3, "length")]
     assert not result.violations
 
@@ -75,7 +75,7 @@ def test_hold_timeout_releases_the_blocks_when_no_notice_comes() -> None:
         ("decode.connector pd.read", 1.0115),          # reads blocks P already freed
         ("prefill.core pd.notice_unknown", 1.012)]     # logged and ignored, as NIXL does
     (release,) = [e for e in result.trace if e.kind == "pd.release"]
-    assert release.detail["cause"] == "timeout"
+    assert release.detail.cause == "timeout"
     assert not [e for e in result.trace if e.kind == "engine.fatal"]
     # The damage is the read of freed blocks; the engines survive and the client finishes.
     assert result.violated == ("kv-ownership",)

@@ -24,7 +24,7 @@ def _abort_reuse(policy: str) -> RunResult:
 
 def _incs(result: RunResult) -> tuple[int, int]:
     """The hidden incarnations of client 0's X and client 1's X."""
-    by_uid = {e.detail["uid"]: e.inc for e in result.trace if e.kind == "fe.add"}
+    by_uid = {e.detail.uid: e.inc for e in result.trace if e.kind == "fe.add"}
     return by_uid[1], by_uid[2]
 
 
@@ -42,7 +42,7 @@ def test_the_re_add_overtakes_the_abort(buggy: RunResult) -> None:
     kinds = {"client.abort", "client.send", "fe.pop", "fe.add", "sched.add", "sched.finish",
              "engine.fatal", "delay"}
     story = [_beat(e) for e in buggy.trace if e.kind in kinds or (
-        e.kind == "ipc.send" and e.detail["type"] == "AbortMessage")]
+        e.kind == "ipc.send" and e.detail.type == "AbortMessage")]
     assert story == [
         ("client0", "client.send", 0, 0.0),
         ("frontend0", "fe.add", old, 0.0),
@@ -58,7 +58,7 @@ def test_the_re_add_overtakes_the_abort(buggy: RunResult) -> None:
         ("engine.core", "engine.fatal", 0, 0.1605),        # old X's lookup: KeyError
         ("frontend0", "fe.pop", new, 0.161)]               # EngineDeadError for client 1
     (add,) = [e for e in buggy.trace if e.kind == "sched.add" and e.inc == new]
-    assert add.detail["prev"] == old
+    assert add.detail.prev == old
 
 
 def test_unique_live_id_names_the_overwriting_add(buggy: RunResult) -> None:
@@ -72,20 +72,20 @@ def test_unique_live_id_names_the_overwriting_add(buggy: RunResult) -> None:
 def test_the_late_abort_kills_the_new_request(buggy: RunResult) -> None:
     old, new = _incs(buggy)
     (finish,) = [e for e in buggy.trace if e.kind == "sched.finish"]
-    assert (finish.inc, finish.detail["status"]) == (new, "FINISHED_ABORTED")
+    assert (finish.inc, finish.detail.status) == (new, "FINISHED_ABORTED")
     (v,) = [v for v in buggy.violations if v.invariant == "abort-precision"]
     assert buggy.trace[v.event] is finish
     # _free_request pops req_to_blocks['X']: the OLD request's blocks, while it still runs.
     (free,) = [e for e in buggy.trace if e.kind == "kv.free"]
-    assert free.inc == new and set(free.detail["owners"]) == {old}
+    assert free.inc == new and set(free.detail.owners) == {old}
     assert "kv-ownership" in buggy.violated
 
 
 def test_the_old_requests_tokens_reach_the_new_client_then_the_engine_dies(
         buggy: RunResult) -> None:
     old, _new = _incs(buggy)
-    got = [t[1] for e in buggy.trace if e.kind == "client.output" and e.detail["uid"] == 2
-           for t in e.detail["tokens"]]
+    got = [t[1] for e in buggy.trace if e.kind == "client.output" and e.detail.uid == 2
+           for t in e.detail.tokens]
     assert old in got, "client 1 is handed tokens generated for client 0's request"
     assert {"no-crosstalk", "engine-alive"} <= set(buggy.violated)
     assert [(r.id, r.finish_reason) for r in buggy.requests] == [("X", "abort"), ("X", "error")]
@@ -94,12 +94,12 @@ def test_the_old_requests_tokens_reach_the_new_client_then_the_engine_dies(
 def test_abort_scope_under_the_same_delay_only_misses_the_abort_in_stats() -> None:
     result = _abort_reuse("abort-scope")
     assert result.violated == ("metrics-exact",)
-    assert [e.detail["uid"] for e in result.trace if e.kind == "fe.add"] == [1], \
+    assert [e.detail.uid for e in result.trace if e.kind == "fe.add"] == [1], \
         "client 1's X is never registered"
     # The state outlives the ABORT send, so the second X is refused instead of overtaking.
     story = [(e.kind, round(e.time, 9)) for e in result.trace
              if e.kind in ("fe.pop", "fe.reject", "sched.finish") or (
-                 e.kind == "ipc.send" and e.detail["type"] == "AbortMessage")]
+                 e.kind == "ipc.send" and e.detail.type == "AbortMessage")]
     assert story == [("fe.reject", 0.13), ("ipc.send", 0.15), ("fe.pop", 0.15),
                      ("sched.finish", 0.1605)]   # applied at the end of the step in flight
     assert [(r.id, r.finish_reason) for r in result.requests] == \
