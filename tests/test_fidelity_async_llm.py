@@ -1,6 +1,7 @@
-"""Fidelity: vLLM's tests/v1/engine/test_async_llm.py behaviours, as tests of the model
-(VLLM_LIFECYCLE §9): test_abort, test_multi_abort, test_mid_stream_cancellation,
-test_abort_final_output, test_finished_flag, and parallel sampling's finished flag."""
+"""Fidelity: vLLM's tests/v1/engine/test_async_llm.py behaviours, as tests of the model:
+test_abort, test_multi_abort, test_mid_stream_cancellation, test_abort_final_output,
+test_finished_flag, and parallel sampling's finished flag (tests/v1/engine/
+test_parallel_sampling.py)."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def test_abort_scope_misroutes_the_in_flight_outputs_on_immediate_reuse(
         simulate: Simulate) -> None:
     # PR #15326's fix orders ABORT before the re-ADD on the input socket, but outputs of the
     # step already in flight still come back keyed by "X" -- after the frontend re-registered
-    # X for the new client (VLLM_LIFECYCLE §1 damage (c), without any delay injected).
+    # X for the new client: crosstalk, without any delay injected.
     result, _ = simulate(_reuse_at_once(), "abort-scope")
     old, new = [e.inc for e in result.trace if e.kind == "fe.add"]
     story = [(e.component, e.kind, e.inc, round(e.time, 9)) for e in result.trace

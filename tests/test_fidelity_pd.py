@@ -1,4 +1,5 @@
-"""Fidelity: vLLM's P/D lifecycle tests (VLLM_LIFECYCLE §4, §9) as tests of the model:
+"""Fidelity: vLLM's P/D lifecycle tests (in vLLM's tests/v1/kv_connector/ and tests/v1/engine/)
+as tests of the model:
 test_remote_decode_lifecycle.py::test_abort_during_kv_transfer (#25067),
 test_abort_final_step.py::test_abort_during_final_step (#29987) and
 test_nixl_connector.py::test_abort_timeout_on_prefiller."""

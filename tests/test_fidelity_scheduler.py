@@ -1,4 +1,4 @@
-"""Fidelity: vLLM's scheduler and engine-core tests (VLLM_LIFECYCLE §9) as tests of the model:
+"""Fidelity: vLLM's scheduler and engine-core tests as tests of the model:
 tests/v1/core/test_async_scheduler.py (test_abort, test_stop_by_max_tokens) and
 tests/v1/engine/test_engine_core.py (test_engine_core: counts, and #15043's sequential reuse)."""
 

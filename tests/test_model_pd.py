@@ -1,5 +1,7 @@
-"""P/D disaggregation (VLLM_LIFECYCLE §4): the prefill side holds a finished request's blocks
-until the decode side has read them, or until the hold times out."""
+"""P/D disaggregation: the prefill side holds a finished request's blocks until the decode side
+has read them, or until the hold times out (vLLM 0.33 NIXL connector: ``request_finished``,
+distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py:191, records the hold at
+:264-266)."""
 
 from __future__ import annotations
 

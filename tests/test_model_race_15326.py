@@ -1,8 +1,9 @@
 """vLLM PR #15326 end to end: abort pops the frontend state, then awaits the ABORT send.
 
 Client 0 aborts X at t=0.1; the BUG point holds the ABORT for 50 ms; client 1 sends X again
-at t=0.13. Under ``buggy`` the re-ADD overtakes the ABORT and everything in VLLM_LIFECYCLE §1
-"Damage" follows. The fixes, under the very same delay, do not race.
+at t=0.13. Under ``buggy`` the re-ADD overtakes the ABORT (vLLM 0.33 v1/engine/async_llm.py:948-956:
+``abort`` pops the state, then awaits the send) and the damage follows. The fixes, under the
+very same delay, do not race.
 """
 
 from __future__ import annotations

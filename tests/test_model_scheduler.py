@@ -1,4 +1,6 @@
-"""Scheduler and KV cache manager: everything keyed by the request-ID string (VLLM_LIFECYCLE §1).
+"""Scheduler and KV cache manager: everything keyed by the request-ID string, as vLLM 0.33's
+``Scheduler.requests`` (v1/core/sched/scheduler.py:223) and ``req_to_blocks``
+(v1/core/single_type_kv_cache_manager.py:126).
 
 These drive the components by hand, the way EngineCore would, so each test reads as the
 sequence of calls a duplicate ID goes through.

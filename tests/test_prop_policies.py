@@ -48,8 +48,8 @@ def test_internal_id_keeps_every_safety_invariant(data: st.DataObject, seed: int
     That one point is left at its default because a delay there opens the abort-before-add
     window below. In vLLM without data parallelism the window has zero width:
     ``OutputProcessor.add_request`` and the ADD's socket send happen with no await between
-    them (VLLM_LIFECYCLE §7). With data parallelism, the FIRST_REQ send to the coordinator is
-    awaited first, so the window is real there.
+    them (vLLM 0.33 v1/engine/async_llm.py:580-584). With data parallelism, the FIRST_REQ send
+    to the coordinator is awaited first, so the window is real there.
     """
     scen = data.draw(scenarios(vllm="0.8"), label="scenario")
     sched = data.draw(schedules(scen, policy="internal-id", seed=seed, points=NOT_BEFORE_SEND),

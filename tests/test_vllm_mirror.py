@@ -13,7 +13,7 @@ Every run uses the lifecycle real vLLM has on its profile (``LIFECYCLE``): ``bug
 other than the known accounting gap is a failure. That gap is ``metrics-exact``: vLLM never
 counts a frontend-initiated abort in its finished-request stats (``OutputProcessor
 .abort_requests`` only updates ``lora_states``, vLLM 0.33 ``v1/engine/output_processor.py``
-:632-651; VLLM_LIFECYCLE §8), so every mirror with such an abort expects exactly that gap, on
+:632-651), so every mirror with such an abort expects exactly that gap, on
 exactly the aborted requests. ``no-leak`` not being violated is the model's form of vLLM's
 ``assert not engine.output_processor.has_unfinished_requests()`` (the checker looks at
 ``request_states``, ``parent_requests``, ``external_req_ids``, the scheduler, the runner and
