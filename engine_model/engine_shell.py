@@ -1,9 +1,10 @@
 """EngineShell: the process around an engine core, shared by the model's and vLLM's backends.
 
-vLLM's ``EngineCoreProc`` (vllm/v1/engine/core.py) runs an input thread that preprocesses each
-message and queues it (``process_input_sockets``), and a busy loop that applies the queued
-inputs only between steps, then steps (``run_busy_loop``, ``_process_input_queue``,
-``_process_engine_step``); an exception escaping a step kills the process (core.py:1582-1587).
+vLLM 0.33's ``EngineCoreProc`` (vllm/v1/engine/core.py) runs an input thread that preprocesses
+each message and queues it (``process_input_sockets``, :1933), and a busy loop that applies the
+queued inputs only between steps, then steps (``run_busy_loop`` :1621, ``_process_input_queue``
+:1647, ``_process_engine_step`` :1678); an exception escaping a step kills the process
+(:1582-1587).
 This shell is that process: its sockets, both threads, the eager ``aborts_queue``, the GPU
 queue's timing and death. What a step does, and what adding, aborting or pausing means, is the
 backend's: a subclass supplies those as the hooks below.
