@@ -51,4 +51,4 @@ def test_a_stop_string_on_the_last_allowed_token_finishes_stop_with_no_abort(vll
     r = run_workload(workload, load_policy("buggy"))
     assert [(q.tokens, q.finish_reason) for q in r.requests] == [(5, "stop"), (5, "length")]
     assert [e for e in r.trace if e.kind == "fe.abort_issue"] == []
-    assert [e.detail["why"] for e in r.trace if e.kind == "fe.pop"] == ["finished", "finished"]
+    assert [e.detail.why for e in r.trace if e.kind == "fe.pop"] == ["finished", "finished"]
