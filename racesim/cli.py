@@ -36,11 +36,11 @@ from racesim.progress import ProgressBar
 from racesim.render import print_explore, print_run
 from racesim.reports.verdict import exit_status
 from racesim.runner import (
+    RunSpec,
     parse_delay_option,
     policy_title,
     replay_command,
     run_command,
-    run_scenario,
 )
 from racesim.scenarios import bundled_names, load_scenario
 from racesim.sim import InputError, build_info
@@ -138,33 +138,31 @@ def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
             witness: bool, delays: Sequence[str],
             as_json: bool, html_file: str | None, trace_file: str | None) -> None:
     """Run SCENARIO (bundled name or path) once and check every invariant."""
-    scen = load_scenario(scenario).with_vllm(vllm)
-    options = _options(policy_opts)
+    spec = RunSpec(load_scenario(scenario).with_vllm(vllm), policy,
+                   tuple(_options(policy_opts).items()), seed, tuple(skip), engine or "model")
     plan = [parse_delay_option(d) for d in delays]
     _output_file("--html", html_file)
     _output_file("--trace", trace_file)
-    result = run_scenario(scen, policy, options=options, seed=seed, witness=witness,
-                          delays=plan, skip=skip, engine=engine or "model")
-    command = run_command(scenario, policy, options, seed, result.schedule, skip,
+    result = spec.run(witness=witness, delays=plan)
+    command = run_command(scenario, policy, spec.option_dict, seed, result.schedule, skip,
                           vllm=result.vllm, engine=result.engine)
-    _finish_run(scen, policy, options, result, command, skip, as_json, html_file, trace_file,
-                strict)
+    _finish_run(spec, result, command, as_json, html_file, trace_file, strict)
 
 
-def _finish_run(scen: Any, policy: str, options: dict[str, str], result: Any, command: str,
-                skip: Sequence[str], as_json: bool, html_file: str | None,
+def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_file: str | None,
                 trace_file: str | None, strict: bool) -> None:
     if html_file:
         from racesim.reports import write_run_report
-        write_run_report(Path(html_file), scen, policy, options, result, command)
+        write_run_report(Path(html_file), spec.scenario, spec.policy, spec.option_dict, result,
+                         command)
     if trace_file:
         from racesim.reports import write_chrome_trace
         write_chrome_trace(Path(trace_file), result)
     if as_json:
-        _emit_json(run_document(scen, policy, options, result))
+        _emit_json(run_document(spec, result))
     else:
-        print_run(_console(), f"{scen.name} under {policy_title(policy)}", result, command,
-                  skip)
+        print_run(_console(), f"{spec.scenario.name} under {policy_title(spec.policy)}", result,
+                  command, spec.skip)
         _say_written(html_file, trace_file)
     if not as_json:
         _warn_accounting(result.violated, strict)
@@ -202,14 +200,13 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
                          f"imports a module:Class policy only with --allow-import")
     _output_file("--html", html_file)
     _output_file("--trace", trace_file)
-    scen = cx.scenario.with_vllm(vllm)
-    result = run_scenario(scen, cx.policy, options=cx.options, seed=cx.seed,
-                          schedule=cx.schedule, skip=cx.skip, engine=engine or cx.engine)
+    spec = RunSpec(cx.scenario.with_vllm(vllm), cx.policy, tuple(cx.options.items()), cx.seed,
+                   cx.skip, engine or cx.engine)
+    result = spec.run(schedule=cx.schedule)
     note = _replay_note(counterexample, cx, result, as_json)
     if note:
         click.echo(note, err=True)
-    _finish_run(scen, cx.policy, dict(cx.options), result,
-                replay_command(counterexample, cx.policy, result.engine), cx.skip, as_json,
+    _finish_run(spec, result, replay_command(counterexample, cx.policy, result.engine), as_json,
                 html_file, trace_file, strict)
 
 
@@ -259,8 +256,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
     after = res.final_run
     before = None
     if html_file and after is not None and res.found_run is not None:
-        before = run_scenario(scen, policy, options=options, seed=seed,
-                              schedule=res.found_run.schedule, skip=res.skip, engine=res.engine)
+        before = res.spec.run(schedule=res.found_run.schedule)
     if html_file:
         from racesim.reports import write_explore_report
         write_explore_report(Path(html_file), doc, scen, before, after)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from racesim.engine_model import RunResult
 from racesim.engine_model.checker import check_invariant_names
@@ -19,6 +19,9 @@ from racesim.reports.verdict import verdict
 from racesim.scenarios import Scenario, scenario_from_dict
 from racesim.sim import Decision, InputError
 from racesim.sim.points import delay_entry
+
+if TYPE_CHECKING:
+    from racesim.runner import RunSpec
 
 __all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
            "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts",
@@ -44,13 +47,12 @@ def violation_dicts(result: RunResult) -> list[dict[str, Any]]:
     return out
 
 
-def run_document(scenario: Scenario, policy: str, options: Mapping[str, str],
-                 result: RunResult) -> dict[str, Any]:
-    """``racesim run --json`` / ``racesim replay --json``."""
+def run_document(spec: RunSpec, result: RunResult) -> dict[str, Any]:
+    """``racesim run --json`` / ``racesim replay --json``: ``result``, a run of ``spec``."""
     return {
-        "scenario": scenario.name,
-        "policy": policy,
-        "policy_options": dict(options),
+        "scenario": spec.scenario.name,
+        "policy": spec.policy,
+        "policy_options": spec.option_dict,
         "vllm": result.vllm,
         "engine": result.engine,
         "seed": result.seed,

@@ -1,7 +1,7 @@
 """``racesim run`` and ``racesim list`` end to end, through the installed console script.
 
-Issue 2's "done when" lines, the JSON document's contract (DESIGN "CLI contract"), and bad
-input: exit status 2 with exactly one line on stderr and no traceback.
+The JSON document's contract (``run_document`` in racesim/documents.py), and bad input: exit
+status 2 with exactly one line on stderr and no traceback (the README's exit-status table).
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def test_duplicate_in_flight_kills_the_engine_by_vllms_own_assert() -> None:
         r = run_scenario(scen, policy, options=options, engine="vllm")
         assert "engine-alive" in r.violated
         (fatal,) = [e for e in r.trace if e.kind == "engine.fatal"]
-        assert fatal.detail["error"] == "AssertionError: duplicate request id"
+        assert fatal.detail.error == "AssertionError: duplicate request id"
     safe = run_scenario(scen, "internal-id", engine="vllm")
     assert "engine-alive" not in safe.violated and safe.engine == "vllm"
 
@@ -242,7 +242,7 @@ def test_each_frontend_holds_its_requests_in_vllms_own_output_processor(
     real = fe.output_processor.real
     assert type(real).__module__ == "vllm.v1.engine.output_processor"
     assert dict(real.request_states) == {} and fe.output_processor.live_ids() == []
-    pops = [(e.request, e.detail["why"]) for e in r.trace if e.kind == "fe.pop"]
+    pops = [(e.request, e.detail.why) for e in r.trace if e.kind == "fe.pop"]
     assert [why for _rid, why in pops] == ["abort", "abort", "finished", "finished"]
     # vLLM's abort by external ID pops the children but keeps their ParentRequest (0.33
     # output_processor.py:627-659; external_req_ids lists child IDs), which nothing in its
@@ -274,8 +274,8 @@ def test_stop_strings_are_found_by_vllms_detokenizer(monkeypatch: pytest.MonkeyP
     assert found == ["aaaaa"]  # stop_string_at = 5: the 5th output token completes it
     assert (r.requests[0].tokens, r.requests[0].finish_reason) == (5, "stop")
     (issue,) = [e for e in r.trace if e.kind == "fe.abort_issue"]
-    assert issue.detail["cause"] == "stop-string"
-    assert [e.detail["reason"] for e in r.trace if e.kind == "fe.stats"] == ["stop", "length"]
+    assert issue.detail.cause == "stop-string"
+    assert [e.detail.reason for e in r.trace if e.kind == "fe.stats"] == ["stop", "length"]
 
 
 @pytest.mark.vllm
@@ -286,8 +286,8 @@ def test_a_dead_engine_leaves_vllms_request_states_in_place() -> None:
     v = run_scenario(scen, "buggy", witness=True, engine="vllm")
     m = run_scenario(scen, "buggy", witness=True)
     assert _outcome(v) == _outcome(m) and "engine-alive" in v.violated
-    assert any(e.kind == "fe.pop" and e.detail["why"] == "error" for e in m.trace)
-    assert not any(e.kind == "fe.pop" and e.detail["why"] == "error" for e in v.trace)
+    assert any(e.kind == "fe.pop" and e.detail.why == "error" for e in m.trace)
+    assert not any(e.kind == "fe.pop" and e.detail.why == "error" for e in v.trace)
     assert [e.kind for e in v.trace if e.kind == "fe.error"] == \
         [e.kind for e in m.trace if e.kind == "fe.error"]
 

@@ -84,7 +84,7 @@ def test_the_stale_inflight_race_shows_on_vllms_schedulers() -> None:
     v = run_scenario(scen, "buggy", engine="vllm")
     m = run_scenario(scen, "buggy")
     assert "frontend-covers-engine" in v.violated and v.violated == m.violated
-    assert [e.detail["ids"] for e in v.trace if e.kind == "dp.abort_unrouted"] == [["X"]]
+    assert [e.detail.ids for e in v.trace if e.kind == "dp.abort_unrouted"] == [["X"]]
     assert [(q.tokens, q.finish_reason) for q in v.requests] == \
         [(q.tokens, q.finish_reason) for q in m.requests]
 
@@ -98,7 +98,7 @@ def test_a_rank_killed_by_vllms_assert_fails_the_client_as_the_model_does() -> N
     m = run_scenario(scen, "buggy", witness=True)
     (fatal,) = [e for e in v.trace if e.kind == "engine.fatal"]
     assert fatal.component == "dp1.core"
-    assert fatal.detail["error"] == "AssertionError: duplicate request id"
+    assert fatal.detail.error == "AssertionError: duplicate request id"
     assert v.violated == m.violated == ("engine-alive",)
     assert [(q.tokens, q.finish_reason) for q in v.requests] == \
         [(q.tokens, q.finish_reason) for q in m.requests]

@@ -51,7 +51,7 @@ def test_a_stop_string_on_the_last_allowed_token_finishes_stop_with_no_abort(vll
     r = run_workload(workload, load_policy("buggy"))
     assert [(q.tokens, q.finish_reason) for q in r.requests] == [(5, "stop"), (5, "length")]
     assert [e for e in r.trace if e.kind == "fe.abort_issue"] == []
-    assert [e.detail["why"] for e in r.trace if e.kind == "fe.pop"] == ["finished", "finished"]
+    assert [e.detail.why for e in r.trace if e.kind == "fe.pop"] == ["finished", "finished"]
 def _fan_out_story(vllm: str, cancel: bool) -> tuple[list[tuple[str, str | None]], object]:
     workload = Workload(engine=EngineConfig(vllm=vllm),
                         requests=(RequestSpec("X", n=3, prompt_tokens=16, max_tokens=8,
@@ -61,7 +61,7 @@ def _fan_out_story(vllm: str, cancel: bool) -> tuple[list[tuple[str, str | None]
     result = run_workload(workload, load_policy("buggy"), plan=plan)
     story = [(e.kind, e.request) for e in result.trace if e.kind in (
         "fe.add", "fe.add_cancelled", "fe.abort_issue", "fe.pop") or (
-        e.kind == "ipc.send" and e.detail["type"] == "EngineCoreRequest")]
+        e.kind == "ipc.send" and e.detail.type == "EngineCoreRequest")]
     return story, result
 
 
@@ -86,7 +86,7 @@ def test_033_cancel_during_the_child_sends_aborts_every_child_of_the_parent() ->
                      ("ipc.send", "0_X"), ("fe.add_cancelled", "1_X"), ("fe.abort_issue", "X"),
                      ("fe.pop", "0_X"), ("fe.pop", "1_X"), ("fe.pop", "2_X")]
     (issue,) = [e for e in result.trace if e.kind == "fe.abort_issue"]
-    assert issue.detail["ids"] == ["0_X", "1_X", "2_X"]
+    assert issue.detail.ids == ["0_X", "1_X", "2_X"]
     (outcome,) = result.requests
     assert outcome.finish_reason == "abort"
     # the ABORT reaches the engine for the one child it holds; nothing leaks

@@ -48,8 +48,8 @@ def test_internal_id_keeps_every_safety_invariant(data: st.DataObject, seed: int
     That one point is left at its default because a delay there opens the abort-before-add
     window below. In vLLM without data parallelism the window has zero width:
     ``OutputProcessor.add_request`` and the ADD's socket send happen with no await between
-    them (VLLM_LIFECYCLE §7). With data parallelism, the FIRST_REQ send to the coordinator is
-    awaited first, so the window is real there.
+    them (vLLM 0.33 v1/engine/async_llm.py:580-584). With data parallelism, the FIRST_REQ send
+    to the coordinator is awaited first, so the window is real there.
     """
     scen = data.draw(scenarios(vllm="0.8"), label="scenario")
     sched = data.draw(schedules(scen, policy="internal-id", seed=seed, points=NOT_BEFORE_SEND),
@@ -130,7 +130,7 @@ def _first_window(trace: Iterable[TraceEvent]) -> tuple[float, str]:
     for ev in trace:
         d = ev.detail
         if ev.kind == "fe.abort_issue":
-            pending.update((ev.component, rid) for rid in d["ids"])
+            pending.update((ev.component, rid) for rid in d.ids)
         elif ev.kind == "fe.add":
             key = (ev.component, ev.request or "")
             if pending[key]:
@@ -142,22 +142,22 @@ def _first_window(trace: Iterable[TraceEvent]) -> tuple[float, str]:
             registered[ev.inc] = ev.seq
         elif ev.kind == "ipc.send":
             src, _, dst = ev.component.partition(":")[2].partition("->")
-            if d["type"] == "EngineCoreRequest":
-                sent.update(d["incs"])
-            elif d["type"] == "AbortMessage":
-                for rid in d["ids"]:
+            if d.type == "EngineCoreRequest":
+                sent.update(d.incs)
+            elif d.type == "AbortMessage":
+                for rid in d.ids:
                     if pending[(src, rid)]:
                         pending[(src, rid)] -= 1
                     newest = current.get((src, rid))
                     if newest is not None and newest not in sent:
                         return ev.seq, "abort before add"
-            elif d["type"] == "EngineCoreOutputs":
-                for rid, inc, _tokens, _finish in d["outputs"]:
+            elif d.type == "EngineCoreOutputs":
+                for rid, inc, _tokens, _finish in d.outputs:
                     newest = current.get((dst, rid))
                     if newest is not None and newest != inc \
                             and registered.get(inc, -1) < registered[newest]:
                         return ev.seq, "return path"
-                    on_the_way.append((dst, rid, inc, d["arrive"]))
+                    on_the_way.append((dst, rid, inc, d.arrive))
     return math.inf, ""
 
 

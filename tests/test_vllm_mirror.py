@@ -13,7 +13,7 @@ Every run uses the lifecycle real vLLM has on its profile (``LIFECYCLE``): ``bug
 other than the known accounting gap is a failure. That gap is ``metrics-exact``: vLLM never
 counts a frontend-initiated abort in its finished-request stats (``OutputProcessor
 .abort_requests`` only updates ``lora_states``, vLLM 0.33 ``v1/engine/output_processor.py``
-:632-651; VLLM_LIFECYCLE §8), so every mirror with such an abort expects exactly that gap, on
+:632-651), so every mirror with such an abort expects exactly that gap, on
 exactly the aborted requests. ``no-leak`` not being violated is the model's form of vLLM's
 ``assert not engine.output_processor.has_unfinished_requests()`` (the checker looks at
 ``request_states``, ``parent_requests``, ``external_req_ids``, the scheduler, the runner and
@@ -75,14 +75,14 @@ def _events(r: RunResult, kind: str, component: str = "") -> list[Any]:
 
 def _outputs(r: RunResult, client: int) -> list[tuple[int, str | None]]:
     """(tokens, finish reason) of every output client ``client`` took, in order."""
-    return [(len(e.detail["tokens"]), e.detail["finish"])
+    return [(len(e.detail.tokens), e.detail.finish)
             for e in _events(r, "client.output", f"client{client}")
             if e.component == f"client{client}"]
 
 
 def _external(r: RunResult) -> dict[str, str]:
     """Engine-side (internal, or child) request ID -> the external ID its client used."""
-    return {e.request: e.detail["external"] for e in _events(r, "fe.add")}
+    return {e.request: e.detail.external for e in _events(r, "fe.add")}
 
 
 def _statuses(r: RunResult, component: str = "") -> dict[str, list[str]]:
@@ -90,13 +90,13 @@ def _statuses(r: RunResult, component: str = "") -> dict[str, list[str]]:
     ext = _external(r)
     out: dict[str, list[str]] = {}
     for e in _events(r, "sched.finish", component):
-        out.setdefault(ext[e.request], []).append(e.detail["status"])
+        out.setdefault(ext[e.request], []).append(e.detail.status)
     return out
 
 
 def _abort_ids(r: RunResult) -> list[str]:
-    return [i for e in _events(r, "ipc.send") if e.detail["type"] == "AbortMessage"
-            for i in e.detail["ids"]]
+    return [i for e in _events(r, "ipc.send") if e.detail.type == "AbortMessage"
+            for i in e.detail.ids]
 
 
 def _only_gap_on(r: RunResult, aborted: set[str]) -> None:
@@ -227,7 +227,7 @@ def check_abort_during_final_step(r: RunResult, profile: str) -> None:
     assert _statuses(r) == {"test-abort-final-step": ["FINISHED_ABORTED"]}
     finish = _events(r, "sched.finish")[0]
     assert [e.time for e in _events(r, "kv.free")] == [finish.time]
-    assert all(not e.detail["applied"] for e in _events(r, "sched.update"))  # no token kept
+    assert all(not e.detail.applied for e in _events(r, "sched.update"))  # no token kept
     _only_gap_on(r, {"test-abort-final-step"})
 
 
@@ -244,8 +244,8 @@ def check_stop_string(r: RunResult, profile: str) -> None:
     finishes are counted in stats, so no invariant at all is violated. Not expressed: text,
     logprobs, include_stop_str_in_output=True."""
     ext = _external(r)
-    issued = {e.request: e.detail["ids"] for e in _events(r, "fe.abort_issue")
-              if e.detail["cause"] == "stop-string"}
+    issued = {e.request: e.detail.ids for e in _events(r, "fe.abort_issue")
+              if e.detail.cause == "stop-string"}
     assert _abort_ids(r) == [i for ids in issued.values() for i in ids]
     for i, stop_at in enumerate(STOP_AT):
         rid = f"request-{i}"
@@ -256,7 +256,7 @@ def check_stop_string(r: RunResult, profile: str) -> None:
         assert issued[internal] == [internal]
         assert (internal == rid) == (profile == "0.8"), internal  # 0.33: rid + "-" + 8 hex
     assert _statuses(r) == {f"request-{i}": ["FINISHED_ABORTED"] for i in range(4)}
-    assert not [e for e in _events(r, "client.output") if e.detail["after_done"]]
+    assert not [e for e in _events(r, "client.output") if e.detail.after_done]
     assert r.violated == ()
 
 
@@ -292,7 +292,7 @@ def check_async_scheduler_abort(r: RunResult, profile: str) -> None:
     assert [ext[e.request] for e in _events(r, "sched.finish")] == [str(i) for i in ABORT_ORDER]
     assert _statuses(r) == {str(i): ["FINISHED_ABORTED"] for i in range(10)}
     applied = Counter(ext[rid] for e in _events(r, "sched.update")
-                      for rid, *_ in e.detail["applied"])
+                      for rid, *_ in e.detail.applied)
     for i in range(10):
         k = ABORT_ORDER.index(i)
         assert applied[str(i)] == k, (i, applied[str(i)])
@@ -315,10 +315,10 @@ def check_abort_during_kv_transfer(r: RunResult, profile: str) -> None:
     (miss,) = _events(r, "sched.abort_miss", "prefill")
     (release,) = _events(r, "pd.release", "prefill")
     (free,) = _events(r, "kv.free", "prefill")
-    assert fin.detail["status"] == "FINISHED_LENGTH_CAPPED" and hold.time == fin.time
-    assert hold.time < miss.time < release.time == free.time == hold.detail["expiry"]
-    assert release.detail["cause"] == "timeout"
-    assert free.detail["blocks"] == hold.detail["blocks"] and len(hold.detail["blocks"]) == 3
+    assert fin.detail.status == "FINISHED_LENGTH_CAPPED" and hold.time == fin.time
+    assert hold.time < miss.time < release.time == free.time == hold.detail.expiry
+    assert release.detail.cause == "timeout"
+    assert free.detail.blocks == hold.detail.blocks and len(hold.detail.blocks) == 3
     assert not _events(r, "pd.decode") and not _events(r, "sched.finish", "decode")
     assert (r.requests[0].tokens, r.requests[0].finish_reason) == (0, "abort")
     _only_gap_on(r, {"X"})
@@ -348,7 +348,7 @@ def check_pause_then_abort_queued_request(r: RunResult, profile: str) -> None:
     outs = _outputs(r, 0)
     assert outs == [(0, "abort")]
     assert r.requests[0].tokens == 0
-    assert not [e for e in r.trace if e.kind == "sched.step" and e.detail["batch"]]
+    assert not [e for e in r.trace if e.kind == "sched.step" and e.detail.batch]
     _only_gap_on(r, {"abort-queued-request"})
 
 
