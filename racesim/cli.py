@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -104,13 +105,26 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
     console = _console()
     for title, rows in sections.items():
         console.print(f"[bold]{title}[/bold]"
-                      + (f" (widths in vLLM {profile.name})" if title == "points" else ""))
+                      + (f" (widths in vLLM {profile.name})" if title == "points"
+                         else " (first sentence; 'racesim show NAME' prints the whole scenario)"
+                         if title == "scenarios" else ""))
         width = max(len(r["name"]) for r in rows) if rows else 0
         for r in rows:
             width_tag = f"[{r['width']}] " if "width" in r else ""
-            console.print(f"  {r['name'].ljust(width)}  {width_tag}{r['meaning']}", markup=False)
+            meaning = _first_sentence(r["meaning"]) if title == "scenarios" else r["meaning"]
+            console.print(f"  {r['name'].ljust(width)}  {width_tag}{meaning}", markup=False)
             for b in r.get("behaviours", ()):
                 console.print(f"      - {b['text']} ({b['source']})", markup=False)
+
+
+#: a sentence ends at ". " (or "): ") before a word, not after "e.g." or "i.e."
+_SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)\.(?=\s+[\w(])")
+
+
+def _first_sentence(text: str) -> str:
+    """A scenario summary's first sentence: one index line per scenario in ``racesim list``."""
+    end = _SENTENCE_END.search(text)
+    return text if end is None else text[:end.start() + 1]
 
 
 @cli.command("show")

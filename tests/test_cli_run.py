@@ -174,6 +174,19 @@ def test_list_shows_every_scenario_policy_point_and_invariant() -> None:
     assert all(x["meaning"] for section in as_json.values() for x in section)
 
 
+def test_list_indexes_each_scenario_by_its_first_sentence() -> None:
+    from racesim.cli import _first_sentence
+
+    assert _first_sentence("X dies on 0.33 (e.g. v1/a.py:1). Then more. And more.") == \
+        "X dies on 0.33 (e.g. v1/a.py:1)."
+    assert _first_sentence("no end") == "no end"
+    text = racesim("list", "scenarios").stdout
+    whole = json.loads(racesim("list", "scenarios", "--json").stdout)["scenarios"]
+    for s in whole:
+        assert " ".join(_first_sentence(s["meaning"]).split()) in " ".join(text.split())
+    assert len(text) < sum(len(s["meaning"]) for s in whole)
+
+
 def test_a_third_party_policy_runs_from_the_command_line() -> None:
     spec = "racesim_thirdparty_policy:SendThenDrop"
     code, doc = run_json("abort-reuse", "--vllm", "0.8", "-p", spec, "--policy-opt", "note=x",
