@@ -54,6 +54,7 @@ COMPILED = (
     "racesim.engine_model.sched_output",
     "racesim.engine_model.runner",
     "racesim.engine_model.ipc",
+    "racesim.engine_model.engine_shell",
     "racesim.engine_model.engine_core",
     "racesim.engine_model.engine_outputs",
     "racesim.engine_model.data_parallel",

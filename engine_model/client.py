@@ -229,9 +229,12 @@ class Proxy:
             rid = f"{world.rng.stream('proxy-uuid').getrandbits(128):032x}"
         world.emit(self.name, rid, 0, PdPrefill(client_uid))
         self._stage, self._stage_id = self.prefill, rid
+        # P samples the same first token D will: EOS there (eos_at = 1) finishes P STOPPED
+        # rather than LENGTH_CAPPED (v1/core/sched/utils.py:104-119 checks EOS first).
         got = yield from self.prefill.add_request(
             rid, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=1, n=1,
-            kv_transfer_params=KVTransferParams(do_remote_decode=True), prompt=prompt,
+            eos_at=eos_at, kv_transfer_params=KVTransferParams(do_remote_decode=True),
+            prompt=prompt,
             fault="preprocess" if fault == "preprocess" else "")
         if isinstance(got, str):
             self._refused(collector, request_id, got)

@@ -1,9 +1,10 @@
-"""EngineCore: the input thread, the busy loop, steps (sync and async scheduling) and death.
+"""EngineCore: the model's engine core, its steps (sync and async scheduling) and its inputs.
 
-The input thread preprocesses each message and queues it; the busy loop applies queued inputs
-only between steps, then steps: schedule -> execute -> update_from_output -> send outputs. With
-``async_scheduling`` the batch queue holds two steps, so step N+1 is scheduled before step N's
-output is applied (``step_with_batch_queue`` in vllm/v1/engine/core.py).
+The process around it (input thread, busy loop, GPU queue, death) is :class:`EngineShell`, which
+applies queued inputs only between steps, then steps: schedule -> execute -> update_from_output
+-> send outputs. With ``async_scheduling`` the batch queue holds two steps, so step N+1 is
+scheduled before step N's output is applied (``step_with_batch_queue`` in
+vllm/v1/engine/core.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import simpy
 
 from racesim.engine_model.config import EngineConfig
 from racesim.engine_model.engine_outputs import EngineOutputs
-from racesim.engine_model.events.engine import EngineFatalEvent, EngineUtility
+from racesim.engine_model.engine_shell import EngineShell
+from racesim.engine_model.events.engine import EngineUtility
 from racesim.engine_model.events.pd import (
     PdHeartbeat,
     PdLoadFailed,
@@ -25,8 +27,6 @@ from racesim.engine_model.events.pd import (
     PdRead,
     PdReadFailed,
 )
-from racesim.engine_model.fatal import EngineFatal
-from racesim.engine_model.ipc import Channel
 from racesim.engine_model.kv_cache import KVCacheManager
 from racesim.engine_model.kv_connector import ConnectorScheduler
 from racesim.engine_model.messages import (
@@ -51,59 +51,30 @@ __all__ = ["EngineCore"]
 _Batch = tuple[simpy.Event, SchedulerOutput]
 
 
-class EngineCore:
+class EngineCore(EngineShell):
     """One engine process. ``index`` is its position in the system (0 = prefill under P/D)."""
 
     def __init__(self, world: World, index: int, name: str, config: EngineConfig,
                  policy: LifecyclePolicy, profile: VllmProfile, *,
                  hold_timeout: float | None = None, transfer_time: float = 0.0) -> None:
-        self.world = world
-        self.index = index
-        self.name = name
-        self.config = config
+        super().__init__(world, index, name, config, profile)
         self.policy = policy
         self.kv = KVCacheManager(world, f"{name}.kv", config.num_blocks, config.block_size,
                                  bool(config.prefix_caching), profile.free_order)
         self.scheduler = Scheduler(world, f"{name}.scheduler", config, self.kv, profile)
         self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling))
-        self.connector: ConnectorScheduler | None = None
         if hold_timeout is not None:
             self.connector = ConnectorScheduler(world, f"{name}.connector", index, self.kv,
                                                 hold_timeout, self._start_kv_read, profile,
                                                 self._send_heartbeat)
             self.scheduler.connector = self.connector
-        # vLLM 0.33 core.py:1650-1666: an idle busy loop discards aborts_queue (every ABORT is
-        # also in input_queue).
-        self._idle_clears_aborts = profile.idle_clears_aborts
         self.transfer_time = transfer_time
         self.outputs = EngineOutputs(world, index, f"{name}.core")
-        self.output_channels: dict[int, Channel] = self.outputs.channels
-        #: decode side: where transfer-done notices go, by remote engine index.
-        self.notify_channels: dict[int, Channel] = {}
-        self.dead: str | None = None
-        #: ``pause_generation`` in "abort"/"wait" mode: adds of new IDs get a retryable ERROR.
-        self.reject_new_requests = False
-        self._inbox: deque[Any] = deque()
-        self.input_queue: deque[tuple[str, Any]] = deque()
-        self.aborts_queue: deque[AbortMessage] = deque()
-        self._input_wakeup: simpy.Event | None = None
-        self._loop_wakeup: simpy.Event | None = None
+        self.output_channels = self.outputs.channels
         self._batch_queue: deque[_Batch] = deque()
-        self._max_batches = 2 if config.async_scheduling else 1
-        self._gpu_free_at = 0.0
-        self._c_input = f"{name}.input"
-        self._c_core = f"{name}.core"
-        world.env.process(self._input_thread())
-        world.env.process(self._busy_loop())
+        self.start()
 
     # -- sockets --------------------------------------------------------------------------------
-
-    def deliver(self, msg: Any) -> None:
-        """A message arrived on the input socket."""
-        self._inbox.append(msg)
-        ev = self._input_wakeup
-        if ev is not None and not ev.triggered:
-            ev.succeed()
 
     def deliver_kv_notice(self, notice: KVDoneNotice | KVHeartbeat) -> None:
         """Prefill side: the decode side's transfer-done notice or heartbeat (NIXL side
@@ -111,98 +82,27 @@ class EngineCore:
         if self.dead is not None or self.connector is None:
             return
         if isinstance(notice, KVHeartbeat):
-            self.world.emit(self._c_core, None, 0, PdHeartbeat(list(notice.request_ids)))
+            self.world.emit(self.c_core, None, 0, PdHeartbeat(list(notice.request_ids)))
             self.connector.extend_lease(notice.request_ids)
             return
         rid = notice.request_id
         if not self.connector.recognizes(rid, self.scheduler.requests.get(rid)):
-            self.world.emit(self._c_core, rid, notice.remote_inc, PdNoticeUnknown())
+            self.world.emit(self.c_core, rid, notice.remote_inc, PdNoticeUnknown())
             return
-        self.world.emit(self._c_core, rid, notice.remote_inc, PdNotice())
+        self.world.emit(self.c_core, rid, notice.remote_inc, PdNotice())
         self.connector.notice(rid)
         self._wake_loop()
 
-    def _wake_loop(self) -> None:
-        ev = self._loop_wakeup
-        if ev is not None and not ev.triggered:
-            ev.succeed()
+    # -- the shell's hooks ----------------------------------------------------------------------
 
-    # -- input thread ---------------------------------------------------------------------------
+    def _preprocess(self, msg: EngineCoreRequest) -> Request:
+        return Request(msg)
 
-    def _input_thread(self) -> Generator[simpy.Event, Any, None]:
-        world = self.world
-        env = world.env
-        inbox = self._inbox
-        natural = self.config.preprocess_time
-        while True:
-            while not inbox:
-                self._input_wakeup = env.event()
-                yield self._input_wakeup
-            msg = inbox.popleft()
-            ev = world.sleep("engine.input:preprocess", natural, self._c_input)
-            if ev is not None:
-                yield ev
-            if self.dead is not None:
-                continue
-            if isinstance(msg, EngineCoreRequest):
-                if msg.fault == "preprocess":
-                    # core.py:2016-2020, 2161-2168: an exception in preprocess_add_request
-                    # sends an ERROR output from this thread; nothing is queued.
-                    self.outputs.reject(msg.request_id, msg.inc, msg.client_index,
-                                          "preprocess-error")
-                    continue
-                self.input_queue.append(("add", Request(msg)))
-            elif isinstance(msg, AbortMessage):
-                if self.config.eager_aborts:
-                    self.aborts_queue.append(msg)
-                self.input_queue.append(("abort", msg))
-            elif isinstance(msg, UtilityMessage):
-                self.input_queue.append(("utility", msg))
-            self._wake_loop()
+    def _reject(self, rid: str, inc: int, client: int, why: str) -> None:
+        self.outputs.reject(rid, inc, client, why)
 
-    # -- busy loop ------------------------------------------------------------------------------
-
-    def _busy_loop(self) -> Generator[simpy.Event, Any, None]:
-        sched = self.scheduler
-        try:
-            while self.dead is None:
-                self._process_kv_finished()
-                while not self.input_queue and not sched.has_requests() and not self._batch_queue:
-                    if self._idle_clears_aborts:
-                        self.aborts_queue.clear()
-                    yield from self._idle_wait()
-                    self._process_kv_finished()
-                while self.input_queue:
-                    self._apply_input(*self.input_queue.popleft())
-                progressed = yield from self._step()
-                if not progressed and not self.input_queue:
-                    # Nothing could be scheduled (e.g. the pool is full of a waiting request's
-                    # needs): the real loop spins; here we wait for the next input instead.
-                    if self.aborts_queue:
-                        if sched.has_requests() or self._batch_queue:
-                            # each spin's step() applies the eager copies (0.33 core.py:690)
-                            self._process_aborts_queue()
-                        elif self._idle_clears_aborts:
-                            self.aborts_queue.clear()  # 0.33 core.py:1650-1666, every idle pass
-                    yield from self._idle_wait()
-        except EngineFatal as exc:
-            self._die(str(exc))
-
-    def _idle_wait(self) -> Generator[simpy.Event, Any, None]:
-        env = self.world.env
-        self._loop_wakeup = env.event()
-        expiry = None
-        connector = self.connector
-        if connector is not None:
-            expiry = connector.next_expiry()
-            beat = connector.next_heartbeat()
-            if beat is not None and (expiry is None or beat < expiry):
-                expiry = beat
-        if expiry is not None:
-            yield self._loop_wakeup | env.timeout(max(0.0, expiry - env.now))
-        else:
-            yield self._loop_wakeup
-        self._loop_wakeup = None
+    def _has_work(self) -> bool:
+        return self.scheduler.has_requests() or bool(self._batch_queue)
 
     def _process_kv_finished(self) -> None:
         if self.connector is None:
@@ -223,7 +123,7 @@ class EngineCore:
             req = sched.requests.get(rid)
             if req is None or req.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
                 continue
-            self.world.emit(self._c_core, rid, req.inc,
+            self.world.emit(self.c_core, rid, req.inc,
                             PdLoadFailed("recompute" if recompute else "fail"))
             if not recompute:
                 finished = sched.finish_requests([rid], RequestStatus.FINISHED_ERROR,
@@ -264,7 +164,7 @@ class EngineCore:
     def _utility(self, msg: UtilityMessage) -> None:
         """pause_generation / resume_scheduler on this engine (core.py:2181-2237)."""
         sched = self.scheduler
-        self.world.emit(self._c_core, None, 0, EngineUtility(msg.method, msg.mode))
+        self.world.emit(self.c_core, None, 0, EngineUtility(msg.method, msg.mode))
         if msg.method != "pause_generation":
             sched.pause_state = "UNPAUSED"
             self.reject_new_requests = False
@@ -305,7 +205,7 @@ class EngineCore:
         if self.aborts_queue:
             # vLLM #29987: aborts are also applied just before update_from_output.
             self._process_aborts_queue()
-        ev = world.sleep("engine.step:update_from_output", 0.0, self._c_core)
+        ev = world.sleep("engine.step:update_from_output", 0.0, self.c_core)
         if ev is not None:
             yield ev
         self._process_kv_finished()
@@ -313,23 +213,10 @@ class EngineCore:
         self.outputs.step_outputs(results)
         return True
 
-    def _process_aborts_queue(self) -> None:
-        while self.aborts_queue:
-            self._abort(self.aborts_queue.popleft(), "abort(eager)")
-
     def _submit(self, out: SchedulerOutput, executes: bool) -> simpy.Event:
         """execute_model(non_block=True): _update_states now, the forward pass on the GPU queue
         (``executes``: the batch has tokens to compute)."""
-        world = self.world
-        now = world.now
-        sampled = self.runner.execute_model(out)
-        if executes:
-            delay = world.pause("engine.step:execute", self.config.step_time, self._c_core)
-        else:
-            delay = 0.0
-        start = self._gpu_free_at if self._gpu_free_at > now else now
-        self._gpu_free_at = start + delay
-        return world.env.timeout(self._gpu_free_at - now, sampled)
+        return self._on_gpu(self.runner.execute_model(out), executes)
 
     # -- P/D decode side ------------------------------------------------------------------------
 
@@ -370,10 +257,3 @@ class EngineCore:
         channel = self.notify_channels.get(engine)
         if channel is not None:
             channel.send(KVHeartbeat(tuple(remote_ids)), remote_ids)
-
-    # -- death ----------------------------------------------------------------------------------
-
-    def _die(self, reason: str) -> None:
-        self.dead = reason
-        self.world.emit(self._c_core, None, 0, EngineFatalEvent(reason))
-        self.outputs.dead(reason)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from racesim.engine_model.events.engine import EngineReject
 from racesim.engine_model.ipc import Channel
-from racesim.engine_model.messages import EngineCoreOutput, EngineCoreOutputs, EngineDead
+from racesim.engine_model.messages import EngineCoreOutput, EngineCoreOutputs
 from racesim.engine_model.request import Request
 from racesim.sim.world import World
 
@@ -99,7 +99,3 @@ class EngineOutputs:
                 channel.send(EngineCoreOutputs(self.index, tuple(outputs), None),
                              [o.request_id for o in outputs], outputs=detail)
 
-    def dead(self, reason: str) -> None:
-        """ENGINE_DEAD to every client."""
-        for client in sorted(self.channels):
-            self.channels[client].send(EngineDead(self.index, reason), ["*"])

@@ -21,9 +21,24 @@ from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.request import BlockHash, Request
 from racesim.sim.world import World
 
-__all__ = ["KVCacheManager"]
+__all__ = ["KVCacheManager", "release_share"]
 
 _NO_BLOCKS: list[int] = []
+
+
+def release_share(sharers: dict[int, list[int]], block: int, held: list[int],
+                  inc: int) -> int | None:
+    """Ground truth when incarnation ``inc`` lets go of shared ``block``, whose other holders
+    are ``held`` (``sharers[block]``): the block's new owner when ``inc`` owned it (its first
+    sharer takes over), else None. A block left with one holder is no longer shared."""
+    heir = None
+    if inc in held:
+        held.remove(inc)
+    else:
+        heir = held.pop(0)
+    if not held:
+        del sharers[block]
+    return heir
 
 
 class KVCacheManager:
@@ -62,11 +77,6 @@ class KVCacheManager:
 
     def owner_of(self, block: int) -> int:
         return self._owner[block]
-
-    def owners_of(self, block: int) -> list[int]:
-        """Every incarnation holding a reference to ``block`` (empty when it is free)."""
-        o = self._owner[block]
-        return [o, *self._sharers.get(block, ())] if o else []
 
     def live_ids(self) -> list[tuple[str, list[int]]]:
         """``(request ID, the owner of each of its blocks)`` for every ``req_to_blocks`` entry,
@@ -251,13 +261,9 @@ class KVCacheManager:
         for b in reversed(blocks):
             held = sharers.get(b)
             if held is not None:
-                # ground truth: this incarnation lets go of its share
-                if inc in held:
-                    held.remove(inc)
-                else:
-                    owner[b] = held.pop(0)
-                if not held:
-                    del sharers[b]
+                heir = release_share(sharers, b, held, inc)
+                if heir is not None:
+                    owner[b] = heir
             if ref[b] != 1:
                 # still shared: kept; already free (a second free of one table, possible only
                 # where a re-added ID shares it): the count goes negative, nothing is queued

@@ -1,6 +1,7 @@
 """NixlConnector's lifecycle, scheduler side, for P/D disaggregation (vLLM #20139, #25067).
 
-Prefill (P): a ``do_remote_decode`` request that finishes LENGTH_CAPPED keeps its blocks and its
+Prefill (P): a ``do_remote_decode`` request that finishes with a status the profile holds
+(LENGTH_CAPPED; in 0.33 also STOPPED, nixl/pull_scheduler.py:235-244) keeps its blocks and its
 ``Scheduler.requests`` entry until the decode side's notice or the hold's end
 (``_reqs_need_send``, keyed by ID). Decode (D): a ``do_remote_prefill`` request allocates blocks,
 waits in WAITING_FOR_REMOTE_KVS while the worker reads P's blocks, notifies P, then decodes.
@@ -32,7 +33,7 @@ class ConnectorScheduler:
     __slots__ = ("world", "component", "engine_index", "kv", "hold_timeout", "reqs_need_send",
                  "finished_recving", "done_sending", "_start_read", "_lease", "_hb_interval",
                  "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat", "_handshaken",
-                 "_free_on_recv", "failed_recving")
+                 "_free_on_recv", "failed_recving", "_held_finishes")
 
     def __init__(self, world: World, component: str, engine_index: int, kv: KVCacheManager,
                  hold_timeout: float, start_read: Callable[[Request], None],
@@ -49,6 +50,7 @@ class ConnectorScheduler:
         self.done_sending: dict[str, str] = {}          # P: IDs to release -> cause
         self._start_read = start_read
         self._lease = profile.pd_hold == "lease"
+        self._held_finishes = profile.pd_held_finishes
         # Both follow the lease in use (nixl/base_scheduler.py:88, base_worker.py:631).
         self._hb_interval = float(int(hold_timeout) // 6)
         self._extension = float(int(hold_timeout) * 2 // 3)
@@ -69,8 +71,8 @@ class ConnectorScheduler:
         if not request.do_remote_decode:
             self._heartbeat.pop(request.request_id, None)
             return False, None
-        if request.status != RequestStatus.FINISHED_LENGTH_CAPPED:
-            return False, None  # aborted: _reqs_not_processed, free now
+        if request.status not in self._held_finishes:
+            return False, None  # aborted (or not held here): _reqs_not_processed, free now
         blocks = self.kv.get_block_ids(request.request_id)
         if not blocks:
             return False, None

@@ -199,16 +199,19 @@ class System:
 
     def _data_parallel(self, size: int) -> None:
         """``size`` engines ("dp0", ...), every API server talking to each through its own
-        load balancer; outputs come back on the channel of the request's client_index."""
+        load balancer; outputs come back on the channel of the request's client_index.
+
+        Each rank is built by the backend's ``new_engine`` and joined by ``dp_rank``: a
+        dense model's ranks are independent EngineCoreProcs (vllm/v1/engine/core.py:1546-1555)
+        whose only DP state is the internal load balancing of core.py:1219-1238."""
         world, workload = self.world, self.workload
         latency = workload.ipc.latency
-        self.engines = [EngineCore(world, e, f"dp{e}", workload.engine, self.policy,
-                                   self.profile) for e in range(size)]
+        self.engines = [self.new_engine(e, f"dp{e}") for e in range(size)]
         count = workload.frontends
         for i in range(count):
             name = f"frontend{i}"
             fe = AsyncLLM(world, i, name, 0, self.policy, workload.frontend, self.next_inc,
-                          self.profile)
+                          self.profile, self.new_output_processor(i, name, self.engines[0]))
             fe.engines = tuple(range(size))
             fe.dp = DPLoadBalancer(world, name, size, i, count)
             fe.output_processor.dp = True
@@ -220,12 +223,24 @@ class System:
             self.frontends.append(fe)
         engines = self.engines
         coordinator = DPCoordinator(
-            world, lambda: [(len(e.scheduler.waiting), len(e.scheduler.running),
-                             1.0 - e.kv.num_free_blocks / e.kv.num_blocks) for e in engines],
+            world, lambda: [self.dp_load(e) for e in engines],
             [fe.dp for fe in self.frontends if fe.dp is not None], latency)
         for engine in engines:
-            engine.outputs.finished_by_client = {}
-            engine.outputs.coordinator = coordinator
+            self.dp_rank(engine, coordinator)
+
+    def dp_rank(self, engine: Any, coordinator: DPCoordinator) -> None:
+        """Make ``engine`` a DP rank: its outputs carry each client's finished IDs
+        (``include_finished_set``) and each step tells the coordinator its counts may have
+        changed (a backend joins its own engine here)."""
+        engine.outputs.finished_by_client = {}
+        engine.outputs.coordinator = coordinator
+
+    def dp_load(self, engine: Any) -> tuple[int, int, float]:
+        """What a rank publishes to the coordinator: waiting, running, KV cache usage
+        (``_maybe_publish_request_counts``, core.py:1634-1645; coordinator.py:404-405)."""
+        kv = engine.kv
+        return (len(engine.scheduler.waiting), len(engine.scheduler.running),
+                1.0 - kv.num_free_blocks / kv.num_blocks)
 
     def _pause_and_resume(self) -> Generator[simpy.Event, Any, None]:
         """API server 0 calls pause_generation, then resume_generation (async_llm.py:989-1028)."""

@@ -116,8 +116,3 @@ class Topology:
     def channel(self, name: str) -> ChannelNode | None:
         self._index()
         return self._channels.get(name)
-
-    @property
-    def disaggregated(self) -> bool:
-        """Prefill and decode run on separate engines (P/D)."""
-        return any(e.role for e in self.engines)

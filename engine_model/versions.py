@@ -85,6 +85,17 @@ class VllmProfile:
     #: a caller cancelled before ``add_request`` returned its collector: "abort" (generate()
     #: aborted the request ID unconditionally) or "nothing" (``q`` is None: no abort).
     cancel_before_collector: str
+    #: n > 1 in AsyncLLM.add_request: "per-child" (each child is registered, then its ADD
+    #: sent, before the next child is registered) or "register-first" (every child is
+    #: registered, then the ADDs are sent one by one; a cancel during them aborts the parent).
+    fan_out: str
+    #: the finish statuses for which the prefill side's connector holds a request's blocks
+    #: for the decode side (any other finish frees them at once).
+    pd_held_finishes: frozenset[str]
+    #: what an abort by external ID leaves of an n > 1 parent in
+    #: ``OutputProcessor.parent_requests``: "drop" (the entry goes with its last child) or
+    #: "keep" (the entry stays; nothing in the request's lifecycle removes it).
+    external_abort_parent: str
     widths: Mapping[str, str]
     behaviours: tuple[Behaviour, ...]
 
@@ -135,6 +146,9 @@ PROFILES: dict[str, VllmProfile] = {
         free_order="append",
         features=frozenset(),
         cancel_before_collector="abort",
+        fan_out="per-child",
+        pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
+        external_abort_parent="drop",
         widths=_WIDTHS,
         behaviours=(
             Behaviour("Scheduler.add_request overwrites requests[id] for a live ID; the old "
@@ -145,7 +159,10 @@ PROFILES: dict[str, VllmProfile] = {
             Behaviour("one input queue: an ABORT is applied only between steps",
                       "v1/engine/core.py before #29987"),
             Behaviour("P/D: the prefill side holds a finished request's blocks for a fixed "
-                      "480 s timeout", "nixl_connector.py, #20139 and #25897"),
+                      "480 s timeout, only when it finished LENGTH_CAPPED",
+                      "nixl_connector.py, #20139 and #25897"),
+            Behaviour("n > 1: each child is registered and its ADD sent before the next child "
+                      "is registered", "v1/engine/async_llm.py at f90d34b (add_request)"),
             _WIDTH_SOURCES,
         ),
     ),
@@ -166,6 +183,9 @@ PROFILES: dict[str, VllmProfile] = {
         features=frozenset({"dp", "pause", "preprocess-error", "kv-load-failure",
                             "streaming-input"}),
         cancel_before_collector="nothing",
+        fan_out="register-first",
+        pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED"}),
+        external_abort_parent="keep",
         widths=_WIDTHS,
         behaviours=(
             Behaviour("Scheduler.add_request asserts 'duplicate request id' for an ID already in "
@@ -178,6 +198,15 @@ PROFILES: dict[str, VllmProfile] = {
                       "v1/engine/output_processor.py:663-713, v1/engine/async_llm.py:567-585"),
             Behaviour("an abort naming an unknown external ID does nothing",
                       "v1/engine/output_processor.py:627 (external_req_ids.pop(id, []))"),
+            Behaviour("n > 1: AsyncLLM registers every child in the OutputProcessor, then "
+                      "awaits each child's ADD send in turn; an exception or cancel there "
+                      "aborts the parent by its internal ID and re-raises",
+                      "v1/engine/async_llm.py:538-565"),
+            Behaviour("n > 1: an abort by external ID pops the children's states and the "
+                      "external_req_ids entry but leaves the parent in parent_requests, which "
+                      "the request's lifecycle never removes (only _finish_request and an "
+                      "abort by the parent's internal ID do)",
+                      "v1/engine/output_processor.py:599-661, 917-932"),
             Behaviour("async scheduling is on by default (two batches in flight)",
                       "#27614; config/vllm.py:1685-1719"),
             Behaviour("an ABORT goes to both aborts_queue (applied inside step(), before "
@@ -190,6 +219,10 @@ PROFILES: dict[str, VllmProfile] = {
                       "each extending the lease to now + 2/3 lease",
                       "kv_connector/v1/nixl/base_scheduler.py:82-88, 513-518; "
                       "nixl/base_worker.py:627-631, 3352-3399 (#41383)"),
+            Behaviour("P/D: the prefill side holds the blocks of a request that finished "
+                      "LENGTH_CAPPED or STOPPED (say, EOS as its one token); an abort or "
+                      "error frees them at once",
+                      "kv_connector/v1/nixl/pull_scheduler.py:191-254"),
             Behaviour("an aborted request still waiting for remote KV keeps its blocks until "
                       "the read completes", "v1/core/sched/scheduler.py:3017-3025"),
             Behaviour("prefix caching is on by default: full blocks are hashed (chained, from "

@@ -13,6 +13,7 @@ is replaced, for each call, by a draw from the World's RNG.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from functools import cache
@@ -34,6 +35,12 @@ class _Vllm:
     def __init__(self) -> None:
         for key, value in _ENV.items():
             os.environ.setdefault(key, value)
+        # vLLM configures its log handler only when an engine starts, which the backend never
+        # does; until then its warnings about this CPU build (no vllm._C, no Triton) reach
+        # Python's last-resort handler whatever VLLM_LOGGING_LEVEL says. Apply that level.
+        level = os.environ["VLLM_LOGGING_LEVEL"].upper()
+        if isinstance(logging.getLevelName(level), int):  # vLLM itself rejects a bad name later
+            logging.getLogger("vllm").setLevel(level)
         import torch
         from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
         from vllm.outputs import STREAM_FINISHED
@@ -132,9 +139,10 @@ def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
     return vc, spec
 
 
-def new_scheduler(shape: VllmEngineShape) -> Any:
+def new_scheduler(shape: VllmEngineShape, include_finished_set: bool = False) -> Any:
     """A fresh ``Scheduler`` (``AsyncScheduler`` under async scheduling, as
-    ``SchedulerConfig.get_scheduler_cls`` picks, config/scheduler.py:231)."""
+    ``SchedulerConfig.get_scheduler_cls`` picks, config/scheduler.py:231). A DP rank's has
+    ``include_finished_set`` (v1/engine/core.py:1219-1238): each client's finished IDs."""
     v = vllm()
     vc, spec = _config(shape)
     kvc = v.KVCacheConfig(num_blocks=shape.num_blocks + 1, kv_cache_tensors=[],
@@ -142,7 +150,8 @@ def new_scheduler(shape: VllmEngineShape) -> Any:
     cls = v.AsyncScheduler if shape.async_scheduling else v.Scheduler
     return cls(vllm_config=vc, kv_cache_config=kvc,
                structured_output_manager=v.StructuredOutputManager(vc),
-               block_size=shape.block_size, log_stats=False)
+               block_size=shape.block_size, log_stats=False,
+               include_finished_set=include_finished_set)
 
 
 def new_request(request_id: str, prompt_token_ids: list[int], max_tokens: int, client_index: int,

@@ -1,8 +1,9 @@
 """An EngineCore whose engine-side state is vLLM's own: its Scheduler and KVCacheManager.
 
-The simulated parts are the model's (racesim.engine_model.engine_core): the input thread
-(``engine.input:preprocess``), the busy loop that applies inputs between steps, the eager
-``aborts_queue`` and the GPU timing (``engine.step:execute``, ``engine.step:update_from_output``).
+The simulated parts are the model's: the process shell (racesim.engine_model.engine_shell: the
+input thread, ``engine.input:preprocess``, the busy loop that applies inputs between steps, the
+eager ``aborts_queue``, the GPU timing, ``engine.step:execute``, and death) and
+``engine.step:update_from_output``.
 At each call site the real object is called instead of the model's, in the order of
 ``EngineCore.step`` / ``step_with_batch_queue`` (vllm/v1/engine/core.py:667-800): schedule ->
 execute -> ``_process_aborts_queue`` -> ``update_from_output``. The model runner stays the
@@ -19,8 +20,8 @@ from typing import Any
 import simpy
 
 from racesim.engine_model.config import EngineConfig
+from racesim.engine_model.engine_shell import EngineShell
 from racesim.engine_model.events.engine import (
-    EngineFatalEvent,
     SchedAbortMiss,
     SchedAdd,
     SchedFinish,
@@ -31,8 +32,6 @@ from racesim.engine_model.events.engine import (
 from racesim.engine_model.messages import (
     AbortMessage,
     EngineCoreRequest,
-    EngineDead,
-    UtilityMessage,
 )
 from racesim.engine_model.runner import ModelRunner
 from racesim.engine_model.scheduler import NewRequestData, SchedulerOutput
@@ -55,26 +54,24 @@ def _reason(finish: Any) -> str | None:
 
 
 class _Fatal(Exception):
-    """An exception raised by vLLM's code inside the engine: EngineCoreProc dies of it."""
+    """An exception raised by vLLM's code inside the engine: EngineCoreProc dies of it (the
+    shell's busy loop catches this, not the model's EngineFatal)."""
 
 
-class VllmEngineCore:
-    """One engine process running vLLM's Scheduler; ``index`` is its place in the system."""
+class VllmEngineCore(EngineShell):
+    """One engine process running vLLM's Scheduler; ``index`` is its place in the system, and
+    with ``dp`` a DP rank (its Scheduler lists each client's finished IDs, core.py:1219-1238)."""
 
     def __init__(self, world: World, index: int, name: str, config: EngineConfig,
-                 policy: Any, profile: VllmProfile, *, max_model_len: int) -> None:
-        self.world = world
-        self.index = index
-        self.name = name
-        self.config = config
+                 policy: Any, profile: VllmProfile, *, max_model_len: int,
+                 vocab: Vocabulary | None = None, dp: bool = False) -> None:
+        super().__init__(world, index, name, config, profile, _Fatal)
         self.policy = policy
-        v = _vllm.vllm()
-        self.v = v
+        self.v = _vllm.vllm()
         shape = _vllm.VllmEngineShape(config.num_blocks, config.block_size, config.max_num_seqs,
                                       config.max_num_batched_tokens, max_model_len,
-                                      bool(config.async_scheduling),
-                                      bool(config.prefix_caching))
-        self.sched = _vllm.new_scheduler(shape)
+                                      bool(config.async_scheduling), bool(config.prefix_caching))
+        self.sched = _vllm.new_scheduler(shape, include_finished_set=dp)
         #: ground truth by object: id(Request) -> (the Request, its incarnation); id of its
         #: SamplingParams -> (them, eos_at): a session's chunk brings its own (scheduler.py:1911)
         self._truth: dict[int, tuple[Any, int]] = {}
@@ -84,28 +81,12 @@ class VllmEngineCore:
         self._prompts = PromptTokens()
         self.scheduler = SchedulerView(self.sched, self.inc_of)
         self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling))
-        self.vocab = Vocabulary()
-        self.connector = None
-        self._idle_clears_aborts = profile.idle_clears_aborts
-        self.output_channels: dict[int, Any] = {}
-        self.notify_channels: dict[int, Any] = {}
-        self.dead: str | None = None
-        #: pause_generation in "abort"/"wait" mode: adds of new IDs get a retryable ERROR
-        self.reject_new_requests = False
-        self._inbox: deque[Any] = deque()
-        self.input_queue: deque[tuple[str, Any]] = deque()
-        self.aborts_queue: deque[AbortMessage] = deque()
-        self._input_wakeup: simpy.Event | None = None
-        self._loop_wakeup: simpy.Event | None = None
+        self.vocab = vocab if vocab is not None else Vocabulary()  # DP: the ranks share one
+        self.coordinator: Any = None  # DP: told after each step (the model's DPCoordinator)
         self._batch_queue: deque[tuple[simpy.Event, Any, int]] = deque()
-        self._max_batches = 2 if config.async_scheduling else 1
-        self._gpu_free_at = 0.0
         self._step_no = 0
-        self._c_input = f"{name}.input"
-        self.c_core = f"{name}.core"
         self.c_sched = f"{name}.scheduler"
-        world.env.process(self._input_thread())
-        world.env.process(self._busy_loop())
+        self.start()
 
     # -- ground truth ---------------------------------------------------------------------------
 
@@ -117,51 +98,7 @@ class VllmEngineCore:
         req = self.sched.requests.get(rid)
         return self.inc_of(req) if req is not None else 0
 
-    # -- sockets --------------------------------------------------------------------------------
-
-    def deliver(self, msg: Any) -> None:
-        """A message arrived on the input socket."""
-        self._inbox.append(msg)
-        ev = self._input_wakeup
-        if ev is not None and not ev.triggered:
-            ev.succeed()
-
-    def _wake_loop(self) -> None:
-        ev = self._loop_wakeup
-        if ev is not None and not ev.triggered:
-            ev.succeed()
-
-    # -- input thread (EngineCoreProc.process_input_sockets) ------------------------------------
-
-    def _input_thread(self) -> Generator[simpy.Event, Any, None]:
-        world = self.world
-        inbox = self._inbox
-        while True:
-            while not inbox:
-                self._input_wakeup = world.env.event()
-                yield self._input_wakeup
-            msg = inbox.popleft()
-            ev = world.sleep("engine.input:preprocess", self.config.preprocess_time,
-                             self._c_input)
-            if ev is not None:
-                yield ev
-            if self.dead is not None:
-                continue
-            if isinstance(msg, EngineCoreRequest):
-                if msg.fault == "preprocess":
-                    # core.py:2016-2020, 2161-2168: preprocess_add_request raised; the input
-                    # thread sends an ERROR output and queues nothing
-                    finishes.reject(self, msg.request_id, msg.inc, msg.client_index,
-                                    "preprocess-error")
-                    continue
-                self.input_queue.append(("add", self._preprocess(msg)))
-            elif isinstance(msg, AbortMessage):
-                if self.config.eager_aborts:
-                    self.aborts_queue.append(msg)
-                self.input_queue.append(("abort", msg))
-            elif isinstance(msg, UtilityMessage):
-                self.input_queue.append(("utility", msg))
-            self._wake_loop()
+    # -- the shell's hooks ----------------------------------------------------------------------
 
     def _preprocess(self, msg: EngineCoreRequest) -> Any:
         """preprocess_add_request: the vLLM Request, its incarnation kept by the object."""
@@ -172,34 +109,11 @@ class VllmEngineCore:
         self._eos[id(req.sampling_params)] = (req.sampling_params, msg.eos_at)
         return req
 
-    # -- busy loop (EngineCoreProc.run_busy_loop) -----------------------------------------------
+    def _reject(self, rid: str, inc: int, client: int, why: str) -> None:
+        finishes.reject(self, rid, inc, client, why)
 
-    def _busy_loop(self) -> Generator[simpy.Event, Any, None]:
-        sched = self.sched
-        try:
-            while self.dead is None:
-                while not self.input_queue and not sched.has_requests() and not self._batch_queue:
-                    if self._idle_clears_aborts:
-                        self.aborts_queue.clear()  # 0.33 core.py:1204-1207
-                    yield from self._idle_wait()
-                while self.input_queue:
-                    self._apply_input(*self.input_queue.popleft())
-                progressed = yield from self._step()
-                if not progressed and not self.input_queue:
-                    # nothing could be scheduled: the real loop spins until an input arrives
-                    if self.aborts_queue:
-                        if sched.has_requests() or self._batch_queue:
-                            self._process_aborts_queue()
-                        elif self._idle_clears_aborts:
-                            self.aborts_queue.clear()
-                    yield from self._idle_wait()
-        except _Fatal as exc:
-            self._die(str(exc))
-
-    def _idle_wait(self) -> Generator[simpy.Event, Any, None]:
-        self._loop_wakeup = self.world.env.event()
-        yield self._loop_wakeup
-        self._loop_wakeup = None
+    def _has_work(self) -> bool:
+        return bool(self.sched.has_requests() or self._batch_queue)
 
     def call(self, fn: Any, *args: Any) -> Any:
         try:
@@ -245,10 +159,6 @@ class VllmEngineCore:
             self.world.emit(self.c_sched, rid, inc,
                             SchedFinish("FINISHED_ABORTED", cause, msg.tag))
             self.kv.sync({rid: inc})
-
-    def _process_aborts_queue(self) -> None:
-        while self.aborts_queue:
-            self._abort(self.aborts_queue.popleft(), "abort(eager)")
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -313,8 +223,6 @@ class VllmEngineCore:
     def _submit(self, so: Any, executes: bool) -> simpy.Event:
         """execute_model(non_block=True) on the fake executor: the model's runner computes the
         step's tokens now; they are ready when the GPU queue reaches this step."""
-        world = self.world
-        now = world.now
         sampled = self.runner.execute_model(self._runner_input(so))
         vocab = self.vocab
         req_ids = list(so.num_scheduled_tokens)
@@ -322,11 +230,7 @@ class VllmEngineCore:
             req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=[[vocab.encode(sampled[r])] if r in sampled else []
                                for r in req_ids])
-        delay = world.pause("engine.step:execute", self.config.step_time, self.c_core) \
-            if executes else 0.0
-        start = self._gpu_free_at if self._gpu_free_at > now else now
-        self._gpu_free_at = start + delay
-        return world.env.timeout(self._gpu_free_at - now, mro)
+        return self._on_gpu(mro, executes)
 
     def _runner_input(self, so: Any) -> SchedulerOutput:
         """The vLLM SchedulerOutput as the model's runner reads it (IDs, counts, new requests
@@ -378,21 +282,17 @@ class VllmEngineCore:
         for client in sorted(outs or {}):
             real = outs[client]
             channel = self.output_channels.get(client)
-            if channel is None or not real.outputs:
+            done = sorted(real.finished_requests or ())  # a set: sorted for the trace
+            if channel is None or not (real.outputs or done):
                 continue
             # vLLM's own outputs go to the frontend; their incarnations ride beside them
             envelopes = tuple(
                 Envelope(o, finished.get(o.request_id) or self.inc_of(objects.get(o.request_id)))
                 for o in real.outputs)
             channel.send(EngineCoreOutputs(self.index, envelopes, real),
-                         [e.output.request_id for e in envelopes],
+                         [e.output.request_id for e in envelopes] or done,
                          outputs=[[e.output.request_id, e.inc, len(e.output.new_token_ids),
-                                   _reason(e.output.finish_reason)] for e in envelopes])
-
-    # -- death ----------------------------------------------------------------------------------
-
-    def _die(self, reason: str) -> None:
-        self.dead = reason
-        self.world.emit(self.c_core, None, 0, EngineFatalEvent(reason))
-        for client in sorted(self.output_channels):
-            self.output_channels[client].send(EngineDead(self.index, reason), ["*"])
+                                   _reason(e.output.finish_reason)] for e in envelopes],
+                         finished=done or None)
+        if self.coordinator is not None:
+            self.coordinator.note_change()

@@ -85,6 +85,13 @@ class EngineCoreOutputs:
         self.outputs = outputs
         self.real = real
 
+    @property
+    def finished_requests(self) -> tuple[str, ...] | None:
+        """vLLM's ``finished_requests`` (a set, so sorted), which a DP client's load balancer
+        reads before the outputs are processed (core_client.py:1819-1825)."""
+        done = self.real.finished_requests
+        return tuple(sorted(done)) if done else None
+
 
 class StopTokenizer:
     """A deterministic tokenizer that vLLM's ``SlowIncrementalDetokenizer`` accepts: every
@@ -140,11 +147,11 @@ class _Queue:
     """The queue vLLM's RequestState puts into, for one registration: converts each
     ``RequestOutput`` and feeds the model's simpy collector. Bound to its incarnation."""
 
-    __slots__ = ("op", "collector", "rid", "external", "index", "inc", "uid", "top", "state",
-                 "session")
+    __slots__ = ("op", "collector", "rid", "external", "index", "inc", "uid", "top", "engine",
+                 "state", "session")
 
     def __init__(self, op: VllmOutputProcessor, collector: RequestOutputCollector, rid: str,
-                 external: str, index: int, inc: int, uid: int, top: str,
+                 external: str, index: int, inc: int, uid: int, top: str, engine: int,
                  session: bool = False) -> None:
         self.op = op
         self.collector = collector
@@ -154,6 +161,7 @@ class _Queue:
         self.inc = inc
         self.uid = uid
         self.top = top
+        self.engine = engine  # the engine the request was sent to (the DP client's choice)
         self.state: Any = None  # vLLM's RequestState this queue belongs to
         #: a streaming-input session's (its first add was resumable)
         self.session = session
@@ -190,7 +198,7 @@ class VllmOutputProcessor:
     interface (:class:`racesim.engine_model.frontend.state.FrontendState`)."""
 
     finishes_duplicates = True  # vLLM 0.33's streaming-update path (output_processor.py:672)
-    #: data parallelism is model-only on this backend (support.model_only_reason)
+    #: under data parallelism the trace names each request's engine (set by the System)
     dp = False
 
     def __init__(self, world: World, component: str, engine: int, vocab: Vocabulary,
@@ -227,10 +235,27 @@ class VllmOutputProcessor:
         return queue.inc
 
     def engine_of(self, request_id: str) -> int:
-        return self.engine
+        queue = self._aborted.get(request_id)
+        if queue is None:
+            queue = self._queue_of(self.real.request_states[request_id])
+        return queue.engine
 
     def live_ids(self) -> list[tuple[str, int]]:
         return [(rid, self._queue_of(s).inc) for rid, s in self.real.request_states.items()]
+
+    def orphan_parents(self) -> list[tuple[str, int]]:
+        """vLLM's ``parent_requests`` entries with no child state left (an abort by external
+        ID leaves them: output_processor.py:620-661)."""
+        real = self.real
+        held = {id(s.parent_req) for s in real.request_states.values()
+                if s.parent_req is not None}
+        incs = {id(r): m.incs for m, r in self._parents.values()}
+        out = []
+        for pid, p in real.parent_requests.items():
+            if id(p) not in held:
+                children = incs.get(id(p))
+                out.append((pid, children[0] if children else 0))
+        return out
 
     def orphan_external_ids(self) -> list[str]:
         real = self.real
@@ -281,13 +306,16 @@ class VllmOutputProcessor:
         else:
             params = self._params(request.max_tokens, 1, stop_string_at)
         top = parent.request_id if parent is not None else rid
+        if parent is not None:
+            parent.incs.append(request.inc)  # ground truth, for the leak audit
         queue = _Queue(self, collector, rid, request.external_req_id, index, request.inc,
-                       client_uid, top, request.resumable)
+                       client_uid, top, engine, request.resumable)
         self.real.add_request(self._request(request, rid, params), None, real_parent, index,
                               queue)
         queue.state = self.real.request_states[rid]
         self.world.emit(self.component, rid, request.inc,
-                        FeAdd(client_uid, request.external_req_id, index))
+                        FeAdd(client_uid, request.external_req_id, index,
+                              dp_engine=engine if self.dp else None))
         return queue.state
 
     def finish_stream(self, request: EngineCoreRequest) -> None:
@@ -375,7 +403,8 @@ class VllmOutputProcessor:
                 continue
             if rid in to_abort:
                 reqs_to_abort.append(rid)
-                emit(component, rid, queue.inc, FeAbortIssue([rid], "stop-string"))
+                emit(component, rid, queue.inc,
+                     FeAbortIssue([rid], "stop-string", [queue.engine] if self.dp else None))
             emit(component, rid, queue.inc,
                  FePop("stop-string" if rid in to_abort else "finished"))
         return reqs_to_abort

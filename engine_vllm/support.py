@@ -39,11 +39,8 @@ def unsupported_reason(workload: Workload, policy: str,
 def model_only_reason(workload: Workload) -> str | None:
     """Why this scenario's deployment is model-only on the vllm backend (one line), or None.
 
-    Data parallelism: the DP client and coordinator are asyncio and socket code, modelled on
-    both backends; the backend does not yet build one vLLM Scheduler per DP rank."""
+    Data parallelism runs: one vLLM Scheduler per DP rank, with the DP client and coordinator
+    (asyncio and socket code) modelled on both backends."""
     if workload.topology == "pd":
         return PD_MODEL_ONLY
-    engine = workload.engine
-    if (engine.data_parallel_size or 1) > 1:
-        return "data parallelism is model-only on the vllm backend"
     return None

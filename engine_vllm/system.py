@@ -4,6 +4,15 @@ Everything asynchronous is the model's (clients, AsyncLLM tasks, sockets, timing
 :class:`racesim.engine_vllm.engine_core.VllmEngineCore`, and ID assignment is vLLM's own
 ``InputProcessor.assign_request_id`` for the ``internal-id`` policy; each frontend's request
 state is vLLM's own ``OutputProcessor`` (:mod:`racesim.engine_vllm.frontend`).
+
+Under data parallelism each rank is its own ``VllmEngineCore``: a dense model's DP ranks are
+independent EngineCoreProcs (vllm/v1/engine/core.py:1546-1555, ``engine_index`` = the rank), so
+the per-rank state is that engine's Scheduler, built with ``include_finished_set`` as the DP
+coordinator's internal load balancing has it (core.py:1219-1238). Request waves
+(``current_wave``, START_DP_WAVE) live in ``DPEngineCoreProc``, which only MoE models run
+(core.py:2281-2297, 2372-2436); a dense rank's ``add_request`` ignores the wave that
+``preprocess_add_request`` returns (core.py:518, 1126-1148). The DP client (load balancer,
+``reqs_in_flight``) and the coordinator's stats stay the model's.
 """
 
 from __future__ import annotations
@@ -14,12 +23,14 @@ from typing import Any
 import simpy
 
 from racesim.engine_model.config import Workload
+from racesim.engine_model.data_parallel import DPCoordinator
 from racesim.engine_model.policies import LifecyclePolicy
 from racesim.engine_model.system import RunResult, System
 from racesim.engine_model.system import run_workload as _run_model
 from racesim.engine_vllm import _vllm
 from racesim.engine_vllm.engine_core import VllmEngineCore
 from racesim.engine_vllm.frontend import VllmOutputProcessor
+from racesim.engine_vllm.views import Vocabulary
 from racesim.sim.points import DelayPlan
 
 __all__ = ["VllmSystem", "run_workload"]
@@ -53,11 +64,13 @@ class VllmSystem(System):
     def __init__(self, world: Any, workload: Workload, policy: Any, profile: Any) -> None:
         if getattr(policy, "suffix_hex", 0) == 8:
             policy = _RealIds(policy)
+        #: one fake vocabulary for every engine: a frontend decodes the tokens of any DP rank
+        self.vocab = Vocabulary()
         super().__init__(world, workload, policy, profile)
 
     def new_output_processor(self, index: int, name: str, engine: Any) -> Any:
         """vLLM's own OutputProcessor, behind the adapter AsyncLLM calls."""
-        return VllmOutputProcessor(self.world, name, engine.index, engine.vocab, index)
+        return VllmOutputProcessor(self.world, name, engine.index, self.vocab, index)
 
     def new_engine(self, index: int, name: str) -> Any:
         wl = self.workload
@@ -67,7 +80,20 @@ class VllmSystem(System):
         # the model has no length cap: a length that never binds, in whole 256-token steps
         max_model_len = max(256, -(-(longest + 1) // 256) * 256)
         return VllmEngineCore(self.world, index, name, wl.engine, self.policy, self.profile,
-                              max_model_len=max_model_len)
+                              max_model_len=max_model_len, vocab=self.vocab,
+                              dp=wl.topology != "pd" and wl.engine.dp_size > 1)
+
+    def dp_rank(self, engine: Any, coordinator: DPCoordinator) -> None:
+        """The rank's Scheduler already lists finished IDs per client; its steps tell the
+        coordinator."""
+        engine.coordinator = coordinator
+
+    def dp_load(self, engine: Any) -> tuple[int, int, float]:
+        """vLLM's own counts: ``get_request_counts`` is (running, waiting) and
+        ``get_kv_cache_usage`` the block pool's usage (scheduler.py:2920-2926)."""
+        sched = engine.sched
+        running, waiting = sched.get_request_counts()
+        return waiting, running, float(sched.get_kv_cache_usage())
 
 
 def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from racesim.engine_model.events.engine import KvAlloc, KvFree
+from racesim.engine_model.kv_cache import release_share
 from racesim.engine_model.messages import EngineCoreRequest, Token
 from racesim.sim.world import World
 
@@ -143,12 +144,9 @@ class KvShadow:
         for b in blocks:
             held = sharers.get(b)
             if held is not None:
-                if inc in held:
-                    held.remove(inc)
-                else:
-                    owner[b] = held.pop(0)
-                if not held:
-                    del sharers[b]
+                heir = release_share(sharers, b, held, inc)
+                if heir is not None:
+                    owner[b] = heir
             left = ref.get(b, 0) - 1
             if left > 0:
                 ref[b] = left

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,6 +12,7 @@ import click
 from rich.console import Console
 
 from racesim.cli_conform import conform_cmd
+from racesim.cli_matrix import matrix_cmd
 from racesim.cli_options import engine_option as _engine
 from racesim.cli_options import explore_options as _explore_options
 from racesim.cli_options import output_options as _outputs
@@ -29,23 +31,17 @@ from racesim.cli_support import replay_note as _replay_note
 from racesim.cli_support import warn_accounting as _warn_accounting
 from racesim.documents import read_counterexample, run_document
 from racesim.engine_model import INVARIANTS, POINTS, POLICIES
-from racesim.engine_model.checker import check_invariant_names
-from racesim.engine_model.policies import policy_spec
 from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES, get_profile
-from racesim.engine_vllm.support import SUPPORTED_POLICIES
-from racesim.engines import cannot_run
 from racesim.explore import explore
-from racesim.matrix import run_matrix
 from racesim.progress import ProgressBar
-from racesim.render import print_explore, print_matrix, print_run
+from racesim.render import print_explore, print_run
 from racesim.reports.verdict import exit_status
 from racesim.runner import (
-    import_from_cwd,
+    RunSpec,
     parse_delay_option,
     policy_title,
     replay_command,
     run_command,
-    run_scenario,
 )
 from racesim.scenarios import bundled_names, load_scenario
 from racesim.sim import InputError, build_info
@@ -77,7 +73,7 @@ def cli() -> None:
 @cli.command("list")
 @click.argument("what", required=False,
                 type=click.Choice(["scenarios", "policies", "points", "invariants", "versions"]))
-@_vllm_option
+@_vllm_option(f"{DEFAULT_VLLM}; the profile whose await-point widths are listed")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
     """List bundled scenarios, policies, await points (with their width in a vLLM profile),
@@ -109,13 +105,26 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
     console = _console()
     for title, rows in sections.items():
         console.print(f"[bold]{title}[/bold]"
-                      + (f" (widths in vLLM {profile.name})" if title == "points" else ""))
+                      + (f" (widths in vLLM {profile.name})" if title == "points"
+                         else " (first sentence; 'racesim show NAME' prints the whole scenario)"
+                         if title == "scenarios" else ""))
         width = max(len(r["name"]) for r in rows) if rows else 0
         for r in rows:
             width_tag = f"[{r['width']}] " if "width" in r else ""
-            console.print(f"  {r['name'].ljust(width)}  {width_tag}{r['meaning']}", markup=False)
+            meaning = _first_sentence(r["meaning"]) if title == "scenarios" else r["meaning"]
+            console.print(f"  {r['name'].ljust(width)}  {width_tag}{meaning}", markup=False)
             for b in r.get("behaviours", ()):
                 console.print(f"      - {b['text']} ({b['source']})", markup=False)
+
+
+#: a sentence ends at ". " (or "): ") before a word, not after "e.g." or "i.e."
+_SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)\.(?=\s+[\w(])")
+
+
+def _first_sentence(text: str) -> str:
+    """A scenario summary's first sentence: one index line per scenario in ``racesim list``."""
+    end = _SENTENCE_END.search(text)
+    return text if end is None else text[:end.start() + 1]
 
 
 @cli.command("show")
@@ -132,8 +141,8 @@ def show_cmd(scenario: str) -> None:
 @cli.command("run")
 @click.argument("scenario")
 @_run_options
-@_vllm_option
-@_engine
+@_vllm_option()
+@_engine()
 @click.option("--witness", is_flag=True, help="Apply the scenario's [witness] schedule.")
 @click.option("--delay", "delays", multiple=True, metavar="POINT[#K]=SECONDS",
               help="Delay every occurrence of a point, or only its K-th (from 0).")
@@ -143,36 +152,43 @@ def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
             witness: bool, delays: Sequence[str],
             as_json: bool, html_file: str | None, trace_file: str | None) -> None:
     """Run SCENARIO (bundled name or path) once and check every invariant."""
-    scen = load_scenario(scenario).with_vllm(vllm)
-    options = _options(policy_opts)
+    spec = RunSpec(load_scenario(scenario).with_vllm(vllm), policy,
+                   tuple(_options(policy_opts).items()), seed, tuple(skip), engine or "model")
     plan = [parse_delay_option(d) for d in delays]
     _output_file("--html", html_file)
     _output_file("--trace", trace_file)
-    result = run_scenario(scen, policy, options=options, seed=seed, witness=witness,
-                          delays=plan, skip=skip, engine=engine or "model")
-    command = run_command(scenario, policy, options, seed, result.schedule, skip,
+    result = spec.run(witness=witness, delays=plan)
+    command = run_command(scenario, policy, spec.option_dict, seed, result.schedule, skip,
                           vllm=result.vllm, engine=result.engine)
-    _finish_run(scen, policy, options, result, command, skip, as_json, html_file, trace_file,
-                strict)
+    _finish_run(spec, result, command, as_json, html_file, trace_file, strict)
 
 
-def _finish_run(scen: Any, policy: str, options: dict[str, str], result: Any, command: str,
-                skip: Sequence[str], as_json: bool, html_file: str | None,
+def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_file: str | None,
                 trace_file: str | None, strict: bool) -> None:
     if html_file:
         from racesim.reports import write_run_report
-        write_run_report(Path(html_file), scen, policy, options, result, command)
+        write_run_report(Path(html_file), spec.scenario, spec.policy, spec.option_dict, result,
+                         command)
     if trace_file:
         from racesim.reports import write_chrome_trace
         write_chrome_trace(Path(trace_file), result)
     if as_json:
-        _emit_json(run_document(scen, policy, options, result))
+        _emit_json(run_document(spec, result))
     else:
-        print_run(_console(), f"{scen.name} under {policy_title(policy)}", result, command,
-                  skip)
+        print_run(_console(), f"{spec.scenario.name} under {policy_title(spec.policy)}", result,
+                  command, spec.skip)
+        _say_written(html_file, trace_file)
     if not as_json:
         _warn_accounting(result.violated, strict)
     sys.exit(exit_status(result.violated, strict=strict))
+
+
+def _say_written(html_file: str | None, trace_file: str | None) -> None:
+    """Where the files asked for went (on stdout after the human-readable output)."""
+    if html_file:
+        click.echo(f"report: {html_file}")
+    if trace_file:
+        click.echo(f"trace: {trace_file} (open it in https://ui.perfetto.dev)")
 
 
 @cli.command("replay")
@@ -182,7 +198,7 @@ def _finish_run(scen: Any, policy: str, options: dict[str, str], result: Any, co
                    "written before profiles].")
 @click.option("--allow-import", is_flag=True,
               help="Let the file's module:Class policy be imported (it runs that code).")
-@_engine
+@_engine("the file's")
 @_strict
 @_outputs
 def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine: str | None,
@@ -198,14 +214,13 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
                          f"imports a module:Class policy only with --allow-import")
     _output_file("--html", html_file)
     _output_file("--trace", trace_file)
-    scen = cx.scenario.with_vllm(vllm)
-    result = run_scenario(scen, cx.policy, options=cx.options, seed=cx.seed,
-                          schedule=cx.schedule, skip=cx.skip, engine=engine or cx.engine)
+    spec = RunSpec(cx.scenario.with_vllm(vllm), cx.policy, tuple(cx.options.items()), cx.seed,
+                   cx.skip, engine or cx.engine)
+    result = spec.run(schedule=cx.schedule)
     note = _replay_note(counterexample, cx, result, as_json)
     if note:
         click.echo(note, err=True)
-    _finish_run(scen, cx.policy, dict(cx.options), result,
-                replay_command(counterexample, cx.policy, result.engine), cx.skip, as_json,
+    _finish_run(spec, result, replay_command(counterexample, cx.policy, result.engine), as_json,
                 html_file, trace_file, strict)
 
 
@@ -222,8 +237,8 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
 @click.option("--reach", type=click.Choice(["all", "live"]), default="all", show_default=True,
               help="'live': delay only await points that are live or yield in the vLLM "
                    "profile (races vLLM can hit as released).")
-@_vllm_option
-@_engine
+@_vllm_option()
+@_engine()
 @_explore_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
@@ -255,8 +270,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
     after = res.final_run
     before = None
     if html_file and after is not None and res.found_run is not None:
-        before = run_scenario(scen, policy, options=options, seed=seed,
-                              schedule=res.found_run.schedule, skip=res.skip, engine=res.engine)
+        before = res.spec.run(schedule=res.found_run.schedule)
     if html_file:
         from racesim.reports import write_explore_report
         write_explore_report(Path(html_file), doc, scen, before, after)
@@ -266,6 +280,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
         print_explore(_console(), doc, after,
                       replay_command(res.counterexample_path, policy, res.engine)
                       if res.counterexample_path else "")
+        _say_written(html_file, None)
     if res.interrupted:
         click.echo("racesim: interrupted; kept what was found"
                    + (f" ({res.counterexample_path})" if res.counterexample_path else ""),
@@ -274,85 +289,6 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
     if not as_json:
         _warn_accounting(res.invariants, strict)
     sys.exit(exit_status(res.invariants, strict=strict))
-
-
-@cli.command("matrix")
-@click.option("-s", "--scenario", "scenario_names", multiple=True,
-              help="Scenario (repeatable) [default: every bundled scenario].")
-@click.option("-p", "--policy", "policies", multiple=True,
-              help="Policy (repeatable) [default: every built-in policy].")
-@click.option("--budget", type=_BUDGET, default=100, show_default=True, help="Runs per cell.")
-@_vllm_option
-@_engine
-@_explore_options
-@click.option("--fail-on-race", is_flag=True,
-              help="Exit 1 when a cell races (with --strict, also when one is accounting-only).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
-@click.option("--html", "html_file", type=click.Path(dir_okay=False),
-              help="Write the HTML matrix report (and a run report per failing cell).")
-def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: int,
-               vllm: str | None, engine: str | None, strict: bool, time_limit: float | None,
-               skip: Sequence[str],
-               strategy: str, seed: int, workers: int | None, dask: str | None, out_dir: str,
-               fail_on_race: bool, as_json: bool, html_file: str | None) -> None:
-    """Explore every scenario under every policy on the same seeds: which policy closes what.
-
-    Exits 0 when it completed, whatever it found; 1 with --fail-on-race and a racing cell."""
-    scens = [load_scenario(n).with_vllm(vllm) for n in (scenario_names or bundled_names())]
-    if not scenario_names:  # every bundled scenario the profile (and backend) can run
-        left = [s.name for s in scens if cannot_run(s.workload, engine or "model")]
-        scens = [s for s in scens if s.name not in left]
-        if left:
-            on = f"vLLM {vllm}" if vllm else "each scenario's vLLM profile"
-            click.echo(f"racesim: matrix on {on} ({engine or 'model'} backend) leaves out "
-                       f"{', '.join(left)} "
-                       f"(engine features not modelled on that profile, or model-only on that "
-                       f"backend)", err=True)
-    pols = list(policies or (SUPPORTED_POLICIES if engine == "vllm" else POLICIES))
-    for p in pols:
-        import_from_cwd(p)
-        policy_spec(p)
-    check_invariant_names(tuple(skip))
-    if time_limit is not None and not time_limit > 0:
-        raise InputError(f"--time-limit must be > 0 seconds, got {time_limit}")
-    _output_file("--html", html_file)
-    if html_file:
-        cells_dir = Path(html_file).with_name(Path(html_file).stem + "-cells")
-        if cells_dir.exists() and not cells_dir.is_dir():
-            raise InputError(f"--html {html_file!r}: {str(cells_dir)!r} (its cell reports' "
-                             f"folder) exists and is not a folder")
-    out = _output_dir("--out", out_dir)
-    _check_workers(workers, dask)
-    bar = ProgressBar(not as_json, "matrix")
-
-    def on_cell(done: int, total: int, res: Any) -> None:
-        if res is None:
-            bar.relabel(f"cell {done + 1}/{total}")
-
-    try:
-        result = run_matrix(scens, pols, budget=budget, seed=seed, strategy=strategy,
-                            workers=workers, dask=dask, skip=skip, out_dir=out,
-                            on_cell=on_cell, progress=bar, time_limit=time_limit,
-                            engine=engine or "model")
-    finally:
-        bar.close()
-    doc = result.document()
-    if html_file:
-        from racesim.report_files import write_matrix_reports
-        write_matrix_reports(Path(html_file), doc, result)
-    if as_json:
-        _emit_json(doc)
-    else:
-        print_matrix(_console(), doc)
-        if html_file:
-            click.echo(f"report: {html_file}")
-    if result.errors:
-        _fail(result.errors[0])
-    if result.interrupted:
-        click.echo("racesim: interrupted; kept the cells finished so far", err=True)
-        sys.exit(130)
-    worst = max((exit_status(c["invariants"], strict=strict) for c in doc["cells"]), default=0)
-    sys.exit(worst if fail_on_race else 0)
 
 
 @cli.command("bench")
@@ -373,6 +309,7 @@ def bench_cmd(quick: bool, as_json: bool) -> None:
     print_bench(_console(), doc)
 
 
+cli.add_command(matrix_cmd)
 cli.add_command(conform_cmd)
 
 

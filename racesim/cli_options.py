@@ -12,21 +12,25 @@ from racesim.engines import ENGINES
 from racesim.sim.strategies import STRATEGIES
 
 __all__ = ["vllm_option", "engine_option", "run_options", "strict_option", "output_options",
-           "explore_options"]
+           "explore_options", "matrix_options"]
 
 
-def vllm_option(f: Callable[..., Any]) -> Callable[..., Any]:
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def vllm_option(default: str = f"the scenario's, else {DEFAULT_VLLM}") -> Decorator:
+    """``--vllm``; ``default`` says what this command does without it."""
     return click.option("--vllm", type=click.Choice(list(PROFILES)), default=None,
-                        help=f"vLLM release profile [default: the scenario's, else "
-                             f"{DEFAULT_VLLM}; for list: the widths shown; see "
-                             f"'racesim list versions'].")(f)
+                        help=f"vLLM release profile [default: {default}; see "
+                             f"'racesim list versions'].")
 
 
-def engine_option(f: Callable[..., Any]) -> Callable[..., Any]:
+def engine_option(default: str = "model") -> Decorator:
+    """``--engine``; ``default`` says what this command does without it."""
     return click.option("--engine", type=click.Choice(list(ENGINES)), default=None,
-                        help="Backend: 'model' (racesim's model of vLLM) or 'vllm' (vLLM's own "
-                             "engine classes, vLLM 0.33.x installed; see README) [default: "
-                             "model; for replay: the file's].")(f)
+                        help=f"Backend: 'model' (racesim's model of vLLM) or 'vllm' (vLLM's own "
+                             f"engine classes, vLLM 0.33.x installed; see README) [default: "
+                             f"{default}].")
 
 
 def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -41,10 +45,10 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def strict_option(f: Callable[..., Any]) -> Callable[..., Any]:
+def strict_option(f: Callable[..., Any], note: str = "") -> Callable[..., Any]:
     return click.option("--strict", is_flag=True,
-                        help="Count accounting-only violations (metrics-exact) as failures too "
-                             "(matrix: with --fail-on-race).")(f)
+                        help="Count accounting-only violations (metrics-exact) as failures too"
+                             f"{note}.")(f)
 
 
 def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -56,7 +60,7 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def explore_options(f: Callable[..., Any]) -> Callable[..., Any]:
+def explore_options(f: Callable[..., Any], matrix: bool = False) -> Callable[..., Any]:
     f = click.option("--out", "out_dir", type=click.Path(file_okay=False),
                      default="racesim-out", show_default=True,
                      help="Where counterexample files are written.")(f)
@@ -71,6 +75,11 @@ def explore_options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option("--skip", multiple=True, metavar="INVARIANT",
                      help="Leave an invariant unchecked (repeatable).")(f)
     f = click.option("--time-limit", type=float, default=None,
-                     help="Stop exploring (each cell, in matrix) after this many seconds "
-                          "(shrinking is bounded by runs).")(f)
-    return strict_option(f)
+                     help=f"Stop exploring{' each cell' if matrix else ''} after this many "
+                          f"seconds (shrinking is bounded by runs).")(f)
+    return strict_option(f, " (with --fail-on-race)" if matrix else "")
+
+
+def matrix_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``explore_options`` as the matrix words them (per cell)."""
+    return explore_options(f, matrix=True)

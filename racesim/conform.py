@@ -17,7 +17,6 @@ backend) and is *known* when :mod:`racesim.conform_known` explains every differe
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from racesim.conform_outcome import Outcome, differences, outcome_of
-from racesim.documents import Counterexample, safe_file_name, violation_dicts, write_counterexample
+from racesim.documents import (
+    Counterexample,
+    free_path,
+    safe_file_name,
+    violation_dicts,
+    write_counterexample,
+)
 from racesim.engine_model import RunResult
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.policies import policy_spec
@@ -68,8 +73,8 @@ def check_backend(scenario: Scenario) -> None:
 
 def model_only(scenario: Scenario, policy: str, options: Mapping[str, str],
                engines: Sequence[str]) -> str | None:
-    """Why this cell runs on the model only (P/D, data parallelism and streaming-input
-    sessions on the vllm backend), else None. A policy the vllm backend cannot express is bad
+    """Why this cell runs on the model only (P/D and streaming-input sessions on the vllm
+    backend), else None. A policy the vllm backend cannot express is bad
     input: one InputError line."""
     if "vllm" not in engines:
         return None
@@ -268,25 +273,10 @@ def mismatch_path(out_dir: Path, m: Mismatch, strategy: str) -> Path:
     return out_dir / f"{stem}.json"
 
 
-def _ours(path: Path) -> bool:
-    """Whether ``path`` is a file an earlier ``conform`` wrote (so replacing it loses nothing)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return False
+def _ours(data: Any) -> bool:
+    """Whether a file's JSON is one an earlier ``conform`` wrote (so replacing it loses nothing)."""
     return isinstance(data, dict) and isinstance(data.get("found_by"), dict) \
         and data["found_by"].get("by") == "conform"
-
-
-def _free_path(path: Path) -> Path:
-    """``path``, or ``stem-2.json``, ``stem-3.json``...: never a file someone else wrote."""
-    candidate, n = path, 1
-    while candidate.exists() or candidate.is_symlink():
-        if candidate.is_file() and not candidate.is_symlink() and _ours(candidate):
-            return candidate
-        n += 1
-        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
-    return candidate
 
 
 def _save(m: Mismatch, scen: Scenario, skip: tuple[str, ...], engines: tuple[str, str],
@@ -308,6 +298,6 @@ def _save(m: Mismatch, scen: Scenario, skip: tuple[str, ...], engines: tuple[str
                                       engines[1]: outcomes[1].as_dict()},
                          "known": m.known},
                         r.reach().reach if r.violations else None, engine=engines[1])
-    path = _free_path(mismatch_path(out_dir, m, strategy))
+    path = free_path(mismatch_path(out_dir, m, strategy), _ours)
     write_counterexample(path, cx)
     return dataclasses.replace(m, outcomes=outcomes, path=str(path))

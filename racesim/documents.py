@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from racesim.engine_model import RunResult
 from racesim.engine_model.checker import check_invariant_names
@@ -20,9 +20,12 @@ from racesim.scenarios import Scenario, scenario_from_dict
 from racesim.sim import Decision, InputError
 from racesim.sim.points import delay_entry
 
+if TYPE_CHECKING:
+    from racesim.runner import RunSpec
+
 __all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
            "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts",
-           "racesim_version", "LEGACY_VLLM"]
+           "racesim_version", "LEGACY_VLLM", "free_path"]
 
 COUNTEREXAMPLE_FORMAT = "racesim-counterexample/1"
 #: the profile of a counterexample file that names none: it was written by the model that the
@@ -44,13 +47,12 @@ def violation_dicts(result: RunResult) -> list[dict[str, Any]]:
     return out
 
 
-def run_document(scenario: Scenario, policy: str, options: Mapping[str, str],
-                 result: RunResult) -> dict[str, Any]:
-    """``racesim run --json`` / ``racesim replay --json``."""
+def run_document(spec: RunSpec, result: RunResult) -> dict[str, Any]:
+    """``racesim run --json`` / ``racesim replay --json``: ``result``, a run of ``spec``."""
     return {
-        "scenario": scenario.name,
-        "policy": policy,
-        "policy_options": dict(options),
+        "scenario": spec.scenario.name,
+        "policy": spec.policy,
+        "policy_options": spec.option_dict,
         "vllm": result.vllm,
         "engine": result.engine,
         "seed": result.seed,
@@ -117,6 +119,35 @@ def write_counterexample(path: Path, cx: Counterexample) -> Path:
     from racesim.reports._io import write_text
 
     return write_text(path, json.dumps(cx.as_dict(), indent=2, ensure_ascii=False) + "\n")
+
+
+def free_path(path: Path, ours: Callable[[Any], bool]) -> Path:
+    """``path``, or ``stem-2.json``, ``stem-3.json``...: never a file someone else wrote.
+
+    An existing file may be replaced only when ``ours(its JSON)`` says the same command wrote it
+    from the same input, so replacing it loses nothing. ``<stem>.unshrunk.json``, the stand-in
+    an exploration writes before it shrinks, counts as part of its candidate."""
+    def free(candidate: Path) -> bool:
+        return all(_replaceable(f, ours)
+                   for f in (candidate, candidate.with_name(candidate.stem + ".unshrunk.json")))
+
+    candidate, n = path, 1
+    while not free(candidate):
+        n += 1
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return candidate
+
+
+def _replaceable(path: Path, ours: Callable[[Any], bool]) -> bool:
+    if not (path.exists() or path.is_symlink()):
+        return True
+    if not path.is_file() or path.is_symlink():
+        return False
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return ours(data)
 
 
 def _need(data: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], src: str) -> Any:

@@ -17,7 +17,7 @@ from racesim.engine_model.versions import profile_gap
 from racesim.sim.errors import InputError
 
 __all__ = ["ENGINES", "SUPPORTED_VLLM", "INSTALL_COMMAND", "check_engine", "installed_vllm",
-           "cannot_run"]
+           "cannot_run", "why_not_run"]
 
 ENGINES = ("model", "vllm")
 #: vLLM releases the vllm backend runs on (its adapters follow these releases' signatures), by
@@ -55,15 +55,38 @@ def check_engine(engine: str, vllm: str) -> None:
     if not version.startswith(SUPPORTED_VLLM[vllm]):
         raise InputError(f"--engine vllm: installed vLLM {version} is not supported "
                          f"(supported: {supported}; {INSTALL_COMMAND} installs it)")
+    if (why := _import_error()) is not None:
+        raise InputError(f"--engine vllm: vLLM {version} is installed but does not import "
+                         f"({why}); rerun {INSTALL_COMMAND} to finish the install")
+
+
+@cache
+def _import_error() -> str | None:
+    """Why the backend's vLLM classes do not import (a half-finished install leaves vLLM's
+    metadata but not its dependencies), or None. Imports vLLM once per process, as the first
+    run on the backend would."""
+    try:
+        from racesim.engine_vllm._vllm import vllm
+
+        vllm()
+    except Exception as exc:  # any failure here means an unusable install
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return None
 
 
 def cannot_run(workload: Workload, engine: str) -> bool:
     """Whether ``workload`` uses an engine feature its profile does not model, or one that is
-    model-only on ``engine`` (P/D and DP on the vllm backend)."""
-    if profile_gap(workload) is not None:
-        return True
-    if engine != "vllm":
-        return False
+    model-only on ``engine`` (see ``engine_vllm.model_only_reason``)."""
+    return why_not_run(workload, engine) is not None
+
+
+def why_not_run(workload: Workload, engine: str) -> str | None:
+    """Why ``workload`` cannot run on ``engine`` (one line), or None: what ``cannot_run``
+    decides, in words."""
+    gap = profile_gap(workload)
+    if gap is not None or engine != "vllm":
+        return gap
     from racesim.engine_vllm import model_only_reason
 
-    return model_only_reason(workload) is not None
+    why = model_only_reason(workload)
+    return None if why is None else f"{why} (run it with --engine model)"

@@ -9,6 +9,8 @@ counts every run with any violation.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +21,7 @@ from typing import Any
 
 from racesim.documents import (
     Counterexample,
+    free_path,
     safe_file_name,
     violation_dicts,
     write_counterexample,
@@ -91,6 +94,10 @@ class ExploreResult:
     baseline_reach: str = "live"
     #: a user policy raised (one line, file:line); the cell has no verdict
     error: str | None = None
+    #: what makes two explorations the same (a file one wrote may be replaced by the other)
+    key: dict[str, Any] = field(default_factory=dict)
+    #: where its counterexample goes (claimed at the start: never a file another run wrote)
+    out_path: Path | None = None
     @property
     def scenario(self) -> Scenario:
         return self.spec.scenario
@@ -172,8 +179,9 @@ class ExploreResult:
 
 def counterexample_path(out_dir: Path, scenario: str, policy: str, strategy: str,
                         seed: int, engine: str = "model") -> Path:
-    """One file per (scenario, policy, strategy, seed, backend): explorations never overwrite
-    another's."""
+    """The file name of (scenario, policy, strategy, seed, backend). ``explore`` takes the next
+    free ``-2``, ``-3``... name when another exploration (another budget, profile, reach...)
+    already wrote it, so no exploration overwrites another's."""
     on = "" if engine == "model" else f"__{engine}"
     return out_dir / f"{safe_file_name(f'{scenario}__{policy}__{strategy}__seed{seed}{on}')}.json"
 
@@ -205,7 +213,13 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     policy_spec(policy)  # fail fast on an unknown policy, before any worker starts
     spec = RunSpec.of(scenario, policy, options=options, seed=seed, skip=skip, engine=engine)
     started = time.monotonic()
-    res = ExploreResult(spec, strategy, reach=reach)
+    res = ExploreResult(spec, strategy, reach=reach,
+                        key=_exploration_key(spec, strategy, reach, budget, time_limit))
+    if out_dir is not None:
+        res.out_path = free_path(
+            counterexample_path(out_dir, scenario.name, policy, strategy, seed, engine),
+            lambda data: isinstance(data, dict) and isinstance(data.get("found_by"), dict)
+            and data["found_by"].get("exploration") == res.key)
     try:
         baseline = spec.run(retain_trace=False)
     except KeyboardInterrupt:  # nothing found yet: say so rather than unwind the caller
@@ -286,8 +300,8 @@ def _shrink_found(res: ExploreResult, found: RunSummary, standing: frozenset[str
     final = spec.with_scenario(shrunk.scenario).run(schedule=shrunk.schedule)
     cx = _counterexample(res, shrunk.scenario, final, len(found.schedule), found.run)
     if out_dir is not None:
-        path = counterexample_path(out_dir, spec.scenario.name, spec.policy, res.strategy,
-                                   spec.seed, spec.engine)
+        path = res.out_path or counterexample_path(out_dir, spec.scenario.name, spec.policy,
+                                                   res.strategy, spec.seed, spec.engine)
         write_counterexample(path, cx)
         unshrunk_path(path).unlink(missing_ok=True)  # ours, and now superseded
         res.counterexample_path = str(path)
@@ -296,6 +310,20 @@ def _shrink_found(res: ExploreResult, found: RunSummary, standing: frozenset[str
 
 def _beyond(s: RunSummary | None, standing: frozenset[str]) -> bool:
     return s is not None and bool(set(s.violated) - standing)
+
+
+def _exploration_key(spec: RunSpec, strategy: str, reach: str, budget: int,
+                     time_limit: float | None) -> dict[str, Any]:
+    """The inputs that decide an exploration's result, as JSON values: an earlier file with the
+    same key is the same exploration asked for again. The scenario enters by content, so an
+    edited scenario file never replaces the counterexample of its earlier text."""
+    text = json.dumps(spec.scenario.to_dict(), sort_keys=True, ensure_ascii=False)
+    return {"scenario": spec.scenario.name,
+            "scenario_sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
+            "vllm": spec.scenario.vllm, "engine": spec.engine, "policy": spec.policy,
+            "options": dict(sorted(spec.option_dict.items())), "seed": spec.seed,
+            "skip": list(spec.skip), "strategy": strategy, "reach": reach, "budget": budget,
+            "time_limit": time_limit}
 
 
 def _over(started: float, limit: float | None) -> bool:
@@ -316,7 +344,8 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
     return Counterexample(scenario, res.policy, dict(res.options), res.seed, run.schedule,
                           res.skip, violations, run.trace_hash, shrunk_from,
                           {"strategy": res.strategy, "run": found_at,
-                           "shrunk": shrunk_from is not None, "reach": res.reach}, reach,
+                           "shrunk": shrunk_from is not None, "reach": res.reach,
+                           "exploration": res.key}, reach,
                           engine=res.engine)
 
 
@@ -325,7 +354,7 @@ def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: P
         r = res.spec.run(schedule=s.schedule, retain_trace=False)
         s = RunSummary(s.run, r.trace_hash, r.violated, r.schedule)
     cx = _counterexample(res, res.scenario, s, shrunk_from, s.run)
-    path = unshrunk_path(counterexample_path(out_dir, res.scenario.name, res.policy,
-                                             res.strategy, res.seed, res.engine))
+    path = unshrunk_path(res.out_path or counterexample_path(
+        out_dir, res.scenario.name, res.policy, res.strategy, res.seed, res.engine))
     write_counterexample(path, cx)
     res.counterexample, res.counterexample_path = cx, str(path)

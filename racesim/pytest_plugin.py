@@ -39,7 +39,9 @@ from typing import TYPE_CHECKING, Any, Final, final
 import pytest
 
 if TYPE_CHECKING:
+    from racesim.documents import Counterexample
     from racesim.engine_model import RunResult
+    from racesim.runner import RunSpec
     from racesim.scenarios import Scenario
 
 __all__ = ["RaceSim", "RaceFound", "RaceSimReportWarning", "racesim", "racesim_policy",
@@ -193,7 +195,8 @@ class RaceSim:
         exact delays on top, ``skip`` leaves invariants unchecked, ``vllm`` picks the vLLM
         profile (default: the scenario's, else the newest). Bad input raises
         ``racesim.sim.InputError``."""
-        return self._run(scenario, policy, options, witness, delays, skip, seed, vllm)[0]
+        return self._run(*self._spec(scenario, policy, options, skip, seed, vllm), witness,
+                         delays)[0]
 
     def check(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id",
               *, options: Mapping[str, str] | None = None, witness: bool = False,
@@ -203,100 +206,102 @@ class RaceSim:
         :class:`RaceFound` (an ``AssertionError``) with the violations, the one command that
         replays the run, and the counterexample."""
         __tracebackhide__ = True
-        skipped = (skip,) if isinstance(skip, str) else tuple(skip)
-        scen = _load(scenario)[0].with_vllm(vllm)
-        result, failed = self._run(scen, policy, options, witness, delays, skipped, seed, vllm)
+        spec, replay_name = self._spec(scenario, policy, options, skip, seed, vllm)
+        result, failed = self._run(spec, replay_name, witness, delays)
         if failed:
-            from racesim.documents import Counterexample
-
-            cx = Counterexample(scen, policy, _options(options), result.seed, result.schedule,
-                                skipped, tuple(v.as_dict() for v in result.violations),
-                                result.trace_hash, None, {"pytest": self._test})
-            raise RaceFound(failed, result, cx)
+            raise RaceFound(failed, result, self._counterexample(spec, result))
         return result
 
-    def _run(self, scenario: object, policy: str, options: Mapping[str, str] | None,
-             witness: bool, delays: Iterable[DelaySpec] | Mapping[str, float],
-             skip: Iterable[str], seed: int | None,
-             vllm: str | None = None) -> tuple[RunResult, str]:
-        """The run, and the explanation of its failure ("" when nothing was violated)."""
-        from racesim.runner import run_scenario
+    def _spec(self, scenario: object, policy: str, options: Mapping[str, str] | None,
+              skip: Iterable[str], seed: int | None,
+              vllm: str | None) -> tuple[RunSpec, str | None]:
+        """What to run (options and skipped invariants in the caller's order, as the replay
+        command and the counterexample write them), and the name ``racesim run`` finds the
+        scenario by (None: no file)."""
+        from racesim.runner import RunSpec
 
         scen, replay_name = _load(scenario)
-        scen = scen.with_vllm(vllm)
-        opts = _options(options)
-        plan = _plan(delays)
         skipped = (skip,) if isinstance(skip, str) else tuple(skip)
-        result = run_scenario(scen, policy, options=opts, seed=self._seed if seed is None else seed,
-                              witness=witness, delays=plan, skip=skipped)
+        return RunSpec(scen.with_vllm(vllm), policy, tuple(_options(options).items()),
+                       self._seed if seed is None else seed, skipped), replay_name
+
+    def _run(self, spec: RunSpec, replay_name: str | None, witness: bool,
+             delays: Iterable[DelaySpec] | Mapping[str, float]) -> tuple[RunResult, str]:
+        """The run, and the explanation of its failure ("" when nothing was violated)."""
+        result = spec.run(witness=witness, delays=_plan(delays))
         self._runs.append(result)
         if not result.violations:
             return result, ""
         if self._report_dir is not None:
-            self._write_report(scen, replay_name, policy, opts, skipped, result)
-        return result, self._explain(scen, replay_name, policy, opts, skipped, result)
+            self._write_report(spec, replay_name, result)
+        return result, self._explain(spec, replay_name, result)
 
     # -- failures -----------------------------------------------------------------------------
 
-    def _stem(self, scen: Scenario, policy: str) -> str:
+    def _stem(self, spec: RunSpec) -> str:
         from racesim.documents import safe_file_name
 
-        key = f"{self._test}\x1f{scen.name}\x1f{policy}"
-        readable = safe_file_name(f"{self._test}__{scen.name}__{policy}")
+        name, policy = spec.scenario.name, spec.policy
+        key = f"{self._test}\x1f{name}\x1f{policy}"
+        readable = safe_file_name(f"{self._test}__{name}__{policy}")
         digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         return f"{readable[-120:].lstrip('_.')}-{digest}"
 
-    def _command(self, scen: Scenario, replay_name: str | None, policy: str,
-                 opts: dict[str, str], skipped: tuple[str, ...], result: RunResult) -> str | None:
+    def _counterexample(self, spec: RunSpec, result: RunResult) -> Counterexample:
+        from racesim.documents import Counterexample
+
+        return Counterexample(spec.scenario, spec.policy, spec.option_dict, result.seed,
+                              result.schedule, spec.skip,
+                              tuple(v.as_dict() for v in result.violations), result.trace_hash,
+                              None, {"pytest": self._test})
+
+    def _command(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> str | None:
         from racesim.runner import replay_command, run_command
 
         if self._report_dir is not None:
-            return replay_command(str(self._report_dir / f"{self._stem(scen, policy)}.json"))
+            return replay_command(str(self._report_dir / f"{self._stem(spec)}.json"))
         if replay_name is not None:
-            return run_command(replay_name, policy, opts, result.seed, result.schedule, skipped,
-                               vllm=result.vllm)
+            return run_command(replay_name, spec.policy, spec.option_dict, result.seed,
+                               result.schedule, spec.skip, vllm=result.vllm)
         return None
 
-    def _explain(self, scen: Scenario, replay_name: str | None, policy: str,
-                 opts: dict[str, str], skipped: tuple[str, ...], result: RunResult) -> str:
+    def _explain(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> str:
         n = len(result.violations)
-        lines = [f"racesim: {scen.name!r} under {policy} (seed {result.seed}) violated "
-                 f"{len(result.violated)} invariant(s): {', '.join(result.violated)}"]
+        lines = [f"racesim: {spec.scenario.name!r} under {spec.policy} (seed {result.seed}) "
+                 f"violated {len(result.violated)} invariant(s): {', '.join(result.violated)}"]
         for v in result.violations[:_MAX_LISTED]:
             lines.append(f"  {v.invariant} at t={v.time:.4f}"
                          + (f" [{v.request}]" if v.request is not None else "")
                          + f": {v.detail}")
         if n > _MAX_LISTED:
             lines.append(f"  ... and {n - _MAX_LISTED} more")
-        command = self._command(scen, replay_name, policy, opts, skipped, result)
+        command = self._command(spec, replay_name, result)
         lines.append(f"replay: {command}" if command else
                      "replay: pass --racesim-report DIR for a counterexample file that "
                      "`racesim replay` reproduces (this scenario has no file of its own)")
         if self._report_dir is not None:
-            lines.append(f"report: {self._report_dir / self._stem(scen, policy)}.html")
+            lines.append(f"report: {self._report_dir / self._stem(spec)}.html")
         return "\n".join(lines)
 
-    def _write_report(self, scen: Scenario, replay_name: str | None, policy: str,
-                      opts: dict[str, str], skipped: tuple[str, ...], result: RunResult) -> None:
-        from racesim.documents import Counterexample, run_document, write_counterexample
+    def _write_report(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> None:
+        from racesim.documents import run_document, write_counterexample
 
         assert self._report_dir is not None
-        stem = self._report_dir / self._stem(scen, policy)
-        cx = Counterexample(scen, policy, opts, result.seed, result.schedule, skipped,
-                            tuple(v.as_dict() for v in result.violations), result.trace_hash,
-                            None, {"pytest": self._test})
-        written = [write_counterexample(stem.with_name(stem.name + ".json"), cx)]
-        command = self._command(scen, replay_name, policy, opts, skipped, result) or ""
+        stem = self._report_dir / self._stem(spec)
+        written = [write_counterexample(stem.with_name(stem.name + ".json"),
+                                        self._counterexample(spec, result))]
+        command = self._command(spec, replay_name, result) or ""
         html = stem.with_name(stem.name + ".html")
         try:
             from racesim.reports import write_run_report
 
-            written.append(write_run_report(html, scen, policy, opts, result, command))
+            written.append(write_run_report(html, spec.scenario, spec.policy, spec.option_dict,
+                                            result, command))
         except Exception as exc:  # a report must never hide the test's verdict
             import json
 
             doc = stem.with_name(stem.name + ".run.json")
-            doc.write_text(json.dumps(run_document(scen, policy, opts, result), indent=2,
+            doc.write_text(json.dumps(run_document(spec, result), indent=2,
                                       ensure_ascii=False) + "\n", encoding="utf-8")
             written.append(doc)
             warnings.warn(RaceSimReportWarning(

@@ -14,7 +14,7 @@ from racesim.engine_model.events import IpcSend
 from racesim.engine_model.narrate import KEY_KINDS, describe
 from racesim.engine_model.topology import Topology
 from racesim.reports.focus import race_span
-from racesim.reports.model import TraceModel
+from racesim.reports.model import TraceModel, reader_numbers, relabel_incs
 from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, RACE, verdict
 from racesim.sim.trace import TraceEvent
@@ -100,6 +100,8 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
         req.add_row(str(i), Text(printable(r.id)), str(r.frontend), str(r.tokens),
                     Text(reason, style=style))
     console.print(req)
+    # incarnations as the HTML report numbers them (1, 2, 3 in order of appearance)
+    numbers = reader_numbers(result.trace) if result.trace else {}
     if result.violations:
         vt = Table(title="violations", title_justify="left")
         vt.add_column("invariant", no_wrap=True)
@@ -112,7 +114,8 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
             vt.add_row(Text(v.invariant, style="red" if verdict([v.invariant]) == RACE
                             else "yellow"), result.reach(v).reach, f"{v.time:.4f}",
                        Text(printable(v.request) if v.request is not None else "-"),
-                       str(v.event) if v.event >= 0 else "end", Text(printable(v.detail)))
+                       str(v.event) if v.event >= 0 else "end",
+                       Text(printable(relabel_incs(v.detail, numbers))))
         console.print(vt)
     events = timeline_events(result)
     if events and result.trace:
@@ -122,7 +125,7 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
             tl.add_column(col, no_wrap=col != "component", overflow="fold")
         tl.add_column("what happened", overflow="fold", ratio=1)
         for e in events:
-            text = Text(printable(describe(e)))
+            text = Text(printable(relabel_incs(describe(e), numbers)))
             if e.seq in marked:
                 text.stylize("bold red")
                 text.append("   <-- violation", style="bold red")
@@ -130,7 +133,7 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
                 text.stylize("bold yellow")
             tl.add_row(str(e.seq), f"{e.time:.4f}",
                        Text(printable(e.component), style=_style(result.topology, e.component)),
-                       str(e.inc) if e.inc else "", text)
+                       str(numbers.get(e.inc, e.inc)) if e.inc else "", text)
         console.print(tl)
     if skip:
         console.print(f"not checked: {', '.join(skip)}")

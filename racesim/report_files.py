@@ -8,14 +8,37 @@ from racesim.documents import safe_file_name
 from racesim.matrix import MatrixResult
 from racesim.runner import replay_command
 
-__all__ = ["write_matrix_reports"]
+__all__ = ["write_matrix_reports", "cells_dir", "check_cells_dir"]
+
+#: The file that marks a cell folder as racesim's: only such a folder's files are replaced.
+MARKER = ".racesim-cells"
+
+
+def cells_dir(path: Path) -> Path:
+    """Where the matrix report ``path`` puts its failing cells' run reports."""
+    return path.with_name(path.stem + "-cells")
+
+
+def check_cells_dir(path: Path) -> str | None:
+    """Why the cell folder of report ``path`` cannot be written (checked before any run, so no
+    work is lost), or None. A folder racesim did not create is never written into."""
+    folder = cells_dir(path)
+    if not (folder.exists() or folder.is_symlink()):
+        return None
+    if not folder.is_dir():
+        return f"{str(folder)!r} (its cell reports' folder) exists and is not a folder"
+    if not (folder / MARKER).is_file():
+        return (f"{str(folder)!r} (its cell reports' folder) exists and was not written by "
+                f"racesim; move it or choose another --html name")
+    return None
 
 
 def write_matrix_reports(path: Path, doc: dict[str, object], result: MatrixResult) -> Path:
-    """``path`` gets the matrix; ``<stem>-cells/<scenario>__<policy>.html`` each failing cell."""
+    """``path`` gets the matrix; ``<stem>-cells/<scenario>__<policy>.html`` each failing cell.
+    Returns the cell folder (which exists only when a cell failed)."""
     from racesim.reports import write_matrix_report, write_run_report
 
-    cell_dir = path.with_name(path.stem + "-cells")
+    cell_dir = cells_dir(path)
     links: dict[tuple[str, str], str] = {}
     for cell in result.cells:
         cx, run = cell.counterexample, cell.final_run
@@ -26,4 +49,9 @@ def write_matrix_reports(path: Path, doc: dict[str, object], result: MatrixResul
         write_run_report(cell_dir / name, cx.scenario, cell.policy, dict(cx.options), run,
                          command)
         links[(cell.scenario.name, cell.policy)] = f"{cell_dir.name}/{name}"
-    return write_matrix_report(path, doc, links)
+    if links:
+        (cell_dir / MARKER).write_text("racesim matrix --html writes its failing cells' reports "
+                                       "here, and replaces them on the next run\n",
+                                       encoding="utf-8")
+    write_matrix_report(path, doc, links)
+    return cell_dir

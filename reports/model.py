@@ -7,7 +7,7 @@ and colour an incarnation the same way. Nothing here renders anything.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -26,7 +26,8 @@ from racesim.engine_model.system import RunResult
 from racesim.engine_model.topology import Topology
 from racesim.sim.trace import TraceEvent
 
-__all__ = ["Lane", "Incarnation", "Message", "TraceModel", "PALETTE", "MSG_SHORT", "topology_of"]
+__all__ = ["Lane", "Incarnation", "Message", "TraceModel", "PALETTE", "MSG_SHORT", "topology_of",
+           "reader_numbers", "relabel_incs"]
 
 #: Incarnation colours (no red: red means a violation).
 PALETTE = ("#2f6fb0", "#e08a1e", "#2a9d8f", "#6a4c93", "#8c6d1f", "#3f8f3a", "#c2468a",
@@ -101,6 +102,27 @@ def topology_of(result: RunResult) -> Topology:
     if result.topology is None:
         raise ValueError("this run result carries no topology (it was not made by run_workload)")
     return result.topology
+
+
+def _numbered(e: TraceEvent) -> bool:
+    return bool(e.inc) and e.request is not None
+
+
+def reader_numbers(events: Sequence[TraceEvent]) -> dict[int, int]:
+    """Incarnation -> the number a reader sees: 1, 2, 3... in order of first appearance.
+
+    The model's own numbers skip values (they are drawn per ADD, across every request), so the
+    terminal and the HTML report both show these instead; ``--json`` keeps the model's."""
+    numbers: dict[int, int] = {}
+    for e in events:
+        if _numbered(e) and e.inc not in numbers:
+            numbers[e.inc] = len(numbers) + 1
+    return numbers
+
+
+def relabel_incs(text: str, numbers: Mapping[int, int]) -> str:
+    """``text`` with each "inc N" in the reader's numbers (an unknown N stays)."""
+    return _INC_REF.sub(lambda m: f"inc {numbers.get(int(m.group(1)), int(m.group(1)))}", text)
 
 
 class TraceModel:
@@ -232,7 +254,7 @@ class TraceModel:
             if isinstance(e.detail, ClientSend):
                 client_of_uid.setdefault(e.detail.uid, e.component)
         for e in self.events:
-            if e.inc and e.inc not in self.incarnations and e.request is not None:
+            if _numbered(e) and e.inc not in self.incarnations:
                 added = isinstance(e.detail, FeAdd)
                 uid = cast(FeAdd, e.detail).uid if added else 0
                 frontend = e.component if added else ""
@@ -268,7 +290,7 @@ class TraceModel:
 
     def relabel(self, text: str) -> str:
         """``text`` (a narration or a violation detail) with "inc N" in the reader's numbers."""
-        return _INC_REF.sub(lambda m: f"inc {self.number(int(m.group(1)))}", text)
+        return relabel_incs(text, {i: c.number for i, c in self.incarnations.items()})
 
     def incs_of(self, event: TraceEvent) -> tuple[int, ...]:
         """The incarnations an event is about (client events map through their client uid)."""

@@ -51,16 +51,6 @@ class EventRecord:
         """One line of plain English for ``ev`` (whose detail this is)."""
         return f"{self.KIND} {ev.request or ''}".strip()
 
-    # A record also reads like its JSON dict, so code written against dict details keeps
-    # working; the model's own readers use the attributes.
-    def __getitem__(self, name: str) -> Any:
-        if name not in self.__slots__:
-            raise KeyError(name)
-        return getattr(self, name)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return getattr(self, name) if name in self.__slots__ else default
-
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and isinstance(other, EventRecord) \
             and other.as_dict() == self.as_dict()

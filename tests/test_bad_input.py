@@ -1,7 +1,7 @@
 """Bad input everywhere: every malformed input to the CLI exits 2 with one line on stderr.
 
 Each case runs ``racesim.cli.main(argv)`` in-process (a few also as a real process) and
-checks the contract of DESIGN's CLI section: exit status 2, nothing on stdout, exactly one
+checks the contract of the README's exit-status table: exit status 2, nothing on stdout, exactly one
 non-empty line on stderr, and no traceback anywhere.
 """
 

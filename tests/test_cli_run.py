@@ -1,7 +1,7 @@
 """``racesim run`` and ``racesim list`` end to end, through the installed console script.
 
-Issue 2's "done when" lines, the JSON document's contract (DESIGN "CLI contract"), and bad
-input: exit status 2 with exactly one line on stderr and no traceback.
+The JSON document's contract (``run_document`` in racesim/documents.py), and bad input: exit
+status 2 with exactly one line on stderr and no traceback (the README's exit-status table).
 """
 
 from __future__ import annotations
@@ -172,6 +172,19 @@ def test_list_shows_every_scenario_policy_point_and_invariant() -> None:
     assert [x["name"] for x in as_json["points"]] == list(POINTS.names())
     assert [x["name"] for x in as_json["invariants"]] == list(INVARIANTS)
     assert all(x["meaning"] for section in as_json.values() for x in section)
+
+
+def test_list_indexes_each_scenario_by_its_first_sentence() -> None:
+    from racesim.cli import _first_sentence
+
+    assert _first_sentence("X dies on 0.33 (e.g. v1/a.py:1). Then more. And more.") == \
+        "X dies on 0.33 (e.g. v1/a.py:1)."
+    assert _first_sentence("no end") == "no end"
+    text = racesim("list", "scenarios").stdout
+    whole = json.loads(racesim("list", "scenarios", "--json").stdout)["scenarios"]
+    for s in whole:
+        assert " ".join(_first_sentence(s["meaning"]).split()) in " ".join(text.split())
+    assert len(text) < sum(len(s["meaning"]) for s in whole)
 
 
 def test_a_third_party_policy_runs_from_the_command_line() -> None:

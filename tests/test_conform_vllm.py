@@ -41,9 +41,10 @@ def test_the_model_agrees_with_vllm_on_every_bundled_scenario(
     ran = [c for c in res.cells if c["model_only"] is None]
     why = {s.name: model_only_reason(s.workload) for s in scens}
     on_vllm = {n for n, w in why.items() if w is None}
-    # what runs on vLLM's own classes: everything but P/D and DP
+    # what runs on vLLM's own classes: everything but P/D
     assert {"prefix-reuse", "preempt-abort", "preempt-reuse", "pause-abort-reuse",
-            "preprocess-error-reuse", "streaming-input-session"} <= on_vllm
+            "preprocess-error-reuse", "dp-reuse-across-engines", "dp-stale-inflight",
+            "dp-cancel-during-add", "streaming-input-session"} <= on_vllm
     assert {c["scenario"] for c in ran} == on_vllm
     assert all(c["runs"] == BUDGET for c in ran)
     assert [c["model_only"] for c in res.cells if c["scenario"] == "pd-reuse"] == \

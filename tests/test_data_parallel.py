@@ -62,8 +62,8 @@ def test_the_stale_entry_sends_the_retrys_abort_nowhere() -> None:
     assert "frontend-covers-engine" in raced.violated
     assert raced.reach().reach == "live"
     unrouted = [e for e in raced.trace if e.kind == "dp.abort_unrouted"]
-    assert [e.detail["ids"] for e in unrouted] == [["X"]]
-    routes = [e.detail["affinity"] for e in raced.trace if e.kind == "dp.route"]
+    assert [e.detail.ids for e in unrouted] == [["X"]]
+    routes = [e.detail.affinity for e in raced.trace if e.kind == "dp.route"]
     assert routes == [False, True]                    # the retry rode the first X's entry
     fixed = run_scenario(scen, "internal-id")
     assert set(fixed.violated) <= SAFETY_OK
@@ -84,7 +84,7 @@ def test_57061_cancel_during_the_add_send_leaks_and_is_latent_on_033() -> None:
         assert r.reach(leaks[0]).reach == "latent"
         assert r.reach(leaks[0]).needs == ("frontend.add_request:before_send",)
         assert not [e for e in r.trace if e.kind == "ipc.send"
-                    and e.detail["type"] == "EngineCoreRequest" and e.request.startswith("X")]
+                    and e.detail.type == "EngineCoreRequest" and e.request.startswith("X")]
 
 
 def _single(vllm: str, **engine: object) -> Workload:
@@ -195,10 +195,10 @@ def test_a_session_under_data_parallelism_stays_on_its_engine() -> None:
                                   RequestSpec("U", max_tokens=4, input_chunks=1, abort_at=0.03,
                                               chunk_interval=0.05)))
     r = run_workload(workload, load_policy("internal-id"))
-    routes = [(e.request[0], e.detail["engine"], e.detail["affinity"]) for e in r.trace
+    routes = [(e.request[0], e.detail.engine, e.detail.affinity) for e in r.trace
               if e.kind == "dp.route"]
     assert [x for x in routes if x[0] == "S"] == [("S", 0, False), ("S", 0, True),
                                                    ("S", 0, True), ("S", 0, True)]
     assert r.requests[0].tokens == 12 and set(r.violated) <= SAFETY_OK
-    aborts = [e for e in r.trace if e.kind == "ipc.send" and e.detail["type"] == "AbortMessage"]
-    assert sorted(e.detail["to"] for e in aborts) == [0, 1]  # U's abort: every engine
+    aborts = [e for e in r.trace if e.kind == "ipc.send" and e.detail.type == "AbortMessage"]
+    assert sorted(e.detail.to for e in aborts) == [0, 1]  # U's abort: every engine

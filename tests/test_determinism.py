@@ -1,5 +1,5 @@
-"""Same inputs, same trace hash: in any process, under any PYTHONHASHSEED (DESIGN
-"Determinism rules"). Runs are compared with each other, never with a stored hash."""
+"""Same inputs, same trace hash: in any process, under any PYTHONHASHSEED (README
+"Concepts"). Runs are compared with each other, never with a stored hash."""
 
 from __future__ import annotations
 

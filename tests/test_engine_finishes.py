@@ -31,7 +31,7 @@ def test_pause_abort_ends_running_requests_and_rejects_adds_until_resume() -> No
     assert long.finish_reason == "abort" and 0 < long.tokens < 500
     assert (paused.finish_reason, paused.tokens) == ("error", 0)   # engine_paused, retryable
     assert (later.finish_reason, later.tokens) == ("length", 5)
-    assert [e.detail["why"] for e in r.trace if e.kind == "engine.reject"] == ["engine-paused"]
+    assert [e.detail.why for e in r.trace if e.kind == "engine.reject"] == ["engine-paused"]
     assert r.violated == ()
 
 
@@ -39,7 +39,7 @@ def test_pause_keep_freezes_the_queues_and_resume_finishes_everything() -> None:
     r = _run(RequestSpec("a", max_tokens=30), RequestSpec("b", at=0.15, max_tokens=5),
              pause_at=0.1, pause_mode="keep", resume_at=0.5)
     assert [(q.finish_reason, q.tokens) for q in r.requests] == [("length", 30), ("length", 5)]
-    steps = [e.time for e in r.trace if e.kind == "sched.step" and e.detail["batch"]]
+    steps = [e.time for e in r.trace if e.kind == "sched.step" and e.detail.batch]
     assert not [t for t in steps if 0.12 < t < 0.5]               # nothing scheduled paused
     assert r.violated == ()
 
@@ -60,7 +60,7 @@ def test_a_failed_kv_read_fails_or_recomputes_and_p_holds_until_its_lease(
     assert (r.requests[0].finish_reason, r.requests[0].tokens) == outcome
     assert len(_kinds(r, "pd.read_failed")) == 1 and not _kinds(r, "pd.read")
     released = [e for e in r.trace if e.kind == "pd.release"]
-    assert [e.detail["cause"] for e in released] == ["timeout"]
+    assert [e.detail.cause for e in released] == ["timeout"]
     assert released[0].time > 20.0                                 # the lease, not a notice
     assert r.violated == ()
 

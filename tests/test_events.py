@@ -108,7 +108,7 @@ def test_two_records_of_one_kind_are_an_error() -> None:
 
 
 # A string kind at an emit (world.record(..., "kind", ...) or trace.record) or a dict read of a
-# detail (ev.detail["x"], .get("x")) in the sources: the vocabulary is bypassed.
+# detail (ev.detail.x, .get("x")) in the sources: the vocabulary is bypassed.
 _STRING_EMIT = re.compile(r"\.record\(\s*[^,()]+,\s*[\"']")
 _DICT_READ = re.compile(r"\.detail(?:\[|\.get\()")
 

@@ -100,6 +100,31 @@ def test_the_counterexample_is_on_disk_before_shrinking(abort_reuse, tmp_path: P
     assert found.shrunk_from is None and found.schedule
 
 
+def test_an_exploration_never_replaces_another_ones_file(abort_reuse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    first = explore(abort_reuse, "buggy", strategy="pct", budget=40, out_dir=tmp_path)
+    assert first.counterexample_path and first.counterexample
+    kept = Path(first.counterexample_path).read_text(encoding="utf-8")
+    # another budget, then another profile: new files beside it, the shrunk race is kept
+    other = explore(abort_reuse, "buggy", strategy="pct", budget=2, out_dir=tmp_path)
+    newer = explore(abort_reuse.with_vllm("0.33"), "buggy", strategy="pct", budget=2,
+                    out_dir=tmp_path)
+    paths = {first.counterexample_path, other.counterexample_path, newer.counterexample_path}
+    assert len(paths) == 3 and Path(first.counterexample_path).read_text(encoding="utf-8") == kept
+    # the same exploration again replaces its own file and nothing else
+    again = explore(abort_reuse, "buggy", strategy="pct", budget=2, out_dir=tmp_path)
+    assert again.counterexample_path == other.counterexample_path
+    assert len(list(tmp_path.glob("*.json"))) == 3
+    # a file racesim did not write is never replaced
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    foreign = mine / Path(first.counterexample_path).name
+    foreign.write_text("my notes\n", encoding="utf-8")
+    moved = explore(abort_reuse, "buggy", strategy="pct", budget=2, out_dir=mine)
+    assert foreign.read_text(encoding="utf-8") == "my notes\n"
+    assert moved.counterexample_path and Path(moved.counterexample_path).parent == mine
+    assert Path(moved.counterexample_path).name.endswith("-2.json")
+
+
 def test_replay_reproduces_the_hash_from_another_folder(abort_reuse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     res = explore(abort_reuse, "buggy", strategy="pct", budget=100, workers=1,
                   out_dir=tmp_path / "out")

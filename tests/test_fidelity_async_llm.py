@@ -1,6 +1,7 @@
-"""Fidelity: vLLM's tests/v1/engine/test_async_llm.py behaviours, as tests of the model
-(VLLM_LIFECYCLE §9): test_abort, test_multi_abort, test_mid_stream_cancellation,
-test_abort_final_output, test_finished_flag, and parallel sampling's finished flag."""
+"""Fidelity: vLLM's tests/v1/engine/test_async_llm.py behaviours, as tests of the model:
+test_abort, test_multi_abort, test_mid_stream_cancellation, test_abort_final_output,
+test_finished_flag, and parallel sampling's finished flag (tests/v1/engine/
+test_parallel_sampling.py)."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def test_abort_scope_misroutes_the_in_flight_outputs_on_immediate_reuse(
         simulate: Simulate) -> None:
     # PR #15326's fix orders ABORT before the re-ADD on the input socket, but outputs of the
     # step already in flight still come back keyed by "X" -- after the frontend re-registered
-    # X for the new client (VLLM_LIFECYCLE §1 damage (c), without any delay injected).
+    # X for the new client: crosstalk, without any delay injected.
     result, _ = simulate(_reuse_at_once(), "abort-scope")
     old, new = [e.inc for e in result.trace if e.kind == "fe.add"]
     story = [(e.component, e.kind, e.inc, round(e.time, 9)) for e in result.trace
@@ -103,8 +104,8 @@ def test_abort_scope_misroutes_the_in_flight_outputs_on_immediate_reuse(
         ("engine.scheduler", "sched.add", new, 0.0605),
         ("engine.scheduler", "sched.finish", new, 0.1605),
         ("frontend0", "fe.pop", new, 0.161)]
-    stale = [t[1] for e in result.trace if e.kind == "client.output" and e.detail["uid"] == 2
-             for t in e.detail["tokens"] if t[1] == old]
+    stale = [t[1] for e in result.trace if e.kind == "client.output" and e.detail.uid == 2
+             for t in e.detail.tokens if t[1] == old]
     assert len(stale) == 2, "two steps' worth of the old X's tokens reach the new client"
     assert result.violated == ("no-crosstalk", "metrics-exact")
     assert result.requests[1].tokens == MAX_TOKENS + 2
@@ -124,8 +125,8 @@ def test_multi_abort(simulate: Simulate) -> None:
             assert (out.tokens, out.finish_reason) == (20, "length"), out
     # The engine only ever saw (and aborted) internal IDs.
     aborts = [rid for e in result.trace
-              if e.kind == "ipc.send" and e.detail["type"] == "AbortMessage"
-              for rid in e.detail["ids"]]
+              if e.kind == "ipc.send" and e.detail.type == "AbortMessage"
+              for rid in e.detail.ids]
     assert sorted(a.rsplit("-", 1)[0] for a in aborts) == sorted(aborted)
     assert all(a not in aborted for a in aborts)
     _assert_drained(system)
@@ -142,8 +143,8 @@ def test_mid_stream_cancellation_then_reuse(simulate: Simulate) -> None:
 
 
 def _outputs(result: RunResult, uid: int) -> list[tuple[int, str | None]]:
-    return [(len(e.detail["tokens"]), e.detail["finish"]) for e in result.trace
-            if e.kind == "client.output" and e.detail["uid"] == uid]
+    return [(len(e.detail.tokens), e.detail.finish) for e in result.trace
+            if e.kind == "client.output" and e.detail.uid == uid]
 
 
 def test_finished_flag_only_on_the_last_output(simulate: Simulate) -> None:
@@ -163,7 +164,7 @@ def test_finished_flag_only_on_the_last_output(simulate: Simulate) -> None:
         assert all(f is None for f in finishes[:-1]), (spec.id, finishes)
         if tokens is not None:
             assert sum(n for n, _ in outs) == tokens, spec.id
-    assert not [e for e in result.trace if e.kind == "client.output" and e.detail["after_done"]]
+    assert not [e for e in result.trace if e.kind == "client.output" and e.detail.after_done]
 
 
 def test_abort_final_output_has_no_tokens_and_reason_abort(simulate: Simulate) -> None:
@@ -180,9 +181,43 @@ def test_parallel_sampling_finishes_when_the_last_child_does(simulate: Simulate)
     result, system = simulate(Workload(engine=EngineConfig(vllm="0.8"), requests=(
         RequestSpec("P", max_tokens=6, n=2),)), "abort-scope")
     child_finishes = [e.request or "" for e in result.trace
-                      if e.kind == "fe.output" and e.detail["finish"]]
+                      if e.kind == "fe.output" and e.detail.finish]
     assert sorted(child_finishes) == ["0_P", "1_P"]
     outs = _outputs(result, 1)
     assert [f for _, f in outs].count("length") == 1 and outs[-1][1] == "length"
     assert result.requests[0].tokens == 12
     _assert_drained(system)
+
+
+def _n2_aborted(simulate: Simulate, vllm: str, *, cancel: bool) -> tuple[RunResult, System]:
+    spec = RequestSpec("P", max_tokens=20, n=2, abort_at=None if cancel else 0.05,
+                       cancel_at=0.05 if cancel else None)
+    return simulate(Workload(engine=EngineConfig(vllm=vllm), requests=(spec,)), "internal-id")
+
+
+def test_033_abort_by_external_id_leaves_the_parent_request_behind(simulate: Simulate) -> None:
+    # OutputProcessor.abort_requests(["P"], internal=False) (0.33 output_processor.py:620-661)
+    # pops both children's states and external_req_ids["P"], never parent_requests[P-...].
+    result, system = _n2_aborted(simulate, "0.33", cancel=False)
+    (fe,) = system.frontends
+    op = fe.output_processor
+    assert (op.request_states, op.external_req_ids) == ({}, {})
+    ((pid, parent),) = op.parent_requests.items()
+    assert pid.startswith("P-") and parent.child_requests == [f"0_{pid}", f"1_{pid}"]
+    (leak,) = [v for v in result.violations if v.invariant == "no-leak"]
+    assert leak.request == pid and "OutputProcessor.parent_requests" in leak.detail
+    assert result.reach(leak).reach == "live"  # no delay anywhere
+    assert result.requests[0].finish_reason == "abort"
+
+
+def test_033_abort_by_the_parents_internal_id_drops_it(simulate: Simulate) -> None:
+    # A cancel makes generate() abort q.request_id, the parent's internal ID (:653-659).
+    result, system = _n2_aborted(simulate, "0.33", cancel=True)
+    _assert_drained(system)
+    assert "no-leak" not in result.violated
+
+
+def test_08_abort_by_external_id_drops_the_parent_with_its_children(simulate: Simulate) -> None:
+    result, system = _n2_aborted(simulate, "0.8", cancel=False)
+    _assert_drained(system)
+    assert "no-leak" not in result.violated

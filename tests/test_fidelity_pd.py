@@ -1,4 +1,5 @@
-"""Fidelity: vLLM's P/D lifecycle tests (VLLM_LIFECYCLE §4, §9) as tests of the model:
+"""Fidelity: vLLM's P/D lifecycle tests (in vLLM's tests/v1/kv_connector/ and tests/v1/engine/)
+as tests of the model:
 test_remote_decode_lifecycle.py::test_abort_during_kv_transfer (#25067),
 test_abort_final_step.py::test_abort_during_final_step (#29987) and
 test_nixl_connector.py::test_abort_timeout_on_prefiller."""
@@ -67,7 +68,7 @@ def test_abort_during_final_step(simulate: Simulate, eager: bool, status: str,
                         requests=(RequestSpec("X", prompt_tokens=32, max_tokens=3,
                                               abort_at=0.005),))
     result, _ = simulate(workload, "abort-scope")
-    finishes = [e.detail["status"] for e in result.trace
+    finishes = [e.detail.status for e in result.trace
                 if e.kind == "sched.finish" and e.component.startswith("prefill")]
     assert finishes == [status]
     (free,) = [e for e in result.trace if e.kind == "kv.free" and e.component == "prefill.kv"]
@@ -103,4 +104,25 @@ def test_abort_timeout_on_prefiller_holds_the_request_until_the_lease_expires(
                     (0.099, True, [0, 1]),
                     (0.2, False, [])]          # the hold expired at 0.1005
     (release,) = [e for e in result.trace if e.kind == "pd.release"]
-    assert (release.detail["cause"], round(release.time, 9)) == ("timeout", 0.1005)
+    assert (release.detail.cause, round(release.time, 9)) == ("timeout", 0.1005)
+
+
+@pytest.mark.parametrize(("vllm", "held"), [("0.33", True), ("0.8", False)])
+def test_prefill_stopped_on_eos_is_held_for_the_decode_side_on_033_only(
+        simulate: Simulate, vllm: str, held: bool) -> None:
+    # EOS as P's one token finishes it STOPPED. vLLM 0.33's NIXL connector holds STOPPED as it
+    # holds LENGTH_CAPPED (nixl/pull_scheduler.py:235-244), so D still reads P's blocks; the
+    # connector of #20139 held LENGTH_CAPPED only, so P frees at once and returns no params.
+    workload = Workload(topology="pd", engine=EngineConfig(vllm=vllm),
+                        requests=(RequestSpec("X", prompt_tokens=32, max_tokens=5, eos_at=1),))
+    result, system = simulate(workload, "internal-id")
+    finishes = [e.detail.status for e in result.trace
+                if e.kind == "sched.finish" and e.component.startswith("prefill")]
+    assert finishes == ["FINISHED_STOPPED"]
+    kinds = [e.kind for e in result.trace]
+    assert ("pd.hold" in kinds) is held
+    assert ("pd.read" in kinds) is held and ("pd.release" in kinds) is held
+    assert [(r.tokens, r.finish_reason) for r in result.requests] == [(1, "stop")]
+    assert result.violated == () or set(result.violated) <= {"metrics-exact"}
+    for engine in system.engines:
+        assert engine.kv.num_free_blocks == engine.kv.num_blocks

@@ -1,4 +1,4 @@
-"""Fidelity: vLLM's scheduler and engine-core tests (VLLM_LIFECYCLE §9) as tests of the model:
+"""Fidelity: vLLM's scheduler and engine-core tests as tests of the model:
 tests/v1/core/test_async_scheduler.py (test_abort, test_stop_by_max_tokens) and
 tests/v1/engine/test_engine_core.py (test_engine_core: counts, and #15043's sequential reuse)."""
 
@@ -29,10 +29,10 @@ def test_async_abort_order_decides_how_many_tokens_each_request_got(
                              abort_at=0.035 + 0.01 * abort_order.index(i)) for i in range(5))
     result, system = simulate(Workload(engine=ASYNC, requests=reqs), "abort-scope")
 
-    finishes = [(e.request, e.detail["status"]) for e in result.trace if e.kind == "sched.finish"]
+    finishes = [(e.request, e.detail.status) for e in result.trace if e.kind == "sched.finish"]
     assert finishes == [(f"r{i}", "FINISHED_ABORTED") for i in abort_order]
     applied = Counter(rid for e in result.trace if e.kind == "sched.update"
-                      for rid, *_ in e.detail["applied"])
+                      for rid, *_ in e.detail.applied)
     engine_tokens = [applied[f"r{i}"] for i in abort_order]
     assert [b - a for a, b in pairwise(engine_tokens)] == [1, 1, 1, 1]
     client_tokens = [result.requests[i].tokens for i in abort_order]
@@ -46,9 +46,9 @@ def test_async_stop_by_max_tokens_schedules_no_extra_token(simulate: Simulate) -
     result, _ = simulate(Workload(engine=ASYNC, requests=reqs), "buggy")
     incs = _incs_by_id(result)
     scheduled = Counter(inc for e in result.trace if e.kind == "sched.step"
-                        for _rid, inc, n in e.detail["batch"] if n > 0)
+                        for _rid, inc, n in e.detail.batch if n > 0)
     sampled = Counter(inc for e in result.trace if e.kind == "runner.sample"
-                      for _rid, inc, _ctx, _eos in e.detail["sampled"])
+                      for _rid, inc, _ctx, _eos in e.detail.sampled)
     for spec, out in zip(reqs, result.requests, strict=True):
         inc = incs[spec.id]
         assert scheduled[inc] == sampled[inc] == spec.max_tokens, spec.id
@@ -63,7 +63,7 @@ def test_async_eos_overshoots_by_the_step_in_flight_but_the_client_gets_none_of_
         RequestSpec("X", prompt_tokens=16, max_tokens=20, eos_at=3),)), "buggy")
     inc = _incs_by_id(result)["X"]
     sampled = sum(1 for e in result.trace if e.kind == "runner.sample"
-                  for _rid, i, _c, _e in e.detail["sampled"] if i == inc)
+                  for _rid, i, _c, _e in e.detail.sampled if i == inc)
     assert sampled == 4                      # one token past EOS was computed ...
     assert (result.requests[0].tokens, result.requests[0].finish_reason) == (3, "stop")
     assert not result.violations             # ... and dropped: X is finished when it lands

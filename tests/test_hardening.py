@@ -159,6 +159,23 @@ def test_matrix_refuses_a_cells_folder_that_is_a_file_before_exploring(
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 
+def test_matrix_writes_cells_only_into_its_own_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("matrix", "-s", "abort-reuse", "-p", "buggy", "--budget", "8", "--workers", "1",
+            "--out", str(tmp_path / "o"), "--html", str(tmp_path / "mm.html"))
+    (tmp_path / "mm-cells").mkdir()
+    (tmp_path / "mm-cells" / "abort-reuse__buggy.html").write_text("mine")
+    code, _out, err = cli(capsys, *args)
+    one_line_error(code, err, "not written by racesim")
+    assert (tmp_path / "mm-cells" / "abort-reuse__buggy.html").read_text() == "mine"
+    (tmp_path / "mm-cells" / "abort-reuse__buggy.html").unlink()
+    (tmp_path / "mm-cells").rmdir()
+    for _ in range(2):  # the second run replaces what the first wrote there
+        code, out, _err = cli(capsys, *args)
+        assert code == 0 and f"{tmp_path / 'mm-cells'}/" in out
+        assert (tmp_path / "mm-cells" / "abort-reuse__buggy.html").read_text() != "mine"
+
+
 def test_an_unshrunk_counterexample_never_replaces_a_shrunk_one(tmp_path: Path) -> None:
     scen = load_scenario("abort-reuse")
     shrunk = explore(scen, "buggy", budget=30, out_dir=tmp_path)

@@ -108,7 +108,7 @@ def test_schedule_records_only_decisions_that_differ_from_the_default() -> None:
     assert taken == [0.0, 0.5, 0.0, 0.0, 0.2, 0.2, 0.9, 0.0]
     assert world.schedule == (Decision("a", 1, 0.5), Decision("b", 0, 0.9))
     assert world.occurrences == {"a": 3, "same": 1, "env": 2, "b": 1, "c": 1}
-    delays = [(e.detail["point"], e.detail["occurrence"], e.detail["delay"])
+    delays = [(e.detail.point, e.detail.occurrence, e.detail.delay)
               for e in world.trace if e.kind == "delay"]
     assert delays == [("a", 1, 0.5), ("b", 0, 0.9)]
 
@@ -213,7 +213,7 @@ def test_channel_is_fifo_a_later_faster_message_never_overtakes() -> None:
     env.process(sender())
     env.run()
     assert log == [("first", 0.05), ("second", 0.05), ("third", 0.101)]
-    arrive = [round(e.detail["arrive"], 9) for e in world.trace if e.kind == "ipc.send"]
+    arrive = [round(e.detail.arrive, 9) for e in world.trace if e.kind == "ipc.send"]
     assert arrive == [0.05, 0.05, 0.101]
 
 

@@ -1,4 +1,4 @@
-"""The arrows of DESIGN "Layout", checked on every run: ``sim`` <- ``engine_model`` <-
+"""The arrows of the README's "Layout", checked on every run: ``sim`` <- ``engine_model`` <-
 ``scenarios`` <- ``reports`` / the app layer, and no import cycles between modules.
 
 An AST walk over every source module: imports inside functions and under ``TYPE_CHECKING``

@@ -37,8 +37,8 @@ def test_an_add_arriving_mid_step_waits_for_the_step_to_end() -> None:
         RequestSpec("A", at=0.0, max_tokens=3),
         RequestSpec("B", at=0.005, max_tokens=2))))       # reaches the engine at 0.0055
 
-    arrive = {e.request: round(e.detail["arrive"], 9) for e in result.trace
-              if e.kind == "ipc.send" and e.detail["type"] == "EngineCoreRequest"}
+    arrive = {e.request: round(e.detail.arrive, 9) for e in result.trace
+              if e.kind == "ipc.send" and e.detail.type == "EngineCoreRequest"}
     assert arrive == {"A": 0.0005, "B": 0.0055}
     log = _log(result, "sched.add", "sched.step", "sched.update")
     assert log[:6] == [
@@ -54,8 +54,8 @@ def test_an_add_arriving_mid_step_waits_for_the_step_to_end() -> None:
 
 
 def _steps_and_updates(result: RunResult) -> list[tuple[str, int]]:
-    return [(e.kind, e.detail["step"]) for e in result.trace
-            if e.kind in ("sched.step", "sched.update") and e.detail.get("batch", True)]
+    return [(e.kind, e.detail.step) for e in result.trace
+            if e.kind in ("sched.step", "sched.update") and getattr(e.detail, "batch", True)]
 
 
 def test_sync_scheduling_applies_step_n_before_scheduling_step_n_plus_1() -> None:
@@ -76,7 +76,7 @@ def test_async_scheduling_keeps_two_batches_in_flight() -> None:
         ("sched.update", 2), ("sched.step", 4)]
     for n in (1, 2, 3):
         assert order.index(("sched.step", n + 1)) < order.index(("sched.update", n))
-    steps = {e.detail["step"]: round(e.time, 9) for e in result.trace if e.kind == "sched.step"}
+    steps = {e.detail.step: round(e.time, 9) for e in result.trace if e.kind == "sched.step"}
     assert steps[1] == steps[2] == 0.0005, "both batches leave in the same loop pass"
     assert (result.requests[0].tokens, result.requests[0].finish_reason) == (4, "length")
     assert not result.violations
@@ -119,7 +119,7 @@ def test_runner_key_error_kills_the_engine_and_every_pending_client_gets_an_erro
         RequestSpec("Z", at=0.3, prompt_tokens=16, max_tokens=4)))
     result = _run(workload, delays=[(ABORT_POINT, 0, 0.05)])
 
-    uid_inc = {e.detail["uid"]: e.inc for e in result.trace if e.kind == "fe.add"}
+    uid_inc = {e.detail.uid: e.inc for e in result.trace if e.kind == "fe.add"}
     old, new, third = uid_inc[1], uid_inc[2], uid_inc[3]
     story = [(e.kind, e.inc, round(e.time, 9)) for e in result.trace
              if e.kind in ("sched.add", "sched.finish", "engine.fatal")]
@@ -130,9 +130,9 @@ def test_runner_key_error_kills_the_engine_and_every_pending_client_gets_an_erro
         ("sched.add", third, 0.1605),            # the third X fills the dict again
         ("engine.fatal", 0, 0.1605)]
     (fatal,) = [e for e in result.trace if e.kind == "engine.fatal"]
-    assert fatal.detail["error"].startswith("KeyError: 'X' in GPUModelRunner.requests")
+    assert fatal.detail.error.startswith("KeyError: 'X' in GPUModelRunner.requests")
 
-    errors = sorted(e.detail["uid"] for e in result.trace if e.kind == "fe.error")
+    errors = sorted(e.detail.uid for e in result.trace if e.kind == "fe.error")
     assert errors == [2, 3, 4], "EngineDeadError for every request the frontends still track"
     assert [(r.id, r.frontend, r.finish_reason) for r in result.requests] == [
         ("X", 0, "abort"), ("X", 0, "error"), ("X", 1, "error"), ("Y", 1, "error"),

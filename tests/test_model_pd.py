@@ -1,5 +1,7 @@
-"""P/D disaggregation (VLLM_LIFECYCLE §4): the prefill side holds a finished request's blocks
-until the decode side has read them, or until the hold times out."""
+"""P/D disaggregation: the prefill side holds a finished request's blocks until the decode side
+has read them, or until the hold times out (vLLM 0.33 NIXL connector: ``request_finished``,
+distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py:191, records the hold at
+:264-266)."""
 
 from __future__ import annotations
 
@@ -45,10 +47,10 @@ def test_prefill_holds_its_blocks_until_the_decode_side_has_read_them() -> None:
         ("decode.kv kv.free", 0.0435)]
     (hold,) = [e for e in result.trace if e.kind == "pd.hold"]
     (read,) = [e for e in result.trace if e.kind == "pd.read"]
-    assert read.detail["remote_blocks"] == hold.detail["blocks"] == [0, 1]
-    assert read.detail["remote_inc"] == hold.inc
+    assert read.detail.remote_blocks == hold.detail.blocks == [0, 1]
+    assert read.detail.remote_inc == hold.inc
     (release,) = [e for e in result.trace if e.kind == "pd.release"]
-    assert release.detail["cause"] == "notify"
+    assert release.detail.cause == "notify"
     assert [(r.tokens, r.finish_reason) for r in result.requests] == [(3, "length")]
     assert not result.violations
 
@@ -75,7 +77,7 @@ def test_hold_timeout_releases_the_blocks_when_no_notice_comes() -> None:
         ("decode.connector pd.read", 1.0115),          # reads blocks P already freed
         ("prefill.core pd.notice_unknown", 1.012)]     # logged and ignored, as NIXL does
     (release,) = [e for e in result.trace if e.kind == "pd.release"]
-    assert release.detail["cause"] == "timeout"
+    assert release.detail.cause == "timeout"
     assert not [e for e in result.trace if e.kind == "engine.fatal"]
     # The damage is the read of freed blocks; the engines survive and the client finishes.
     assert result.violated == ("kv-ownership",)

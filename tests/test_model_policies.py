@@ -46,7 +46,7 @@ def test_internal_id_appends_eight_random_hex_chars_to_the_external_id() -> None
     assert [i.split("-")[0] for i in ids] == ["X", "X", "Y"]
     assert all(re.fullmatch(r"[XY]-[0-9a-f]{8}", i) for i in ids), ids
     assert len(set(ids)) == 3, "two clients may share X; the engine never sees it twice"
-    external = [e.detail["external"] for e in result.trace if e.kind == "fe.add"]
+    external = [e.detail.external for e in result.trace if e.kind == "fe.add"]
     assert external == ["X", "X", "Y"]
     assert [(r.id, r.finish_reason) for r in result.requests] == \
         [("X", "length"), ("X", "length"), ("Y", "length")]
@@ -104,8 +104,8 @@ def test_abort_by_external_id_ends_every_internal_id_under_it() -> None:
         RequestSpec("Y", at=0.0, max_tokens=20)))
     result = _run(workload)
     (issue,) = [e for e in result.trace if e.kind == "fe.abort_issue"]
-    assert sorted(issue.detail["ids"]) == sorted(_engine_ids(result)[:2])
-    finished = [(e.request, e.detail["status"]) for e in result.trace if e.kind == "sched.finish"]
+    assert sorted(issue.detail.ids) == sorted(_engine_ids(result)[:2])
+    finished = [(e.request, e.detail.status) for e in result.trace if e.kind == "sched.finish"]
     assert sorted(finished[:2]) == sorted((rid, "FINISHED_ABORTED")
                                           for rid in _engine_ids(result)[:2])
     assert [(r.id, r.finish_reason) for r in result.requests] == \

@@ -1,7 +1,9 @@
 """Issue 3's table, computed by running every scenario's witness under every policy.
 
 "race" means some invariant other than metrics-exact is violated by ``racesim run S -p P
---witness`` (metrics-exact is a gap still open upstream, VLLM_LIFECYCLE §8). Nothing here
+--witness`` (metrics-exact is a gap still open upstream: vLLM 0.33
+``v1/engine/output_processor.py``:599-651, ``abort_requests``, never counts the aborted request
+as finished; README "A tour"). Nothing here
 stores a verdict per cell: the expected pattern is stated once, as vLLM's history has it.
 """
 

@@ -1,8 +1,9 @@
 """vLLM PR #15326 end to end: abort pops the frontend state, then awaits the ABORT send.
 
 Client 0 aborts X at t=0.1; the BUG point holds the ABORT for 50 ms; client 1 sends X again
-at t=0.13. Under ``buggy`` the re-ADD overtakes the ABORT and everything in VLLM_LIFECYCLE §1
-"Damage" follows. The fixes, under the very same delay, do not race.
+at t=0.13. Under ``buggy`` the re-ADD overtakes the ABORT (vLLM 0.33 v1/engine/async_llm.py:948-956:
+``abort`` pops the state, then awaits the send) and the damage follows. The fixes, under the
+very same delay, do not race.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def _abort_reuse(policy: str) -> RunResult:
 
 def _incs(result: RunResult) -> tuple[int, int]:
     """The hidden incarnations of client 0's X and client 1's X."""
-    by_uid = {e.detail["uid"]: e.inc for e in result.trace if e.kind == "fe.add"}
+    by_uid = {e.detail.uid: e.inc for e in result.trace if e.kind == "fe.add"}
     return by_uid[1], by_uid[2]
 
 
@@ -42,7 +43,7 @@ def test_the_re_add_overtakes_the_abort(buggy: RunResult) -> None:
     kinds = {"client.abort", "client.send", "fe.pop", "fe.add", "sched.add", "sched.finish",
              "engine.fatal", "delay"}
     story = [_beat(e) for e in buggy.trace if e.kind in kinds or (
-        e.kind == "ipc.send" and e.detail["type"] == "AbortMessage")]
+        e.kind == "ipc.send" and e.detail.type == "AbortMessage")]
     assert story == [
         ("client0", "client.send", 0, 0.0),
         ("frontend0", "fe.add", old, 0.0),
@@ -58,7 +59,7 @@ def test_the_re_add_overtakes_the_abort(buggy: RunResult) -> None:
         ("engine.core", "engine.fatal", 0, 0.1605),        # old X's lookup: KeyError
         ("frontend0", "fe.pop", new, 0.161)]               # EngineDeadError for client 1
     (add,) = [e for e in buggy.trace if e.kind == "sched.add" and e.inc == new]
-    assert add.detail["prev"] == old
+    assert add.detail.prev == old
 
 
 def test_unique_live_id_names_the_overwriting_add(buggy: RunResult) -> None:
@@ -72,20 +73,20 @@ def test_unique_live_id_names_the_overwriting_add(buggy: RunResult) -> None:
 def test_the_late_abort_kills_the_new_request(buggy: RunResult) -> None:
     old, new = _incs(buggy)
     (finish,) = [e for e in buggy.trace if e.kind == "sched.finish"]
-    assert (finish.inc, finish.detail["status"]) == (new, "FINISHED_ABORTED")
+    assert (finish.inc, finish.detail.status) == (new, "FINISHED_ABORTED")
     (v,) = [v for v in buggy.violations if v.invariant == "abort-precision"]
     assert buggy.trace[v.event] is finish
     # _free_request pops req_to_blocks['X']: the OLD request's blocks, while it still runs.
     (free,) = [e for e in buggy.trace if e.kind == "kv.free"]
-    assert free.inc == new and set(free.detail["owners"]) == {old}
+    assert free.inc == new and set(free.detail.owners) == {old}
     assert "kv-ownership" in buggy.violated
 
 
 def test_the_old_requests_tokens_reach_the_new_client_then_the_engine_dies(
         buggy: RunResult) -> None:
     old, _new = _incs(buggy)
-    got = [t[1] for e in buggy.trace if e.kind == "client.output" and e.detail["uid"] == 2
-           for t in e.detail["tokens"]]
+    got = [t[1] for e in buggy.trace if e.kind == "client.output" and e.detail.uid == 2
+           for t in e.detail.tokens]
     assert old in got, "client 1 is handed tokens generated for client 0's request"
     assert {"no-crosstalk", "engine-alive"} <= set(buggy.violated)
     assert [(r.id, r.finish_reason) for r in buggy.requests] == [("X", "abort"), ("X", "error")]
@@ -94,12 +95,12 @@ def test_the_old_requests_tokens_reach_the_new_client_then_the_engine_dies(
 def test_abort_scope_under_the_same_delay_only_misses_the_abort_in_stats() -> None:
     result = _abort_reuse("abort-scope")
     assert result.violated == ("metrics-exact",)
-    assert [e.detail["uid"] for e in result.trace if e.kind == "fe.add"] == [1], \
+    assert [e.detail.uid for e in result.trace if e.kind == "fe.add"] == [1], \
         "client 1's X is never registered"
     # The state outlives the ABORT send, so the second X is refused instead of overtaking.
     story = [(e.kind, round(e.time, 9)) for e in result.trace
              if e.kind in ("fe.pop", "fe.reject", "sched.finish") or (
-                 e.kind == "ipc.send" and e.detail["type"] == "AbortMessage")]
+                 e.kind == "ipc.send" and e.detail.type == "AbortMessage")]
     assert story == [("fe.reject", 0.13), ("ipc.send", 0.15), ("fe.pop", 0.15),
                      ("sched.finish", 0.1605)]   # applied at the end of the step in flight
     assert [(r.id, r.finish_reason) for r in result.requests] == \

@@ -1,4 +1,6 @@
-"""Scheduler and KV cache manager: everything keyed by the request-ID string (VLLM_LIFECYCLE §1).
+"""Scheduler and KV cache manager: everything keyed by the request-ID string, as vLLM 0.33's
+``Scheduler.requests`` (v1/core/sched/scheduler.py:223) and ``req_to_blocks``
+(v1/core/single_type_kv_cache_manager.py:126).
 
 These drive the components by hand, the way EngineCore would, so each test reads as the
 sequence of calls a duplicate ID goes through.
@@ -45,7 +47,7 @@ def test_duplicate_add_overwrites_the_dict_while_the_old_object_keeps_running() 
     assert sched.requests["X"] is new
     assert [r for r in sched.running if r is old] == [old]
     assert list(sched.waiting) == [new]
-    adds = [(e.inc, e.detail["prev"]) for e in world.trace if e.kind == "sched.add"]
+    adds = [(e.inc, e.detail.prev) for e in world.trace if e.kind == "sched.add"]
     assert adds == [(1, 0), (2, 1)]
 
 
@@ -84,7 +86,7 @@ def test_req_to_blocks_is_shared_by_a_duplicate_id() -> None:
 
     assert kv.req_to_blocks["X"] == [0, 1, 2]
     assert [kv.owner_of(b) for b in (0, 1, 2)] == [1, 1, 2]
-    allocs = [(e.inc, e.detail["blocks"], e.detail["table"])
+    allocs = [(e.inc, e.detail.blocks, e.detail.table)
               for e in world.trace if e.kind == "kv.alloc"]
     assert allocs == [(1, [0, 1], [0, 1]), (2, [2], [0, 1, 2])]
 
@@ -112,7 +114,7 @@ def test_free_of_the_new_request_returns_the_old_requests_blocks() -> None:
     assert kv.num_free_blocks == kv.num_blocks
     assert [kv.owner_of(b) for b in range(kv.num_blocks)] == [0] * kv.num_blocks
     (event,) = [e for e in world.trace if e.kind == "kv.free"]
-    assert (event.inc, event.detail["owners"]) == (2, [1, 1, 2])
+    assert (event.inc, event.detail.owners) == (2, [1, 1, 2])
     assert kv.free(old) == [], "the old request's own free finds nothing left"
 
 

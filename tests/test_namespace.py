@@ -1,5 +1,5 @@
 """An install adds one import name, ``racesim``: a user's own ``sim`` package and ``import
-hypothesis`` in the same environment are unaffected (DESIGN "Layout").
+hypothesis`` in the same environment are unaffected (README "Layout").
 
 Each check runs in a fresh interpreter (``-I``: no PYTHONPATH, no current directory on the
 path) with a user project on ``sys.path`` first, as a user's test run would have it.

@@ -1,5 +1,5 @@
 """The compiled build (mypyc) and the pure-Python one: when each is used, and that both give
-the same runs (DESIGN "Determinism rules": same inputs, same trace hash, in any process)."""
+the same runs (README "Concepts": same inputs, same trace hash, in any process)."""
 
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ def test_a_preempted_request_resumes_on_its_own_cached_prompt_blocks() -> None:
     resumed = sched.schedule()
     # X's prompt block stayed cached in the free queue: only its output token is recomputed
     assert resumed.num_scheduled_tokens == {"X": 1}
-    hits = [e.detail["hit"] for e in world.trace
+    hits = [e.detail.hit for e in world.trace
             if e.kind == "kv.alloc" and "hit" in e.detail.as_dict()]
     assert len(hits) == 1
 

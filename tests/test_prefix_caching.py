@@ -58,7 +58,7 @@ def test_a_second_request_on_the_same_prompt_shares_its_full_blocks_only() -> No
     b = _request("B", 2, 48, "doc")
     hit = _admit(kv, b)
     assert hit == kv.req_to_blocks["A"][:2]         # the partial tail is A's alone
-    assert kv.owners_of(hit[0]) == [1, 2]
+    assert kv.owner_of(hit[0]) == 1 and kv._sharers[hit[0]] == [2]
     assert kv.req_to_blocks["B"][2] not in kv.req_to_blocks["A"]
     c = _request("C", 3, 48, "other")
     assert _admit(kv, c) == []                      # another text: no hit
@@ -80,9 +80,9 @@ def test_a_shared_block_stays_until_its_last_owner_frees_it() -> None:
     free_before = kv.num_free_blocks
     kv.free(a)
     assert kv.num_free_blocks == free_before + 1    # only A's private tail went back
-    assert [kv.owners_of(x) for x in shared] == [[2], [2]]
+    assert [kv.owner_of(x) for x in shared] == [2, 2] and kv._sharers == {}
     ev = [e for e in world.trace if e.kind == "kv.free"][-1]
-    assert ev.detail["kept"] == shared
+    assert ev.detail.kept == shared
     kv.free(b)
     assert kv.num_free_blocks == 8
 

@@ -48,8 +48,8 @@ def test_internal_id_keeps_every_safety_invariant(data: st.DataObject, seed: int
     That one point is left at its default because a delay there opens the abort-before-add
     window below. In vLLM without data parallelism the window has zero width:
     ``OutputProcessor.add_request`` and the ADD's socket send happen with no await between
-    them (VLLM_LIFECYCLE §7). With data parallelism, the FIRST_REQ send to the coordinator is
-    awaited first, so the window is real there.
+    them (vLLM 0.33 v1/engine/async_llm.py:580-584). With data parallelism, the FIRST_REQ send
+    to the coordinator is awaited first, so the window is real there.
     """
     scen = data.draw(scenarios(vllm="0.8"), label="scenario")
     sched = data.draw(schedules(scen, policy="internal-id", seed=seed, points=NOT_BEFORE_SEND),
@@ -62,11 +62,24 @@ def test_internal_id_on_033_keeps_every_safety_invariant_with_shared_prefixes(
         data: st.DataObject, seed: int) -> None:
     """The same on vLLM 0.33, where prefix caching is on: requests naming one prompt share its
     full blocks by reference count (P/D included, where the decode side reads a shared prefill
-    block), and no block is freed, reused or read under an owner that still holds it."""
+    block), and no block is freed, reused or read under an owner that still holds it.
+
+    Except one leak vLLM 0.33 itself has: an abort by external ID of an n > 1 request leaves
+    its ParentRequest in ``parent_requests`` (output_processor.py:599-661), pinned by
+    parallel-sampling-external-abort and tests/test_fidelity_async_llm.py."""
     scen = data.draw(scenarios(vllm="0.33"), label="scenario")
     sched = data.draw(schedules(scen, policy="internal-id", seed=seed, points=NOT_BEFORE_SEND),
                       label="schedule")
-    assert safety(run_scenario(scen, "internal-id", seed=seed, schedule=sched)) == []
+    result = run_scenario(scen, "internal-id", seed=seed, schedule=sched)
+    assert [v for v in safety(result) if not _parent_leak(v)] == []
+    if any(_parent_leak(v) for v in safety(result)):
+        assert any(r.n > 1 and r.abort_at is not None for r in scen.workload.requests)
+
+
+def _parent_leak(violation: str) -> bool:
+    """The no-leak violation of vLLM 0.33's parent_requests after an abort by external ID."""
+    return violation.startswith("no-leak") and \
+        "OutputProcessor.parent_requests still holds" in violation
 
 
 @given(st.data())
@@ -117,7 +130,7 @@ def _first_window(trace: Iterable[TraceEvent]) -> tuple[float, str]:
     for ev in trace:
         d = ev.detail
         if ev.kind == "fe.abort_issue":
-            pending.update((ev.component, rid) for rid in d["ids"])
+            pending.update((ev.component, rid) for rid in d.ids)
         elif ev.kind == "fe.add":
             key = (ev.component, ev.request or "")
             if pending[key]:
@@ -129,22 +142,22 @@ def _first_window(trace: Iterable[TraceEvent]) -> tuple[float, str]:
             registered[ev.inc] = ev.seq
         elif ev.kind == "ipc.send":
             src, _, dst = ev.component.partition(":")[2].partition("->")
-            if d["type"] == "EngineCoreRequest":
-                sent.update(d["incs"])
-            elif d["type"] == "AbortMessage":
-                for rid in d["ids"]:
+            if d.type == "EngineCoreRequest":
+                sent.update(d.incs)
+            elif d.type == "AbortMessage":
+                for rid in d.ids:
                     if pending[(src, rid)]:
                         pending[(src, rid)] -= 1
                     newest = current.get((src, rid))
                     if newest is not None and newest not in sent:
                         return ev.seq, "abort before add"
-            elif d["type"] == "EngineCoreOutputs":
-                for rid, inc, _tokens, _finish in d["outputs"]:
+            elif d.type == "EngineCoreOutputs":
+                for rid, inc, _tokens, _finish in d.outputs:
                     newest = current.get((dst, rid))
                     if newest is not None and newest != inc \
                             and registered.get(inc, -1) < registered[newest]:
                         return ev.seq, "return path"
-                    on_the_way.append((dst, rid, inc, d["arrive"]))
+                    on_the_way.append((dst, rid, inc, d.arrive))
     return math.inf, ""
 
 

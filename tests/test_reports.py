@@ -109,6 +109,24 @@ def test_run_report_verdict_lanes_violation_schedule_and_command(abort_reuse: An
     assert "<details>" in html and "Full event log (119 events" in html
 
 
+def test_the_terminal_numbers_incarnations_as_the_report_does(abort_reuse: Any) -> None:
+    from rich.console import Console
+
+    from racesim.render import print_run
+
+    _scen, result, command, html = abort_reuse
+    console = Console(record=True, width=400)
+    print_run(console, "abort-reuse", result, command)
+    text = console.export_text()
+    model = TraceModel(result.trace, topology_of(result))
+    numbers = {c.inc: c.number for c in model.incarnations.values()}
+    assert any(inc != n for inc, n in numbers.items()), "the model's numbers are not 1, 2, 3"
+    for v in result.violations:
+        assert model.relabel(v.detail) in text and str(escape(model.relabel(v.detail))) in html
+    said = {int(n) for n in re.findall(r"\binc (\d+)", text)}
+    assert said and said <= set(numbers.values())
+
+
 def test_run_report_shades_the_race_from_the_delay_to_the_first_violation(
         abort_reuse: Any) -> None:
     _scen, result, _command, html = abort_reuse

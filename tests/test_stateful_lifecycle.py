@@ -127,7 +127,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _on_event(self, ev: TraceEvent) -> None:
         if ev.kind == "ipc.send":
-            self._arrivals = max(self._arrivals, ev.detail["arrive"])
+            self._arrivals = max(self._arrivals, ev.detail.arrive)
 
     def _decide(self, point: str, k: int, default: float) -> float:
         """Every point runs at its natural speed, except the ABORT of an abort rule, which is

@@ -22,7 +22,7 @@ def _run(*requests: RequestSpec, policy: str = "internal-id", **engine: object) 
 
 
 def _actions(r: RunResult) -> list[str]:
-    return [e.detail["action"] for e in r.trace if e.kind == "sched.session"]
+    return [e.detail.action for e in r.trace if e.kind == "sched.session"]
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
@@ -42,14 +42,14 @@ def test_every_chunk_runs_under_one_engine_request(async_scheduling: bool, inter
 def test_a_session_keeps_its_output_as_prompt_for_the_next_chunk() -> None:
     r = _run(RequestSpec("S", prompt_tokens=16, max_tokens=6, input_chunks=1,
                          chunk_interval=0.2), async_scheduling=False)
-    resumes = [e.detail["prompt_tokens"] for e in r.trace
-               if e.kind == "sched.session" and e.detail["action"] == "resume"]
+    resumes = [e.detail.prompt_tokens for e in r.trace
+               if e.kind == "sched.session" and e.detail.action == "resume"]
     assert resumes == [16 + 5 + 16]           # all output tokens but the last sampled one
 
 
 def test_an_aborted_session_sends_no_more_chunks_and_leaves_nothing() -> None:
     r = _run(RequestSpec("S", max_tokens=5, input_chunks=3, chunk_interval=0.1, abort_at=0.15))
-    adds = [e for e in r.trace if e.kind == "ipc.send" and e.detail["type"] == "EngineCoreRequest"]
+    adds = [e for e in r.trace if e.kind == "ipc.send" and e.detail.type == "EngineCoreRequest"]
     assert len(adds) == 2                      # chunks 0 and 1; chunk 2 and the final never go
     assert r.requests[0].finish_reason == "abort"
     assert set(r.violated) <= {"metrics-exact"}

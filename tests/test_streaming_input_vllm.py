@@ -42,14 +42,14 @@ def _runs(policy: str, *requests: RequestSpec, **engine: Any) -> tuple[RunResult
 def _seen(r: RunResult) -> tuple[object, ...]:
     """Per-request outcomes, violated invariants, each session's steps in the scheduler (in
     order per session; sessions stopping in one step may be recorded in either order)."""
-    steps = [(e.request, e.detail["action"]) for e in r.trace if e.kind == "sched.session"]
+    steps = [(e.request, e.detail.action) for e in r.trace if e.kind == "sched.session"]
     return (tuple((q.id, q.tokens, q.finish_reason) for q in r.requests), r.violated,
             sorted(steps, key=lambda step: str(step[0])), _fatal(r))
 
 
 def _fatal(r: RunResult) -> list[str]:
     """Each engine death's error (the model's message names the ID, vLLM's does not)."""
-    return [e.detail["error"].split(" '")[0] for e in r.trace if e.kind == "engine.fatal"]
+    return [e.detail.error.split(" '")[0] for e in r.trace if e.kind == "engine.fatal"]
 
 
 _S = RequestSpec("S", max_tokens=5, input_chunks=2, chunk_interval=0.2)

@@ -24,7 +24,6 @@ def test_one_engine_and_its_frontends_and_sockets() -> None:
     assert ChannelNode("ipc:frontend1->engine", "ipc", "frontend1", "engine") in topo.channels
     assert topo.frontends[1].output_channel == "ipc:engine->frontend1"
     assert topo.clients == ("client0", "client1") and topo.proxies == ()
-    assert not topo.disaggregated
     sched = topo.component("engine.scheduler")
     assert sched is not None and (sched.kind, sched.group, sched.part) == (
         "engine", "engine", "scheduler")
@@ -37,7 +36,7 @@ def test_pd_roles_the_kv_socket_and_the_proxies() -> None:
     assert [(f.name, f.engine, f.role) for f in topo.frontends] == [
         ("P.frontend0", 0, "prefill"), ("D.frontend0", 1, "decode")]
     assert ChannelNode("nixl:decode->prefill", "nixl", "decode", "prefill") in topo.channels
-    assert topo.proxies == ("proxy0", "proxy1") and topo.disaggregated
+    assert topo.proxies == ("proxy0", "proxy1")
     assert topo.engine_of("decode.connector") == "decode" and topo.engine_of("proxy0") == ""
     parts = [topo.component(topo.engines[1].part(p)) for p in ENGINE_PARTS]
     assert [(c.kind, c.group, c.role) for c in parts if c is not None] == [

@@ -1,5 +1,5 @@
 """Trace hashes pinned across racesim versions: a counterexample file written by an earlier
-racesim replays to the same hash (DESIGN "Determinism rules").
+racesim replays to the same hash (README "Concepts": same schedule, byte-identical trace).
 
 Every other determinism test compares runs with each other; this one compares them with the
 hashes racesim recorded at commit 2bdddef, before the compiled build and the hot-path work of

@@ -50,7 +50,7 @@ def test_a_duplicate_in_flight_kills_the_033_engine_with_no_delay() -> None:
     assert result.reach().reach == "live"
     assert [r.finish_reason for r in result.requests] == ["stream_finished", None]
     fatal = _kinds(result, "engine.fatal")
-    assert "duplicate request id" in fatal[0].detail["error"]  # type: ignore[attr-defined]
+    assert "duplicate request id" in fatal[0].detail.error  # type: ignore[attr-defined]
     # with the default 8-hex suffix the IDs differ and both finish
     clean = run_scenario(scen, "internal-id")
     assert clean.violated == () and [r.finish_reason for r in clean.requests] == ["length"] * 2
@@ -64,7 +64,7 @@ def test_the_eager_abort_copy_ends_the_re_added_request_on_033_only() -> None:
     new = run_scenario(scen, "internal-id", options=NO_SUFFIX, witness=True)
     assert {"abort-precision", "no-hang"} <= set(new.violated)
     assert new.reach().reach == "live"  # update_from_output takes real time
-    causes = [e.detail["cause"] for e in _kinds(new, "sched.finish")]  # type: ignore[attr-defined]
+    causes = [e.detail.cause for e in _kinds(new, "sched.finish")]  # type: ignore[attr-defined]
     assert "abort(eager)" in causes
     old = run_scenario(scen.with_vllm("0.8"), "internal-id", options=NO_SUFFIX, witness=True)
     assert "abort-precision" not in old.violated and "no-hang" not in old.violated
@@ -104,11 +104,11 @@ def test_heartbeats_keep_the_033_lease_through_a_slow_read() -> None:
     leased = run_scenario(_pd("0.33"), "internal-id", delays=slow)
     assert leased.violated == ()
     assert len(_kinds(leased, "pd.heartbeat")) >= 19
-    assert [e.detail["cause"] for e in _kinds(leased, "pd.release")] == ["notify"]  # type: ignore[attr-defined]
+    assert [e.detail.cause for e in _kinds(leased, "pd.release")] == ["notify"]  # type: ignore[attr-defined]
     timeout = _pd("0.8")
     timeout = scenario_from_dict({**timeout.to_dict(), "pd": {"hold_timeout": 30.0}})
     expired = run_scenario(timeout, "internal-id", delays=slow)
-    assert [e.detail["cause"] for e in _kinds(expired, "pd.release")] == ["timeout"]  # type: ignore[attr-defined]
+    assert [e.detail.cause for e in _kinds(expired, "pd.release")] == ["timeout"]  # type: ignore[attr-defined]
     assert "kv-ownership" in expired.violated  # D reads blocks P already freed
 
 

@@ -30,7 +30,6 @@ from racesim.engine_model.frontend.outputs import (
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.messages import (
     AbortMessage,
-    EngineCoreOutputs,
     EngineCoreRequest,
     EngineDead,
     FinishReason,
@@ -75,6 +74,7 @@ class AsyncLLM:
         #: vLLM 0.8's generate() aborted the request ID even when add_request was cancelled
         #: before it returned (no ``q is None`` check).
         self._cancel_aborts = profile.cancel_before_collector == "abort"
+        self._register_first = profile.fan_out == "register-first"
         self.engine_dead: str | None = None
         self._next_inc = next_inc
         self._inbox: deque[Any] = deque()
@@ -94,7 +94,8 @@ class AsyncLLM:
         A caller cancelled at the await on the ADD send (``simpy.Interrupt``) leaves with the
         ADD unsent (pyzmq drops a send it has not made when its future is cancelled) and, as
         in vLLM 0.33, nothing aborted for n == 1: generate()'s ``q`` is still None
-        (async_llm.py:578-584, 772-809; vLLM #57061). n > 1 aborts the parent (:561-564)."""
+        (async_llm.py:578-584, 772-809; vLLM #57061). n > 1 aborts the parent (:561-564).
+        n > 1 on a "register-first" profile: :meth:`_fan_out`."""
         world = self.world
         op = self.output_processor
         if self.engine_dead is not None:
@@ -109,6 +110,10 @@ class AsyncLLM:
         collector = RequestOutputCollector(world.env, internal)
         if n > 1:
             parent = ParentRequest(internal, request_id, collector, n=n)
+            if self._register_first:
+                return (yield from self._fan_out(
+                    parent, ids, client_uid, prompt_tokens, max_tokens, eos_at,
+                    stop_string_at, kv_transfer_params, prompt, fault))
         for index, rid in enumerate(ids):
             registered = not op.has_request(rid)
             if not registered and not op.finishes_duplicates:
@@ -147,6 +152,60 @@ class AsyncLLM:
                         yield from self.abort(request_id)
                     raise
             self._send(req, [rid], engine, incs=[req.inc])
+        return collector
+
+    def _fan_out(self, parent: ParentRequest, ids: list[str], client_uid: int,
+                 prompt_tokens: int, max_tokens: int, eos_at: int | None,
+                 stop_string_at: int | None, kv_transfer_params: KVTransferParams | None,
+                 prompt: str, fault: str,
+                 ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]:
+        """n > 1 in vLLM 0.33 (async_llm.py:538-565): every child is registered in the
+        OutputProcessor first, with no await between, then each child's ADD send is awaited
+        in turn; any exception there (a caller's cancel) aborts the parent by its internal ID
+        and re-raises. A cancel at the k-th send thus aborts all n children, of which only the
+        first k were sent. The sends are eager pyzmq sends (``frontend.add_request:before_send``
+        is latent), so a race through a cancel there is a latent hazard.
+
+        Under data parallelism vLLM picks a child's engine inside its ``add_request_async``
+        (core_client.py:1607-1617), the model at its registration: the choices differ only
+        when a delay at that latent point lets another request be routed in between."""
+        world = self.world
+        op = self.output_processor
+        request_id = parent.external_req_id
+        collector = parent.collector
+        sends: list[tuple[EngineCoreRequest, int]] = []
+        for index, rid in enumerate(ids):
+            req = EngineCoreRequest(rid, request_id, prompt_tokens, max_tokens, self.index,
+                                    eos_at, kv_transfer_params, self._next_inc(), prompt, fault)
+            registered = not op.has_request(rid)
+            if not registered:
+                if not op.finishes_duplicates:
+                    # OutputProcessor.add_request raised inside the try: abort, re-raise
+                    world.emit(self.name, rid, 0,
+                               FeReject(client_uid, "already running", request_id))
+                    if index > 0:
+                        yield from self.abort(parent.request_id, internal=True)
+                    return FinishReason.REJECTED
+                # output_processor.py:672-675, 695-713: the old stream ends, this child is
+                # not registered, its ADD still goes
+                op.finish_stream(req)
+            engine = self.engine if self.dp is None else self.dp.choose(rid, req.inc)
+            if registered:
+                op.add_request(req, parent, index, collector, client_uid, engine,
+                               stop_string_at)
+            else:
+                op.note_unregistered(req, client_uid, index)
+            sends.append((req, engine))
+        for req, engine in sends:
+            ev = world.sleep("frontend.add_request:before_send", 0.0, self.name)
+            if ev is not None:
+                try:
+                    yield ev
+                except simpy.Interrupt:
+                    world.emit(self.name, req.request_id, req.inc, FeAddCancelled(client_uid))
+                    yield from self.abort(parent.request_id, internal=True)
+                    raise
+            self._send(req, [req.request_id], engine, incs=[req.inc])
         return collector
 
     # -- streaming input ------------------------------------------------------------------------
@@ -232,6 +291,10 @@ class AsyncLLM:
             yield ev
         if not request_ids:
             return
+        if self.dp is not None and self.engine_dead is not None:
+            # DPLBAsyncMPClient.abort_requests_async sends nothing once an engine died
+            # (core_client.py:1874-1876): the other ranks keep what they hold.
+            return
         tag = self._next_inc()
         if self.dp is None:
             self._send(AbortMessage(tuple(request_ids), tag), list(request_ids), self.engine,
@@ -265,10 +328,13 @@ class AsyncLLM:
     def deliver(self, msg: Any) -> None:
         """Output socket: EngineCoreOutputs (or the engine's death) arrived. The socket task
         lets the load balancer forget finished IDs before the handler sees the outputs
-        (core_client.py:1819-1825)."""
+        (core_client.py:1819-1825). The outputs are the model's or a backend's (vLLM's own
+        behind an envelope): both name ``finished_requests``."""
         dp = self.dp
-        if dp is not None and isinstance(msg, EngineCoreOutputs) and msg.finished_requests:
-            dp.finished(msg.finished_requests)
+        if dp is not None and not isinstance(msg, EngineDead):
+            finished = msg.finished_requests
+            if finished:
+                dp.finished(finished)
         self._inbox.append(msg)
         ev = self._wakeup
         if ev is not None and not ev.triggered:
@@ -289,7 +355,10 @@ class AsyncLLM:
                 self.engine_dead = msg.reason
                 # Under data parallelism one dead engine fails the whole client.
                 op.fail_engine(msg.engine if self.dp is None else None, msg.reason)
-                continue
+                # The handler's loop ends with its first exception (async_llm.py:880-945;
+                # the socket task's too, core_client.py:1259-1262): nothing after the death
+                # is processed, not even another DP rank's outputs.
+                return
             # EngineCoreOutputs: the model's, or vLLM's own behind a backend's envelope
             outputs = msg.outputs
             if len(outputs) <= chunk:  # one chunk: no slice, no await between chunks

@@ -51,6 +51,10 @@ class ParentRequest:
     child_requests: list[str] = field(default_factory=list)
     finished_children: int = 0
     n: int = 1
+    #: an abort by external ID resolved to this parent: its entry outlives its children.
+    aborted_by_external: bool = False
+    #: ground truth, for the leak audit only: the incarnation of each registered child.
+    incs: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -91,6 +95,9 @@ class OutputProcessor:
         #: abort's ID was looked up as given.
         self._unknown_external_noop = profile.abort_unknown_external == "noop"
         self.finishes_duplicates = profile.frontend_duplicate == "finish-old"
+        #: 0.33 output_processor.py:620-661: an abort by external ID pops the children's
+        #: states but not their parent's parent_requests entry.
+        self._external_abort_keeps_parent = profile.external_abort_parent == "keep"
         #: under data parallelism each state's engine is the load balancer's choice, and the
         #: trace names it where an abort is issued (for the checker).
         self.dp = False
@@ -113,6 +120,7 @@ class OutputProcessor:
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
             parent.child_requests.append(rid)
+            parent.incs.append(request.inc)
         self.world.emit(self.component, rid, request.inc,
                         FeAdd(client_uid, request.external_req_id, index,
                               dp_engine=engine if self.dp else None))
@@ -180,6 +188,13 @@ class OutputProcessor:
         """``(request ID, incarnation)`` for every request state still held."""
         return [(rid, state.inc) for rid, state in self.request_states.items()]
 
+    def orphan_parents(self) -> list[tuple[str, int]]:
+        """``(parent ID, a child's incarnation)`` for every ``parent_requests`` entry none of
+        whose children has a state left."""
+        held = {id(s.parent) for s in self.request_states.values() if s.parent is not None}
+        return [(pid, p.incs[0] if p.incs else 0) for pid, p in self.parent_requests.items()
+                if id(p) not in held]
+
     def orphan_external_ids(self) -> list[str]:
         """The external IDs still mapped whose internal IDs are all gone."""
         return [ext for ext, ids in self.external_req_ids.items()
@@ -211,6 +226,8 @@ class OutputProcessor:
                     continue
                 parent = self.parent_requests.get(t)
                 if parent is not None:
+                    if not internal and self._external_abort_keeps_parent:
+                        parent.aborted_by_external = True
                     out.extend(c for c in parent.child_requests
                                if c in self.request_states and not self.request_states[c].finished)
         return out
@@ -241,8 +258,10 @@ class OutputProcessor:
                 state.finished = True
 
     def fail_engine(self, engine: int | None, reason: str) -> None:
-        """EngineDeadError: every request on the dead engine (None: on any engine) ends with
-        an error."""
+        """EngineDeadError: every request on the dead engine (None: on any engine, data
+        parallelism) ends with an error. Under data parallelism the states stay, as vLLM's
+        ``propagate_error`` only queues the error (output_processor.py:593-597): another
+        rank may still run them, and they are still this frontend's."""
         for rid in [r for r, s in self.request_states.items()
                     if engine is None or s.engine == engine]:
             state = self.request_states[rid]
@@ -251,7 +270,8 @@ class OutputProcessor:
                 state.collector.put(RequestOutput(state.external_req_id, [], True, None,
                                                   f"EngineDeadError: {reason}"))
                 self.world.emit(self.component, rid, state.inc, FeError(state.client_uid, top))
-            self._pop(state, "error")
+            if engine is not None:
+                self._pop(state, "error")
 
     # -- outputs --------------------------------------------------------------------------------
 
@@ -275,14 +295,18 @@ class OutputProcessor:
             finish = out.finish_reason
             stop_string = False
             state.num_generated += len(tokens)
-            if finish is None and state.stop_string_at is not None \
+            if (finish is None or finish == FinishReason.LENGTH) \
+                    and state.stop_string_at is not None \
                     and state.num_generated >= state.stop_string_at:
                 extra = state.num_generated - state.stop_string_at
                 if extra:
                     del tokens[len(tokens) - extra:]
                     state.num_generated -= extra
+                # A stop string found on the engine's last (max_tokens) token still makes the
+                # finish STOP (output_processor.py:825-830); only a request the engine still
+                # runs gets an ABORT (:875-880).
+                stop_string = finish is None
                 finish = FinishReason.STOP
-                stop_string = True
             if finish is not None and state.streaming_input and finish not in (
                     FinishReason.ABORT, FinishReason.ERROR):
                 # A chunk boundary (:844-875): the output is not final; the next queued
@@ -348,7 +372,11 @@ class OutputProcessor:
         if parent is not None:
             top = parent.request_id
             if all(c not in self.request_states for c in parent.child_requests):
-                self.parent_requests.pop(parent.request_id, None)
+                # vLLM 0.33 pops the parent in _finish_request (:917-932) and on an abort by
+                # its internal ID (:653-659), never on an abort by external ID (:627-652):
+                # that entry stays until a parent of equal ID replaces it.
+                if not (why == "abort" and parent.aborted_by_external):
+                    self.parent_requests.pop(parent.request_id, None)
             else:
                 top = ""
         if top:

@@ -91,6 +91,11 @@ class FrontendState(Protocol):
         """``(request ID, incarnation)`` of every state still held."""
         ...
 
+    def orphan_parents(self) -> list[tuple[str, int]]:
+        """``(parent ID, a child's incarnation)`` of n > 1 parents still held whose children
+        all left."""
+        ...
+
     def orphan_external_ids(self) -> list[str]:
         """External IDs still mapped whose internal IDs are all gone."""
         ...

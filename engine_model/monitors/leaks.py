@@ -78,6 +78,10 @@ class LeakAudit:
                 if self.truth.leaky(inc, now):
                     self._leak((fe.name, "reqs_in_flight", rid),
                                f"{fe.name} DPLBAsyncMPClient.reqs_in_flight", rid, inc, now)
+        for pid, inc in op.orphan_parents():
+            if self.truth.leaky(inc, now):
+                self._leak((fe.name, "parent_requests", pid),
+                           f"{fe.name} OutputProcessor.parent_requests", pid, inc, now)
         for ext in op.orphan_external_ids():
             self._leak((fe.name, "external", ext),
                        f"{fe.name} OutputProcessor.external_req_ids", ext, 0, now)
