@@ -55,12 +55,11 @@ from racesim.engine_model.frontend.outputs import (
 )
 from racesim.engine_model.messages import EngineCoreRequest, FinishReason
 from racesim.engine_vllm import _vllm
-from racesim.engine_vllm.views import Vocabulary
+from racesim.engine_vllm.views import PROMPT_TOKEN, StopTokenizer, Vocabulary
 from racesim.sim.world import World
 
 __all__ = ["VllmOutputProcessor", "EngineCoreOutputs", "Envelope", "StopTokenizer"]
 
-_PROMPT_TOKEN = 3
 
 
 class Envelope:
@@ -91,28 +90,6 @@ class EngineCoreOutputs:
         reads before the outputs are processed (core_client.py:1819-1825)."""
         done = self.real.finished_requests
         return tuple(sorted(done)) if done else None
-
-
-class StopTokenizer:
-    """A deterministic tokenizer that vLLM's ``SlowIncrementalDetokenizer`` accepts: every
-    output token is the one character ``a`` (the prompt's are ``p``). A scenario's
-    ``stop_string_at = N`` becomes the stop string ``a`` * N, which the N-th output token
-    completes (detokenizer.py:99-160)."""
-
-    is_fast = False
-
-    def __len__(self) -> int:
-        return 1 << 62  # every id is in range (detokenizer_utils.py: ``< len(tokenizer)``)
-
-    def convert_ids_to_tokens(self, ids: list[int], skip_special_tokens: bool = False,
-                              ) -> list[str]:
-        return ["p" if i == _PROMPT_TOKEN else "a" for i in ids]
-
-    def convert_tokens_to_string(self, tokens: list[str]) -> str:
-        return "".join(tokens)
-
-    def get_added_vocab(self) -> dict[str, int]:
-        return {}
 
 
 class _OrderedIds:
@@ -275,7 +252,7 @@ class VllmOutputProcessor:
 
     def _request(self, request: EngineCoreRequest, request_id: str, params: Any) -> Any:
         return self.v.EngineCoreRequest(
-            request_id=request_id, prompt_token_ids=[_PROMPT_TOKEN] * request.prompt_tokens,
+            request_id=request_id, prompt_token_ids=[PROMPT_TOKEN] * request.prompt_tokens,
             mm_features=None, sampling_params=params, pooling_params=None,
             arrival_time=float(self.world.now), lora_request=None, cache_salt=None,
             data_parallel_rank=None, client_index=self.client_index,

@@ -1,4 +1,4 @@
-"""What the checker reads of a vLLM engine: block owners, held IDs, and the fake vocabulary.
+"""What the checker reads of a vLLM engine: block owners, held IDs, fake vocabulary, tokenizer.
 
 vLLM's ``KVCacheManager`` keeps ``req_to_blocks`` keyed by request ID (single_type_kv_cache_
 manager.py), and its Request objects do not know the simulator's incarnations. ``KvShadow``
@@ -16,7 +16,11 @@ from racesim.engine_model.kv_cache import release_share
 from racesim.engine_model.messages import EngineCoreRequest, Token
 from racesim.sim.world import World
 
-__all__ = ["KvShadow", "SchedulerView", "Vocabulary", "EosIds", "PromptTokens"]
+__all__ = ["KvShadow", "SchedulerView", "Vocabulary", "EosIds", "PromptTokens", "StopTokenizer",
+           "PROMPT_TOKEN"]
+
+#: the token id of an unnamed prompt's tokens
+PROMPT_TOKEN = 3
 
 
 class EosIds(list[int]):
@@ -48,6 +52,28 @@ class Vocabulary:
     def decode(self, token_id: int) -> Token:
         inc, ctx = self._pairs[(token_id - self.BASE) // 2]
         return Token(inc, ctx, token_id % 2 == 1)
+
+
+class StopTokenizer:
+    """A deterministic tokenizer that vLLM's ``SlowIncrementalDetokenizer`` accepts: every
+    output token is the one character ``a`` (the prompt's are ``p``). A scenario's
+    ``stop_string_at = N`` becomes the stop string ``a`` * N, which the N-th output token
+    completes (detokenizer.py:99-160)."""
+
+    is_fast = False
+
+    def __len__(self) -> int:
+        return 1 << 62  # every id is in range (detokenizer_utils.py: ``< len(tokenizer)``)
+
+    def convert_ids_to_tokens(self, ids: list[int], skip_special_tokens: bool = False,
+                              ) -> list[str]:
+        return ["p" if i == PROMPT_TOKEN else "a" for i in ids]
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        return "".join(tokens)
+
+    def get_added_vocab(self) -> dict[str, int]:
+        return {}
 
 
 class PromptTokens:
