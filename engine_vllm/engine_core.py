@@ -73,7 +73,7 @@ class VllmEngineCore(EngineShell):
                                       bool(config.async_scheduling), bool(config.prefix_caching))
         self.sched = _vllm.new_scheduler(shape, include_finished_set=dp)
         #: ground truth by object: id(Request) -> (the Request, its incarnation); id of its
-        #: SamplingParams -> (them, eos_at): a session's chunk brings its own (scheduler.py:1911)
+        #: SamplingParams -> (them, eos_at): a session's chunk brings its own (scheduler.py:1913)
         self._truth: dict[int, tuple[Any, int]] = {}
         self._eos: dict[int, tuple[Any, int | None]] = {}
         self.kv = KvShadow(world, f"{name}.kv", self.sched.kv_cache_manager, self._inc_of_id,

@@ -373,7 +373,7 @@ class VllmOutputProcessor:
             reason = str(engine_finish) if engine_finish is not None else FinishReason.STOP
             emit(component, rid, queue.inc, FeStats(reason, queue.uid))
             if queue.session:
-                # no stop strings in a session (async_llm.py:717-729): an abort here is for a
+                # no stop strings in a session (async_llm.py:705-719): an abort here is for a
                 # chunk in flight that may re-create the session (output_processor.py:878-882)
                 reqs_to_abort.extend(to_abort)
                 emit(component, rid, queue.inc, FePop("finished"))
