@@ -202,3 +202,18 @@ def test_a_session_under_data_parallelism_stays_on_its_engine() -> None:
     assert r.requests[0].tokens == 12 and set(r.violated) <= SAFETY_OK
     aborts = [e for e in r.trace if e.kind == "ipc.send" and e.detail.type == "AbortMessage"]
     assert sorted(e.detail.to for e in aborts) == [0, 1]  # U's abort: every engine
+
+
+def test_a_dead_rank_takes_its_deployment_down_so_the_survivors_hold_no_leak() -> None:
+    # When one engine process exits, the client's monitor shuts every rank down (0.33
+    # core_client.py:822-850, v1/engine/utils.py:356-372): bench-1, still running on dp0 when
+    # dp1 dies of the duplicate assert, is not leaked, however long it would have run.
+    scen = load_scenario("dp-reuse-across-engines")
+    w = scen.workload
+    reqs = list(w.requests)
+    reqs[1] = replace(reqs[1], max_tokens=900)
+    scen = replace(scen, workload=replace(w, requests=tuple(reqs), horizon=5.0))
+    r = run_scenario(scen, "buggy", witness=True)
+    assert r.violated == ("engine-alive",)
+    # the frontends never audited a dead deployment's survivors, and now neither do the engines
+    assert [q.finish_reason for q in r.requests] == ["error", "error", "error"]

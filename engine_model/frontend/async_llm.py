@@ -293,7 +293,8 @@ class AsyncLLM:
             return
         if self.dp is not None and self.engine_dead is not None:
             # DPLBAsyncMPClient.abort_requests_async sends nothing once an engine died
-            # (core_client.py:1874-1876): the other ranks keep what they hold.
+            # (core_client.py:1874-1876); the engine monitor then shuts the other ranks down
+            # (core_client.py:822-850), so what they hold is not audited as a leak.
             return
         tag = self._next_inc()
         if self.dp is None:

@@ -34,8 +34,14 @@ class LeakAudit:
                             time=now)
 
     def finish(self, system: SystemView, now: float | int) -> None:
-        for engine in system.engines:
-            if engine.dead is None:
+        # One deployment's engines go down together: when one engine process exits, the
+        # client's monitor shuts every process of its engine manager down (vLLM 0.33
+        # v1/engine/core_client.py:822-850, v1/engine/utils.py:356-372), so what a surviving DP
+        # rank held is gone with it. The prefill and decode engines of P/D are two deployments.
+        roles = {n.index: n.role for n in system.topology.engines}
+        down = {roles.get(i, "") for i, e in enumerate(system.engines) if e.dead is not None}
+        for i, engine in enumerate(system.engines):
+            if engine.dead is None and roles.get(i, "") not in down:
                 self._engine(engine, now)
         for fe in system.frontends:
             if all(system.engines[e].dead is None for e in fe.engines):
