@@ -159,7 +159,8 @@ PROFILES: dict[str, VllmProfile] = {
             Behaviour("one input queue: an ABORT is applied only between steps",
                       "v1/engine/core.py before #29987"),
             Behaviour("P/D: the prefill side holds a finished request's blocks for a fixed "
-                      "480 s timeout, only when it finished LENGTH_CAPPED",
+                      "480 s timeout, only when it finished LENGTH_CAPPED (unverified for "
+                      "0.8: this is the NIXL connector of #20139 and #25897, which came later)",
                       "nixl_connector.py, #20139 and #25897"),
             Behaviour("n > 1: each child is registered and its ADD sent before the next child "
                       "is registered", "v1/engine/async_llm.py at f90d34b (add_request)"),
