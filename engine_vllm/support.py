@@ -39,8 +39,10 @@ def unsupported_reason(workload: Workload, policy: str,
 def model_only_reason(workload: Workload) -> str | None:
     """Why this scenario's deployment is model-only on the vllm backend (one line), or None.
 
-    Data parallelism runs: one vLLM Scheduler per DP rank, with the DP client and coordinator
-    (asyncio and socket code) modelled on both backends."""
+    Only P/D: faking vLLM's KV connector would replace the code whose lease, release and load
+    failure the P/D scenarios check. Data parallelism runs (one vLLM Scheduler per DP rank; the
+    DP client and coordinator are asyncio and socket code, modelled on both backends), and so
+    do streaming-input sessions."""
     if workload.topology == "pd":
         return PD_MODEL_ONLY
     return None
