@@ -128,18 +128,8 @@ class AsyncLLM:
                 return FinishReason.REJECTED
             req = EngineCoreRequest(rid, request_id, prompt_tokens, max_tokens, self.index,
                                     eos_at, kv_transfer_params, self._next_inc(), prompt, fault)
-            if not registered:
-                # vLLM 0.33 (async_llm.py:567-585, output_processor.py:663-713): no error; the
-                # old stream is finished, the new request is not registered, its ADD still goes.
-                op.finish_stream(req)
-            # DPLBAsyncMPClient picks the engine inside add_request_async, before its only
-            # await (core_client.py:1607-1617): in the same tick as the registration.
-            engine = self.engine if self.dp is None else self.dp.choose(rid, req.inc)
-            if registered:
-                op.add_request(req, parent, index, collector, client_uid, engine,
-                               stop_string_at)
-            else:
-                op.note_unregistered(req, client_uid, index)
+            engine = self._register(req, parent, index, collector, client_uid, stop_string_at,
+                                    registered)
             ev = world.sleep("frontend.add_request:before_send", 0.0, self.name)
             if ev is not None:
                 try:
@@ -153,6 +143,25 @@ class AsyncLLM:
                     raise
             self._send(req, [rid], engine, incs=[req.inc])
         return collector
+
+    def _register(self, req: EngineCoreRequest, parent: ParentRequest | None, index: int,
+                  collector: RequestOutputCollector, client_uid: int,
+                  stop_string_at: int | None, registered: bool) -> int:
+        """``OutputProcessor.add_request`` for one request (or child), and the engine its ADD
+        goes to. A duplicate on a profile that finishes duplicates is no error: the old stream
+        ends, the new request is not registered, and its ADD still goes (vLLM 0.33
+        async_llm.py:567-585, output_processor.py:663-713). DPLBAsyncMPClient picks the engine
+        inside add_request_async, before its only await (core_client.py:1607-1617): in the same
+        tick as the registration."""
+        op = self.output_processor
+        if not registered:
+            op.finish_stream(req)
+        engine = self.engine if self.dp is None else self.dp.choose(req.request_id, req.inc)
+        if registered:
+            op.add_request(req, parent, index, collector, client_uid, engine, stop_string_at)
+        else:
+            op.note_unregistered(req, client_uid, index)
+        return engine
 
     def _fan_out(self, parent: ParentRequest, ids: list[str], client_uid: int,
                  prompt_tokens: int, max_tokens: int, eos_at: int | None,
@@ -178,24 +187,15 @@ class AsyncLLM:
             req = EngineCoreRequest(rid, request_id, prompt_tokens, max_tokens, self.index,
                                     eos_at, kv_transfer_params, self._next_inc(), prompt, fault)
             registered = not op.has_request(rid)
-            if not registered:
-                if not op.finishes_duplicates:
-                    # OutputProcessor.add_request raised inside the try: abort, re-raise
-                    world.emit(self.name, rid, 0,
-                               FeReject(client_uid, "already running", request_id))
-                    if index > 0:
-                        yield from self.abort(parent.request_id, internal=True)
-                    return FinishReason.REJECTED
-                # output_processor.py:672-675, 695-713: the old stream ends, this child is
-                # not registered, its ADD still goes
-                op.finish_stream(req)
-            engine = self.engine if self.dp is None else self.dp.choose(rid, req.inc)
-            if registered:
-                op.add_request(req, parent, index, collector, client_uid, engine,
-                               stop_string_at)
-            else:
-                op.note_unregistered(req, client_uid, index)
-            sends.append((req, engine))
+            if not registered and not op.finishes_duplicates:
+                # OutputProcessor.add_request raised inside the try: abort, re-raise
+                world.emit(self.name, rid, 0,
+                           FeReject(client_uid, "already running", request_id))
+                if index > 0:
+                    yield from self.abort(parent.request_id, internal=True)
+                return FinishReason.REJECTED
+            sends.append((req, self._register(req, parent, index, collector, client_uid,
+                                              stop_string_at, registered)))
         for req, engine in sends:
             ev = world.sleep("frontend.add_request:before_send", 0.0, self.name)
             if ev is not None:
