@@ -29,6 +29,7 @@ from racesim.engine_model.events.engine import (
     SchedStep,
     SchedUpdate,
 )
+from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.messages import (
     AbortMessage,
     EngineCoreRequest,
@@ -223,7 +224,10 @@ class VllmEngineCore(EngineShell):
     def _submit(self, so: Any, executes: bool) -> simpy.Event:
         """execute_model(non_block=True) on the fake executor: the model's runner computes the
         step's tokens now; they are ready when the GPU queue reaches this step."""
-        sampled = self.runner.execute_model(self._runner_input(so))
+        try:
+            sampled = self.runner.execute_model(self._runner_input(so))
+        except EngineFatal as exc:  # GPUModelRunner's own KeyError kills EngineCoreProc too
+            raise _Fatal(str(exc)) from None
         vocab = self.vocab
         req_ids = list(so.num_scheduled_tokens)
         mro = self.v.ModelRunnerOutput(

@@ -128,6 +128,28 @@ def test_the_model_is_the_default_and_says_so() -> None:
 # -- running on vLLM's own code -----------------------------------------------------------------
 
 @pytest.mark.vllm
+def test_the_runners_own_error_kills_the_engine_as_on_the_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception in execute_model kills EngineCoreProc (core.py:1582-1587); the fake
+    executor's runner raising must end the run with a dead engine, not a racesim traceback."""
+    from racesim.engine_model.fatal import EngineFatal
+    from racesim.engine_model.runner import ModelRunner
+
+    def broken(self: ModelRunner, so: object) -> dict[str, int]:
+        raise EngineFatal("KeyError: 'X' in GPUModelRunner.requests (execute)")
+
+    monkeypatch.setattr(ModelRunner, "execute_model", broken)
+    scen = load_scenario("abort-reuse")
+    runs = [run_scenario(scen, "internal-id", engine=e) for e in ("model", "vllm")]
+    for r in runs:
+        assert "engine-alive" in r.violated
+        (fatal,) = [e for e in r.trace if e.kind == "engine.fatal"]
+        assert "GPUModelRunner.requests" in fatal.detail.error
+    model, vllm = ([q.finish_reason for q in r.requests] for r in runs)
+    assert model == vllm
+
+
+@pytest.mark.vllm
 def test_duplicate_in_flight_kills_the_engine_by_vllms_own_assert() -> None:
     """Randomization disabled: vLLM's scheduler asserts "duplicate request id"
     (scheduler.py:2931-2936), which is the model's claim."""
