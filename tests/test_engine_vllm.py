@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _hash_seeds import hashes_per_seed
 from click.testing import CliRunner
 
 from racesim import engines
@@ -313,15 +314,8 @@ def test_a_dead_engine_leaves_vllms_request_states_in_place() -> None:
 @pytest.mark.vllm
 def test_parallel_sampling_and_stop_strings_hash_alike_under_two_hash_seeds() -> None:
     """ParentRequest keeps its children in a set of strings; the backend orders them."""
-    code = ("from racesim.runner import run_scenario; from racesim.scenarios import "
-            "load_scenario as l; print([run_scenario(l(n), p, witness=True, engine='vllm')"
-            ".trace_hash for n in ('parallel-sampling-abort', 'stop-string-reuse') "
-            "for p in ('buggy', 'internal-id')])")
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True,
-                              env={**os.environ, "PYTHONHASHSEED": seed}, cwd=REPO)
-             for seed in ("1", "4242")]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
+    outs = hashes_per_seed(("parallel-sampling-abort", "stop-string-reuse"),
+                           ("buggy", "internal-id"), ("1", "4242"))
     assert outs[0] == outs[1] and outs[0].startswith("['")
 
 

@@ -7,13 +7,10 @@ under CI.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from _hash_seeds import hashes_per_seed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +24,6 @@ from racesim.scenarios import bundled_names, load_scenario
 
 pytestmark = pytest.mark.vllm
 
-REPO = Path(__file__).resolve().parents[1]
 
 #: every bundled scenario with more than one DP rank
 DP_SCENARIOS = tuple(n for n in bundled_names()
@@ -124,15 +120,8 @@ def test_conform_agrees_on_every_dp_scenario(policy: str) -> None:
 def test_a_dp_run_hashes_alike_in_two_processes_under_two_hash_seeds() -> None:
     """vLLM's finished_requests is a set of strings; the backend sorts it, so the trace does
     not depend on PYTHONHASHSEED."""
-    code = ("from racesim.runner import run_scenario; from racesim.scenarios import "
-            "load_scenario as l; print([run_scenario(l(n), p, witness=True, engine='vllm')"
-            ".trace_hash for n in ('dp-reuse-across-engines', 'dp-stale-inflight') "
-            "for p in ('buggy', 'internal-id')])")
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True,
-                              env={**os.environ, "PYTHONHASHSEED": seed}, cwd=REPO)
-             for seed in ("0", "31337")]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
+    outs = hashes_per_seed(("dp-reuse-across-engines", "dp-stale-inflight"),
+                           ("buggy", "internal-id"), ("0", "31337"))
     assert outs[0] == outs[1] and outs[0].startswith("['")
     here = run_scenario(load_scenario("dp-reuse-across-engines"), "buggy", witness=True,
                         engine="vllm")
