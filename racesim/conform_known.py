@@ -65,7 +65,7 @@ def explain(scenario: str, policy: str, differences: Sequence[str],
 
 
 def markdown_table(known: Sequence[KnownMismatch] | None = None) -> str:
-    """docs/conform.md's table of known mismatches (a single row saying none when there are none)."""
+    """docs/conform.md's table of known mismatches (one row saying none when there are none)."""
     known = KNOWN if known is None else known
     lines = ["| scenario | policy | differences | cause |", "| --- | --- | --- | --- |"]
     for e in known:
