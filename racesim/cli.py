@@ -20,6 +20,7 @@ from racesim.cli_options import run_options as _run_options
 from racesim.cli_options import strict_option as _strict
 from racesim.cli_options import vllm_option as _vllm_option
 from racesim.cli_support import BUDGET as _BUDGET
+from racesim.cli_support import PipeAwareGroup, PipeClosed, quiet_stdout
 from racesim.cli_support import check_workers as _check_workers
 from racesim.cli_support import console as _console
 from racesim.cli_support import emit_json as _emit_json
@@ -49,7 +50,7 @@ from racesim.sim import InputError, build_info
 __all__ = ["main", "cli"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=PipeAwareGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="racesim",
                       message=f"%(prog)s %(version)s, {build_info()}")
 def cli() -> None:
@@ -330,6 +331,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(130)
     except click.ClickException as exc:
         _fail(exc.format_message())
+    except PipeClosed:  # the reader of stdout has gone (| head): what it wanted, it has
+        quiet_stdout()
+        sys.exit(0)
     except OSError as exc:  # an output file that cannot be written after all (disk full, ...)
         _fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
     sys.exit(0)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import racesim.engine_model.system as system_module
+from _cwd_guard import no_files_left_in_cwd  # noqa: F401  (autouse: no test writes into the cwd)
 from racesim.engine_model import RunResult, System, Workload, load_policy, run_workload
 from racesim.sim import DelayPlan
 

@@ -1,0 +1,45 @@
+"""A test that leaves a file in the folder pytest was started from fails (``pytest -q`` must
+write nothing there: tests write into ``tmp_path``).
+
+The fixture compares the folder's entries, and the contents of the folders racesim writes by
+default (``racesim-out/``, ``racesim-report-cells/``), before and after each test. Not counted:
+``__pycache__`` (Python's) and ``.hypothesis`` (hypothesis's example database, which the
+``dev`` profile of ``tests/_profiles.py`` keeps on purpose for a fast edit loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+__all__ = ["no_files_left_in_cwd", "entries"]
+
+#: The folders racesim writes into when not told otherwise (explore, matrix, the plugin).
+WATCHED = ("racesim-out", "racesim-report-cells")
+IGNORED = ("__pycache__", ".hypothesis", ".pytest_cache")
+
+
+def entries(folder: Path) -> frozenset[str]:
+    """The names in ``folder``, and the paths under its WATCHED folders."""
+    try:
+        names = {p.name for p in folder.iterdir() if p.name not in IGNORED}
+    except OSError:
+        return frozenset()
+    for watched in WATCHED:
+        if (folder / watched).is_dir():
+            names.update(p.relative_to(folder).as_posix() for p in (folder / watched).rglob("*"))
+    return frozenset(names)
+
+
+@pytest.fixture(autouse=True)
+def no_files_left_in_cwd(request: pytest.FixtureRequest) -> Iterator[None]:
+    folder = Path(request.config.invocation_params.dir)
+    before = entries(folder)
+    yield
+    left = sorted(entries(folder) - before)
+    if left:
+        pytest.fail(f"the test left {', '.join(left[:5])}{' ...' if len(left) > 5 else ''} "
+                    f"in the folder pytest runs in ({folder}): write into tmp_path",
+                    pytrace=False)
