@@ -15,12 +15,13 @@ It adds, in a ``racesim`` option group:
 - ``--racesim-seed N``: the seed of every run the fixture makes without ``seed=`` (default 0,
   so runs are the same on every machine); shown in the pytest header.
 - ``--racesim-report DIR``: when a test fails, for every violating simulated run it made
-  through the fixture, write ``DIR/<test>__<scenario>__<policy>-<hash>.json`` (a counterexample that ``racesim replay``
-  reproduces anywhere) and the HTML run report beside it (``.html``; when the reports package
-  cannot render one, the run's JSON document, ``.run.json``). A later failing run of the same
-  test, scenario and policy overwrites the files: under hypothesis that leaves the shrunk
-  example, which hypothesis runs last. A test that passes writes nothing, even when it
-  expected a ``RaceFound`` (``pytest.raises``) or looked at a violating ``run``.
+  through the fixture, write ``DIR/<test>__<scenario>__<policy>-<hash>.json`` (a
+  counterexample that ``racesim replay`` reproduces anywhere) and the HTML run report beside
+  it (``.html``; when the reports package cannot render one, the run's JSON document,
+  ``.run.json``). Of several failing runs of the same test, scenario and policy the last
+  one's files stay: under hypothesis that is the shrunk example, which hypothesis runs last.
+  A test that passes writes nothing, even when it expected a ``RaceFound``
+  (``pytest.raises``) or looked at a violating ``run``.
 
 and the ``racesim`` fixture (:class:`RaceSim`), the ``racesim_policies`` marker and its
 ``racesim_policy`` argument. Using the fixture inside ``@given`` needs
@@ -284,13 +285,16 @@ class RaceSim:
         return None
 
     def _explain(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> str:
+        from racesim.reports.model import reader_numbers, relabel_incs
+
+        numbers = reader_numbers(result.trace)  # incarnations 1, 2, 3 as the reports show them
         n = len(result.violations)
         lines = [f"racesim: {spec.scenario.name!r} under {spec.policy} (seed {result.seed}) "
                  f"violated {len(result.violated)} invariant(s): {', '.join(result.violated)}"]
         for v in result.violations[:_MAX_LISTED]:
             lines.append(f"  {v.invariant} at t={v.time:.4f}"
                          + (f" [{v.request}]" if v.request is not None else "")
-                         + f": {v.detail}")
+                         + f": {relabel_incs(v.detail, numbers)}")
         if n > _MAX_LISTED:
             lines.append(f"  ... and {n - _MAX_LISTED} more")
         command = self._command(spec, replay_name, result)

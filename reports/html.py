@@ -22,7 +22,7 @@ from racesim.engine_model.policies import POLICIES
 from racesim.engine_model.system import RunResult
 from racesim.reports._io import write_text
 from racesim.reports.commands import replay_command
-from racesim.reports.model import TraceModel, topology_of
+from racesim.reports.model import TraceModel, reader_numbers, relabel_incs, topology_of
 from racesim.reports.overview import build_overview
 from racesim.reports.swimlane import (
     ARROW_COLOURS,
@@ -226,6 +226,11 @@ def render_explore_report(doc: Mapping[str, Any], scenario: Any, before: RunResu
                           after: RunResult | None) -> str:
     """The HTML report of ``racesim explore``: figures, coverage, the shrunk counterexample."""
     cx = doc.get("counterexample") or None
+    if cx and after is not None:  # its violations in the numbers the swimlanes below use
+        numbers = reader_numbers(after.trace)
+        cx = {**cx, "violations": [
+            {**v, "detail": relabel_incs(str(v.get("detail", "")), numbers)}
+            if isinstance(v, Mapping) else v for v in cx.get("violations") or []]}
     replay = ""
     if cx and cx.get("path"):
         replay = replay_command(str(cx["path"]))

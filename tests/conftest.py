@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pytest
+from _cwd_guard import no_files_left_in_cwd  # noqa: F401  (autouse: no test writes into the cwd)
 
 import racesim.engine_model.system as system_module
-from _cwd_guard import no_files_left_in_cwd  # noqa: F401  (autouse: no test writes into the cwd)
 from racesim.engine_model import RunResult, System, Workload, load_policy, run_workload
 from racesim.sim import DelayPlan
 
