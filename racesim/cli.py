@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from racesim.cli_conform import conform_cmd
 from racesim.cli_matrix import matrix_cmd
@@ -260,7 +259,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
     cx_path = counterexample_path(out, scen.name, policy, strategy, seed, engine or "model")
     _output_file("--out", str(cx_path))
     _output_file("--out", str(unshrunk_path(cx_path)))
-    bar = ProgressBar(not as_json, f"{scen.name} / {policy}")
+    bar = ProgressBar(not as_json, f"{scen.name} / {policy}", time_limit=time_limit)
     try:
         res = explore(scen, policy, options=options, strategy=strategy, budget=budget,
                       time_limit=time_limit, seed=seed, workers=workers, dask=dask, skip=skip,
@@ -300,13 +299,16 @@ def bench_cmd(quick: bool, as_json: bool) -> None:
     from racesim.bench import run_bench
     from racesim.bench_render import print_bench
 
-    console = Console(stderr=True)
     if as_json:
         doc = run_bench(quick=quick)
         _emit_json(doc)
         return
-    with console.status("benchmarking") as status:
-        doc = run_bench(quick=quick, progress=lambda what: status.update(what))
+    bar = ProgressBar(True, "bench")  # a bar on a terminal, one line per phase in a log
+    try:
+        doc = run_bench(quick=quick, progress=bar.start)
+        bar.finish()
+    finally:
+        bar.close()
     print_bench(_console(), doc)
 
 
