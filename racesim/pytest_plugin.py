@@ -298,11 +298,21 @@ class RaceSim:
         if n > _MAX_LISTED:
             lines.append(f"  ... and {n - _MAX_LISTED} more")
         command = self._command(spec, replay_name, result)
-        lines.append(f"replay: {command}" if command else
-                     "replay: pass --racesim-report DIR for a counterexample file that "
-                     "`racesim replay` reproduces (this scenario has no file of its own)")
         if self._report_dir is not None:
+            lines.append(f"replay: {command}")
             lines.append(f"report: {self._report_dir / self._stem(spec)}.html")
+        elif command:
+            lines.append(f"replay: {command}")
+        else:  # a scenario with no file (drawn by hypothesis, built in code): its TOML
+            from racesim.documents import safe_file_name
+            from racesim.runner import run_command
+            from racesim.scenarios import scenario_to_toml
+
+            path = f"{safe_file_name(spec.scenario.name)}.toml"
+            lines.append(f"replay: save the scenario TOML below as {path}, then: "
+                         + run_command(path, spec.policy, spec.option_dict, result.seed,
+                                       result.schedule, spec.skip, vllm=result.vllm))
+            lines.append("scenario TOML:\n" + scenario_to_toml(spec.scenario).rstrip())
         return "\n".join(lines)
 
     def _write_pending(self) -> None:
