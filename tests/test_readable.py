@@ -1,0 +1,34 @@
+"""Reports a person reads: the terminal matrix at 80 columns keeps every scenario, policy and
+invariant name whole (the invariant column wraps between names, never inside one)."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from racesim.engine_model import INVARIANTS, POLICIES
+from racesim.render import print_matrix
+from racesim.scenarios import bundled_names
+
+
+def _doc() -> dict:
+    scenarios = bundled_names()
+    policies = list(POLICIES)
+    every = list(INVARIANTS)
+    cells = [{"scenario": s, "policy": p, "runs": 100, "violating_runs": 26,
+              "invariants": every if i % 2 else every[:2], "label": "live race"}
+             for i, (s, p) in enumerate((s, p) for s in scenarios for p in policies)]
+    return {"scenarios": scenarios, "policies": policies, "cells": cells,
+            "parameters": {"budget": 100}}
+
+
+def test_the_terminal_matrix_reads_at_80_columns() -> None:
+    out = io.StringIO()
+    print_matrix(Console(file=out, width=80, force_terminal=False), _doc())
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    words = {w.strip("│┃,") for line in lines for w in line.split()}
+    for name in [*bundled_names(), *POLICIES, *INVARIANTS]:
+        assert name in words, f"{name} is cut across lines"
