@@ -32,3 +32,22 @@ def test_the_terminal_matrix_reads_at_80_columns() -> None:
     words = {w.strip("│┃,") for line in lines for w in line.split()}
     for name in [*bundled_names(), *POLICIES, *INVARIANTS]:
         assert name in words, f"{name} is cut across lines"
+
+
+def test_the_whole_run_at_a_glance_zooms_to_the_activity() -> None:
+    """pd-kv-load-failure's events end by 0.06 s; the run goes on to its 30 s horizon."""
+    from racesim.reports.html import render_run_report
+    from racesim.reports.model import TraceModel
+    from racesim.reports.overview import _LEFT, _PLOT_W, build_overview
+    from racesim.runner import run_scenario
+    from racesim.scenarios import load_scenario
+
+    scen = load_scenario("pd-kv-load-failure")
+    result = run_scenario(scen, "buggy", witness=True)
+    assert result.sim_time > 10 * max(e.time for e in result.trace)
+    model = TraceModel(result.trace, result.topology)
+    o = build_overview(model, result.violations, result.sim_time, [], None)
+    rightmost = max(x + w for x, _y, w, *_ in o.cells)
+    assert rightmost > _LEFT + 0.9 * _PLOT_W  # the activity fills the strip
+    assert o.axis[-1][1].endswith(f"(the run ends at t={result.sim_time:.3f}s)")
+    assert "the run ends at t=" in render_run_report(scen, "buggy", {}, result, "")
