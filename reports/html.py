@@ -26,6 +26,7 @@ from racesim.reports.model import TraceModel, reader_numbers, relabel_incs, topo
 from racesim.reports.overview import build_overview
 from racesim.reports.swimlane import (
     ARROW_COLOURS,
+    LINE_H,
     VIOLATION_RED,
     build_diagrams,
     clip,
@@ -52,7 +53,8 @@ def environment() -> Environment:
         _env = Environment(loader=PackageLoader("racesim.reports"), autoescape=True,
                            undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                            keep_trailing_newline=True, finalize=_finalize)
-        _env.globals.update(CSP=CSP, ARROW_COLOURS=ARROW_COLOURS, RED=VIOLATION_RED)
+        _env.globals.update(CSP=CSP, ARROW_COLOURS=ARROW_COLOURS, RED=VIOLATION_RED,
+                            LINE_H=LINE_H)
         _env.filters["secs"] = _secs
         _env.filters["num"] = _num
     return _env

@@ -11,6 +11,7 @@ The templates draw these numbers; every string here is raw text for the template
 
 from __future__ import annotations
 
+import textwrap
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
@@ -25,10 +26,12 @@ from racesim.reports.lane_layout import LaneBox, lay_out_lanes, used_lanes
 from racesim.reports.model import PALETTE, Incarnation, TraceModel
 from racesim.sim.trace import TraceEvent
 
-__all__ = ["Diagram", "Row", "Arrow", "Bar", "LaneBox", "build_diagrams", "race_span",
+__all__ = ["Diagram", "Row", "Arrow", "Bar", "LaneBox", "build_diagrams", "race_span", "LINE_H",
            "ARROW_COLOURS", "VIOLATION_RED", "clip"]
 
 ROW_H, GAP_H, HEAD_H, TEXT_W = 22, 20, 56, 540
+#: The height each further line of a wrapped event text adds to its row.
+LINE_H = 14
 LEFT_W = 118.0
 VIOLATION_RED = "#d62728"
 GREY = "#7a7a7a"
@@ -61,10 +64,19 @@ class Row:
     delay: bool = False
     message: bool = False
     stripe: bool = False
+    #: ``text`` wrapped: an event's long text takes more lines, never an ellipsis
+    lines: tuple[str, ...] = ()
 
     @property
     def cy(self) -> float:
-        return self.y + self.h / 2
+        """The middle of the row's first line: where its mark sits and its arrows start."""
+        return self.y + min(self.h, ROW_H) / 2
+
+
+def wrap(text: str, width: int) -> tuple[str, ...]:
+    """``text`` in lines of at most ``width`` characters, broken between words where it can
+    be (a request ID with no space in it is broken where it must)."""
+    return tuple(textwrap.wrap(text, width, break_on_hyphens=False)) or ("",)
 
 
 @dataclass(slots=True)
@@ -166,11 +178,11 @@ class _Page:
         channel = model.topology.channel(who) if msg is not None else None
         if channel is not None:
             who = f"{channel.src}→{channel.dst}"
-        return Row("event", y, ROW_H, ev.time, ev.time, ev.seq, self.lane_x.get(lane, LEFT_W),
-                   model.colour_of(incs), who, clip(inc_label, 16),
-                   clip(text, max(30, 84 - len(inc_label) - sum(len(x) + 2 for x in names))),
-                   f"#{ev.seq} t={ev.time:.4f}s {ev.component}: {text}", names,
-                   ev.kind == "delay", msg is not None, stripe)
+        lines = wrap(text, max(30, 84 - len(inc_label) - sum(len(x) + 2 for x in names)))
+        return Row("event", y, ROW_H + LINE_H * (len(lines) - 1), ev.time, ev.time, ev.seq,
+                   self.lane_x.get(lane, LEFT_W), model.colour_of(incs), who,
+                   clip(inc_label, 16), text, f"#{ev.seq} t={ev.time:.4f}s {ev.component}: {text}",
+                   names, ev.kind == "delay", msg is not None, stripe, lines)
 
     def _fold_runs(self, chosen: list[int]) -> list[int | tuple[int, int, str]]:
         """``chosen`` with steady runs (4+ alike output messages in a row) folded to one row."""
@@ -236,7 +248,7 @@ class _Page:
                 y += GAP_H
             rows.append(self._event_row(events[i], y, n % 2 == 1))
             n += 1
-            y += ROW_H
+            y += rows[-1].h
             prev = i
         hidden = events[prev + 1:]
         if self._worth_a_row(prev + 1, len(events)):

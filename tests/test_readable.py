@@ -51,3 +51,26 @@ def test_the_whole_run_at_a_glance_zooms_to_the_activity() -> None:
     assert rightmost > _LEFT + 0.9 * _PLOT_W  # the activity fills the strip
     assert o.axis[-1][1].endswith(f"(the run ends at t={result.sim_time:.3f}s)")
     assert "the run ends at t=" in render_run_report(scen, "buggy", {}, result, "")
+
+
+def test_long_event_text_wraps_in_the_diagram_instead_of_being_cut() -> None:
+    from racesim.reports.model import TraceModel
+    from racesim.reports.swimlane import build_diagrams
+    from racesim.runner import run_scenario
+    from racesim.scenarios import load_scenario, scenario_from_dict
+
+    long_id = "tenant-42/" + "very-long-request-id-" * 6 + "end"
+    data = load_scenario("abort-reuse").to_dict()
+    for request in data["request"]:
+        request["id"] = long_id
+    scen = scenario_from_dict(data)
+    result = run_scenario(scen, "buggy", witness=True)
+    (page, *_) = build_diagrams(TraceModel(result.trace, result.topology), result.violations,
+                                result.sim_time)
+    rows = [r for r in page.rows if r.kind == "event"]
+    assert not any(line.endswith("…") for r in rows for line in r.lines)
+    registers = [r for r in rows if "registers" in r.title]
+    assert registers and all(long_id in "".join(r.lines) for r in registers)
+    assert all(len(r.lines) > 1 and r.h > 22 for r in registers)  # a taller row, not a cut
+    for above, below in zip(page.rows, page.rows[1:], strict=False):
+        assert below.y >= above.y + above.h  # rows never overlap
