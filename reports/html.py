@@ -29,7 +29,6 @@ from racesim.reports.swimlane import (
     LINE_H,
     VIOLATION_RED,
     build_diagrams,
-    clip,
     race_span,
 )
 from racesim.reports.text import printable
@@ -109,7 +108,7 @@ def _log_pages(result: RunResult, model: TraceModel, keep: set[int],
         rows = [{"seq": e.seq, "time": e.time, "component": e.component, "kind": e.kind,
                  "request": e.request, "inc": model.number(e.inc) if e.inc else 0,
                  "colour": model.colour_of(model.incs_of(e)),
-                 "text": clip(model.relabel(describe(e)), 240),
+                 "text": model.relabel(describe(e)),  # the log's cell wraps it
                  "violations": viol.get(e.seq, [])} for e in chunk]
         pages.append({"first": chunk[0].seq, "last": chunk[-1].seq, "rows": rows,
                       "open": False})
@@ -128,10 +127,27 @@ def _policy_summary(policy: str) -> str:
     return (f"({cls.name}) " if cls.name != policy else "") + cls.summary
 
 
+def _caption(model: TraceModel, event: Any) -> str:
+    """An event as its diagram row reads: "X #1: ◆ await point ..."."""
+    incs = model.incs_of(event)
+    label = ", ".join(model.incarnations[i].label for i in incs[:2] if i in model.incarnations)
+    mark = "◆ " if event.kind == "delay" else ""
+    return (f"{label}: " if label else "") + mark + model.relabel(describe(event))
+
+
+def _row_anchor(diagrams: Sequence[Any], seq: int, prefix: str = "d") -> str:
+    """Where event ``seq`` is shown: its diagram row (the first page that has it), else its
+    row of the event log."""
+    for n, d in enumerate(diagrams, 1):
+        if seq in d.seqs:
+            return f"{prefix}{n}-e{seq}"
+    return f"log-e{seq}"
+
+
 def _opener_text(model: TraceModel, opener: Any) -> str:
     if opener is None:
         return ""
-    text = model.relabel(describe(opener))
+    text = _caption(model, opener)
     owner = model.delay_owner.get(opener.seq)
     if owner is not None:
         incs = ", ".join(model.incarnations[i].label for i in owner[1] if i in model.incarnations)
@@ -183,6 +199,8 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
         "first_what": violations[result.violations.index(first)]["what"] if first else "",
         "first_detail": model.relabel(first.detail) if first else "",
         "opener": opener, "opener_text": _opener_text(model, opener),
+        "opener_anchor": _row_anchor(diagrams, opener.seq) if opener is not None else "",
+        "first_anchor": _row_anchor(diagrams, first.event) if first is not None else "",
         "diagrams": diagrams, "overview": (build_overview(model, result.violations,
                                                           result.sim_time, diagrams, race)
                                            if result.trace else None),

@@ -74,3 +74,30 @@ def test_long_event_text_wraps_in_the_diagram_instead_of_being_cut() -> None:
     assert all(len(r.lines) > 1 and r.h > 22 for r in registers)  # a taller row, not a cut
     for above, below in zip(page.rows, page.rows[1:], strict=False):
         assert below.y >= above.y + above.h  # rows never overlap
+
+
+def test_the_race_window_header_names_its_event_by_caption_and_links_to_its_row() -> None:
+    import html as html_lib
+    import re
+
+    from racesim.reports.html import render_run_report
+    from racesim.runner import run_scenario
+    from racesim.scenarios import load_scenario
+
+    scen = load_scenario("abort-reuse")
+    result = run_scenario(scen, "buggy", witness=True)
+    page = render_run_report(scen, "buggy", {}, result, "racesim run abort-reuse --witness")
+    story = re.search(r"Race window opens at (.*?)</li>", page, re.S)
+    assert story, "no race window in the story"
+    link = re.search(r'<a href="#([\w-]+)">#(\d+)</a>', story.group(1))
+    assert link, story.group(1)
+    anchor, seq = link.groups()
+    assert f'id="{anchor}"' in page  # the row it links to exists
+    # the caption is the row's own text: "X #1: ◆ await point ..." as the diagram shows it
+    row = re.search(rf'<g id="{anchor}">(.*?)</g>', page, re.S)
+    assert row, anchor
+    shown = html_lib.unescape(re.sub(r"<[^>]+>", "", row.group(1).split("</title>", 1)[1]))
+    caption = html_lib.unescape(re.sub(r"<[^>]+>", "", story.group(1)))
+    said = "X #1: ◆ await point frontend.abort:after_pop#0 delayed 0.05s"
+    assert said in caption and said in " ".join(shown.split()), (caption, shown)
+    assert seq == "68"
