@@ -7,6 +7,7 @@ input) reach the page, SVG text included, only as escaped text.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -210,16 +211,25 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
 
 
 def render_run_report(scenario: Any, policy: str, options: Mapping[str, str],
-                      result: RunResult, command: str, *, title: str | None = None) -> str:
-    """The HTML race report of one run (``racesim run/replay --html``)."""
+                      result: RunResult, command: str, *, title: str | None = None,
+                      back: str | None = None) -> str:
+    """The HTML race report of one run (``racesim run/replay --html``); ``back`` links the
+    page it was reached from (a matrix cell)."""
     ctx = _run_context(scenario, policy, options, result, command)
+    ctx["back"] = _safe_href(back)
     return environment().get_template("run.j2").render(
         title=title or f"{scenario.name} under {policy}", run=ctx)
 
 
 def write_run_report(path: Path, scenario: Any, policy: str, options: Mapping[str, str],
-                     result: RunResult, command: str) -> Path:
-    return write_text(path, render_run_report(scenario, policy, options, result, command))
+                     result: RunResult, command: str, *, back: str | None = None) -> Path:
+    return write_text(path, render_run_report(scenario, policy, options, result, command,
+                                              back=back))
+
+
+def cell_anchor(scenario: str, policy: str) -> str:
+    """The id of a matrix cell, for links to it (letters, digits, ``_.-`` only)."""
+    return "cell-" + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{scenario}__{policy}")
 
 
 # -- explore and matrix reports -----------------------------------------------------------------
@@ -285,9 +295,11 @@ def _safe_href(href: str | None) -> str | None:
     return text
 
 
-def render_matrix_report(doc: Mapping[str, Any],
-                         links: Mapping[tuple[str, str], str]) -> str:
-    """The HTML policy-by-scenario table of ``racesim matrix``; failing cells link their report."""
+def render_matrix_report(doc: Mapping[str, Any], links: Mapping[tuple[str, str], str],
+                         files: Mapping[tuple[str, str], str] | None = None) -> str:
+    """The HTML policy-by-scenario table of ``racesim matrix``; failing cells link their report
+    (``links``) and their counterexample file (``files``: hrefs relative to the report)."""
+    files = files or {}
     cells = {(c["scenario"], c["policy"]): c for c in doc.get("cells", [])}
     scenarios: Sequence[str] = doc.get("scenarios") or sorted({s for s, _ in cells})
     policies: Sequence[str] = doc.get("policies") or sorted({p for _, p in cells})
@@ -302,7 +314,8 @@ def render_matrix_report(doc: Mapping[str, Any],
                 "invariants": invariants, "verdict": verdict(invariants),
                 "label": c.get("label") or verdict(invariants), "vllm": c.get("vllm"),
                 "error": c.get("error"), "safety": [i in SAFETY_INVARIANTS for i in invariants],
-                "href": _safe_href(links.get((s, p))), "cx": c.get("counterexample")})
+                "href": _safe_href(links.get((s, p))), "cx": c.get("counterexample"),
+                "cx_href": _safe_href(files.get((s, p))), "anchor": cell_anchor(s, p)})
         table.append((s, row))
     failing = sum(1 for c in cells.values() if verdict(c.get("invariants") or []) == RACE)
     summaries = {p: POLICIES[p].summary if p in POLICIES else _policy_summary(p)
@@ -316,6 +329,7 @@ def render_matrix_report(doc: Mapping[str, Any],
 
 
 def write_matrix_report(path: Path, doc: Mapping[str, Any],
-                        links: Mapping[tuple[str, str], str]) -> Path:
-    return write_text(path, render_matrix_report(doc, links))
+                        links: Mapping[tuple[str, str], str],
+                        files: Mapping[tuple[str, str], str] | None = None) -> Path:
+    return write_text(path, render_matrix_report(doc, links, files))
 

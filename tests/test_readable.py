@@ -4,6 +4,7 @@ invariant name whole (the invariant column wraps between names, never inside one
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 from rich.console import Console
 
@@ -101,3 +102,35 @@ def test_the_race_window_header_names_its_event_by_caption_and_links_to_its_row(
     said = "X #1: ◆ await point frontend.abort:after_pop#0 delayed 0.05s"
     assert said in caption and said in " ".join(shown.split()), (caption, shown)
     assert seq == "68"
+
+
+def test_matrix_cells_link_their_reports_and_files_and_reports_link_back(
+        tmp_path: Path) -> None:
+    import re
+    from urllib.parse import unquote
+
+    from racesim.matrix import run_matrix
+    from racesim.report_files import write_matrix_reports
+    from racesim.scenarios import load_scenario
+
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_matrix([load_scenario("abort-reuse")], ["buggy", "internal-id"], budget=5,
+                        seed=0, strategy="random", workers=1, dask=None, skip=(),
+                        out_dir=out)
+    page = tmp_path / "html" / "m.html"
+    page.parent.mkdir()
+    write_matrix_reports(page, result.document(), result)
+    text = page.read_text(encoding="utf-8")
+    hrefs = [unquote(h) for h in re.findall(r'href="([^"]+)"', text)]
+    reports = [h for h in hrefs if h.endswith(".html")]
+    files = [h for h in hrefs if h.endswith(".json")]
+    assert reports and files
+    for h in reports + files:
+        assert (page.parent / h).resolve().is_file(), h
+    assert {Path(h).name for h in files} == {p.name for p in out.glob("*.json")}
+    for h in reports:
+        cell = (page.parent / h).read_text(encoding="utf-8")
+        back = re.search(r'<a href="\.\./m\.html#([\w.-]+)">', cell)
+        assert back, "the cell's report links back to the matrix"
+        assert f'id="{back.group(1)}"' in text
