@@ -81,8 +81,13 @@ def build_overview(model: TraceModel, violations: Sequence[Violation], sim_time:
     axis = [(x_of(span * k / 4), f"{span * k / 4:.3f}s") for k in range(5)]
     if ends:
         axis[-1] = (axis[-1][0], axis[-1][1] + ends)
-    lanes = [(f"{lane.group_title} / {lane.title}" if lane.group_title != lane.title
-              else lane.title, float(_TOP + i * _LANE_H + _LANE_H - 3))
-             for i, lane in enumerate(model.lanes)]
+    # Each group's name once, on its first lane ("prefill engine / input thread", then
+    # "busy loop", ...): the axis reads as a list, not the same prefix on every line.
+    lanes = []
+    for i, lane in enumerate(model.lanes):
+        first = i == 0 or model.lanes[i - 1].group_title != lane.group_title
+        label = (f"{lane.group_title} / {lane.title}"
+                 if first and lane.group_title != lane.title else lane.title)
+        lanes.append((label, float(_TOP + i * _LANE_H + _LANE_H - 3)))
     return Overview(_LEFT + _PLOT_W + 20, bottom + 34, _LEFT, _PLOT_W, lanes, cells, ticks,
                     shade, marks, axis, bottom)

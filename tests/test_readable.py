@@ -134,3 +134,17 @@ def test_matrix_cells_link_their_reports_and_files_and_reports_link_back(
         back = re.search(r'<a href="\.\./m\.html#([\w.-]+)">', cell)
         assert back, "the cell's report links back to the matrix"
         assert f'id="{back.group(1)}"' in text
+
+
+def test_the_overview_names_each_lane_group_once() -> None:
+    from racesim.reports.model import TraceModel
+    from racesim.reports.overview import build_overview
+    from racesim.runner import run_scenario
+    from racesim.scenarios import load_scenario
+
+    result = run_scenario(load_scenario("pd-kv-load-failure"), "buggy", witness=True)
+    o = build_overview(TraceModel(result.trace, result.topology), result.violations,
+                       result.sim_time, [], None)
+    groups = [title.split(" / ")[0] for title, _y in o.lanes if " / " in title]
+    assert groups and len(groups) == len(set(groups)), [t for t, _ in o.lanes]
+    assert "sched + KV" in [t for t, _ in o.lanes]  # a later lane of its group: its own name
