@@ -73,6 +73,12 @@ class Row:
         return self.y + min(self.h, ROW_H) / 2
 
 
+def short_label(inc: Incarnation) -> str:
+    """An incarnation's label for a diagram row: a long request ID is shortened, its number
+    is always kept ("tenant-42/ve… #2")."""
+    return f"{clip(inc.request, 12)} #{inc.number or inc.inc}"
+
+
 def wrap(text: str, width: int) -> tuple[str, ...]:
     """``text`` in lines of at most ``width`` characters, broken between words where it can
     be (a request ID with no space in it is broken where it must)."""
@@ -170,7 +176,7 @@ class _Page:
         msg = model.messages.get(ev.seq)
         lane = msg.src if msg else model.lane_of(ev.component)
         incs = model.incs_of(ev)
-        inc_label = ", ".join(model.incarnations[i].label for i in incs[:2]
+        inc_label = ", ".join(short_label(model.incarnations[i]) for i in incs[:2]
                               if i in model.incarnations) + (" …" if len(incs) > 2 else "")
         text = model.relabel(describe(ev))
         names = tuple(self.viol.get(ev.seq, ()))
@@ -181,7 +187,7 @@ class _Page:
         lines = wrap(text, max(30, 84 - len(inc_label) - sum(len(x) + 2 for x in names)))
         return Row("event", y, ROW_H + LINE_H * (len(lines) - 1), ev.time, ev.time, ev.seq,
                    self.lane_x.get(lane, LEFT_W), model.colour_of(incs), who,
-                   clip(inc_label, 16), text, f"#{ev.seq} t={ev.time:.4f}s {ev.component}: {text}",
+                   inc_label, text, f"#{ev.seq} t={ev.time:.4f}s {ev.component}: {text}",
                    names, ev.kind == "delay", msg is not None, stripe, lines)
 
     def _fold_runs(self, chosen: list[int]) -> list[int | tuple[int, int, str]]:
