@@ -11,7 +11,6 @@ The templates draw these numbers; every string here is raw text for the template
 
 from __future__ import annotations
 
-import textwrap
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from racesim.engine_model.narrate import KEY_KINDS, describe
 from racesim.reports.focus import KEY, priorities, race_span, select
 from racesim.reports.lane_layout import LaneBox, lay_out_lanes, used_lanes
 from racesim.reports.model import PALETTE, Incarnation, TraceModel
+from racesim.reports.text import clip, wrap
 from racesim.sim.trace import TraceEvent
 
 __all__ = ["Diagram", "Row", "Arrow", "Bar", "LaneBox", "build_diagrams", "race_span", "LINE_H",
@@ -37,11 +37,6 @@ VIOLATION_RED = "#d62728"
 GREY = "#7a7a7a"
 #: One arrowhead marker per colour an arrow can have (index = marker id suffix).
 ARROW_COLOURS = (*PALETTE, GREY, VIOLATION_RED)
-
-
-def clip(text: str, n: int) -> str:
-    """``text`` cut to ``n`` characters with an ellipsis."""
-    return text if len(text) <= n else text[: max(n - 1, 1)] + "…"
 
 
 @dataclass(slots=True)
@@ -77,12 +72,6 @@ def short_label(inc: Incarnation) -> str:
     """An incarnation's label for a diagram row: a long request ID is shortened, its number
     is always kept ("tenant-42/ve… #2")."""
     return f"{clip(inc.request, 12)} #{inc.number or inc.inc}"
-
-
-def wrap(text: str, width: int) -> tuple[str, ...]:
-    """``text`` in lines of at most ``width`` characters, broken between words where it can
-    be (a request ID with no space in it is broken where it must)."""
-    return tuple(textwrap.wrap(text, width, break_on_hyphens=False)) or ("",)
 
 
 @dataclass(slots=True)
