@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["no_files_left_in_cwd", "entries"]
+__all__ = ["no_files_left_in_cwd", "entries", "pytest_sessionstart", "pytest_sessionfinish"]
 
 #: The folders racesim writes into when not told otherwise (explore, matrix, the plugin).
 WATCHED = ("racesim-out", "racesim-report-cells")
@@ -43,3 +43,24 @@ def no_files_left_in_cwd(request: pytest.FixtureRequest) -> Iterator[None]:
         pytest.fail(f"the test left {', '.join(left[:5])}{' ...' if len(left) > 5 else ''} "
                     f"in the folder pytest runs in ({folder}): write into tmp_path",
                     pytrace=False)
+
+
+_BEFORE = pytest.StashKey[frozenset[str]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_BEFORE] = entries(Path(session.config.invocation_params.dir))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """What no single test left, but the session did (a module or session fixture)."""
+    folder = Path(session.config.invocation_params.dir)
+    before = session.config.stash.get(_BEFORE, None)
+    left = sorted(entries(folder) - before) if before is not None else []
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (f"the test session left {', '.join(left[:5])}"
+                   f"{' ...' if len(left) > 5 else ''} in the folder pytest runs in ({folder})")
+        if reporter is not None:
+            reporter.write_line(f"ERROR: {message}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

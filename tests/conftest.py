@@ -13,7 +13,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pytest
-from _cwd_guard import no_files_left_in_cwd  # noqa: F401  (autouse: no test writes into the cwd)
+from _cwd_guard import (  # noqa: F401  (autouse, and hooks: nothing is written into the cwd)
+    no_files_left_in_cwd,
+    pytest_sessionfinish,
+    pytest_sessionstart,
+)
 
 import racesim.engine_model.system as system_module
 from racesim.engine_model import RunResult, System, Workload, load_policy, run_workload

@@ -46,3 +46,23 @@ def test_a_test_that_writes_into_the_cwd_fails(pytester: pytest.Pytester) -> Non
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*left racesim-out, racesim-out/x.json in the folder*"])
+
+
+def test_a_session_that_writes_into_the_cwd_fails(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("from _cwd_guard import (no_files_left_in_cwd, pytest_sessionfinish,"
+                          " pytest_sessionstart)  # noqa: F401\n")
+    pytester.makepyfile(test_inner="""
+        from pathlib import Path
+
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def written():
+            Path("left-by-a-fixture.txt").write_text("x")
+
+        def test_uses_it(written):
+            pass
+    """)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*session left left-by-a-fixture.txt in the folder*"])
