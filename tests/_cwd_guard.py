@@ -2,9 +2,10 @@
 write nothing there: tests write into ``tmp_path``).
 
 The fixture compares the folder's entries, and the contents of the folders racesim writes by
-default (``racesim-out/``, ``racesim-report-cells/``), before and after each test. Not counted:
-``__pycache__`` (Python's) and ``.hypothesis`` (hypothesis's example database, which the
-``dev`` profile of ``tests/_profiles.py`` keeps on purpose for a fast edit loop).
+default (``racesim-out/``, ``racesim-report-cells/``), before and after each test, and once
+for the whole session. Not counted: ``__pycache__`` (Python's) and ``.pytest_cache`` (pytest's
+own, off in this project). hypothesis's ``.hypothesis`` folder is counted: conftest.py points
+hypothesis at the user's cache folder instead.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ __all__ = ["no_files_left_in_cwd", "entries", "pytest_sessionstart", "pytest_ses
 
 #: The folders racesim writes into when not told otherwise (explore, matrix, the plugin).
 WATCHED = ("racesim-out", "racesim-report-cells")
-IGNORED = ("__pycache__", ".hypothesis", ".pytest_cache")
+IGNORED = ("__pycache__", ".pytest_cache")
 
 
 def entries(folder: Path) -> frozenset[str]:
