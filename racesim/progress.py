@@ -157,7 +157,7 @@ class ProgressBar:
             text = f"{self.runs[0]} runs" + (f", {self.text}" if self.text else "")
         else:
             done, total = self.runs
-            count, text = f"{done}/{total}", self.text
+            count, text = (f"{done}/{total}" if total else ""), self.text
         self.progress.update(self.task, description=self._description(), completed=done,
                              total=total or None, v=text, count=count)
         if self.steps_task is not None:
