@@ -59,6 +59,16 @@ _CELL_KEYS = ("scenario", "vllm", "policy", "runs", "violating_runs", "invariant
               "confidence", "counterexample", "interrupted", "error")
 
 
+def cell_outcome(res: ExploreResult) -> str:
+    """One cell's verdict in a few words, for a progress line: "live race (engine-alive)"."""
+    if res.error:
+        return f"error: {res.error}"
+    cell = MatrixResult._cell(res.document())
+    invariants = f" ({', '.join(cell['invariants'])})" if cell["invariants"] else ""
+    return (f"{cell['label']}{invariants}, {res.runs} runs"
+            + (" (interrupted)" if res.interrupted else ""))
+
+
 def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget: int,
                seed: int, strategy: str, workers: int | None, dask: str | None,
                skip: Sequence[str], out_dir: Path | None,

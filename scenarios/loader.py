@@ -93,6 +93,12 @@ class Scenario:
             self, workload=dataclasses.replace(w, engine=dataclasses.replace(w.engine,
                                                                              vllm=name)))
 
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """How hypothesis's falsifying examples (and IPython) show a scenario: the TOML that
+        ``racesim run FILE.toml`` reads, inside the call that parses it back."""
+        p.text(f'parse_scenario(r"""\n{scenario_to_toml(self)}""", '
+               f'{self.name + ".toml"!r})')
+
     def to_dict(self) -> dict[str, Any]:
         """The scenario as a TOML-shaped dict; ``scenario_from_dict`` reads it back equal."""
         w = self.workload
