@@ -9,7 +9,11 @@ waits in WAITING_FOR_REMOTE_KVS while the worker reads P's blocks, notifies P, t
 The hold is the vLLM profile's: a fixed timeout (480 s, #25897), or in 0.33 a lease
 (``kv_lease_duration``, 30 s, #41383) that D's scheduler renews with heartbeats every lease//6
 seconds while it waits for the blocks (nixl/base_scheduler.py:202-241, 513-518), each extending
-it to now + 2/3 lease (nixl/base_worker.py:627-631, 3380-3399).
+it to now + ``kv_lease_duration * 2 // 3`` (nixl/base_worker.py:627-631, 3380-3397): 20 s at the
+default 30 s lease.
+
+In push mode (``[pd] connector = "nixl-push"``) the holds are the same; the pairing of P's held
+blocks with D's registration is :class:`racesim.engine_model.kv_push.PushMatcher`'s.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Callable
 
 from racesim.engine_model.events.pd import PdHold, PdRecvStart
 from racesim.engine_model.kv_cache import KVCacheManager
+from racesim.engine_model.kv_push import PushMatcher
 from racesim.engine_model.messages import KVTransferParams
 from racesim.engine_model.request import Request, RequestStatus
 from racesim.engine_model.versions import VllmProfile
@@ -33,7 +38,7 @@ class ConnectorScheduler:
     __slots__ = ("world", "component", "engine_index", "kv", "hold_timeout", "reqs_need_send",
                  "finished_recving", "done_sending", "_start_read", "_lease", "_hb_interval",
                  "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat", "_handshaken",
-                 "_free_on_recv", "failed_recving", "_held_finishes")
+                 "_free_on_recv", "failed_recving", "_held_finishes", "push")
 
     def __init__(self, world: World, component: str, engine_index: int, kv: KVCacheManager,
                  hold_timeout: float, start_read: Callable[[Request], None],
@@ -64,6 +69,8 @@ class ConnectorScheduler:
         self._send_heartbeat = send_heartbeat
         #: D: aborted requests whose blocks are freed when their read completes.
         self._free_on_recv: dict[str, Request] = {}
+        #: P, NIXL push mode: the writer thread's pairing of held blocks with registrations.
+        self.push: PushMatcher | None = None
 
     # -- prefill side ---------------------------------------------------------------------------
 
@@ -79,6 +86,8 @@ class ConnectorScheduler:
         expiry = self.world.now + self.hold_timeout
         self.reqs_need_send[request.request_id] = expiry
         self.world.emit(self.component, request.request_id, request.inc, PdHold(blocks, expiry))
+        if self.push is not None:
+            self.push.add_finished(request.request_id, tuple(blocks), request.inc)
         return True, KVTransferParams(do_remote_prefill=True, remote_engine=self.engine_index,
                                       remote_request_id=request.request_id,
                                       remote_block_ids=tuple(blocks), remote_inc=request.inc)
@@ -99,7 +108,8 @@ class ConnectorScheduler:
         self.done_sending[request_id] = "notify"
 
     def extend_lease(self, request_ids: tuple[str, ...]) -> None:
-        """A heartbeat from D: each named hold now ends no sooner than now + 2/3 lease."""
+        """A heartbeat from D: each named hold now ends no sooner than now + lease * 2 // 3
+        (base_worker.py:631, 3388-3392)."""
         until = self.world.now + self._extension
         for rid in request_ids:
             expiry = self.reqs_need_send.get(rid)
@@ -117,6 +127,8 @@ class ConnectorScheduler:
             if expiry <= now:
                 del self.reqs_need_send[rid]
                 self.done_sending[rid] = "timeout"
+                if self.push is not None:
+                    self.push.evict(rid)
         for rid in list(self._free_on_recv):
             if rid in self.finished_recving:
                 del self.finished_recving[rid]

@@ -20,6 +20,7 @@ from racesim.sim.points import reduce_by_fields
 
 __all__ = ["FinishReason", "Token", "KVTransferParams", "EngineCoreRequest", "AbortMessage",
            "EngineCoreOutput", "EngineCoreOutputs", "EngineDead", "KVHeartbeat", "KVDoneNotice",
+           "KVPushRegistration",
            "UtilityMessage"]
 
 
@@ -160,6 +161,21 @@ class KVDoneNotice:
 
     request_id: str
     remote_inc: int  # ground truth: the prefill incarnation the reader meant
+
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return reduce_by_fields(self)
+
+
+@dataclass(frozen=True, slots=True)
+class KVPushRegistration:
+    """Decode -> prefill, NIXL push mode: a PUSH_REG notification naming D's request and the
+    blocks it allocated for the prompt (vLLM 0.33 nixl/push_scheduler.py:177-189, sent by
+    push_worker.py:384-414)."""
+
+    request_id: str  # D's own (internal) request ID
+    engine: int
+    blocks: tuple[int, ...]
+    inc: int  # ground truth: the decode incarnation that registered
 
     def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
         return reduce_by_fields(self)

@@ -117,14 +117,22 @@ class System:
         proxies: list[str] = []
         if workload.topology == "pd":
             pd = workload.pd
+            push = pd.connector == "nixl-push"
+            # In push mode P drives the transfer (a WRITE), so P has the transfer time.
             prefill = EngineCore(world, 0, "prefill", workload.engine, policy, profile,
-                                 hold_timeout=pd.hold_timeout)
+                                 hold_timeout=pd.hold_timeout,
+                                 transfer_time=pd.transfer_time if push else 0.0,
+                                 kv_connector=pd.connector)
             decode = EngineCore(world, 1, "decode", workload.engine, policy, profile,
-                                hold_timeout=pd.hold_timeout, transfer_time=pd.transfer_time)
+                                hold_timeout=pd.hold_timeout, transfer_time=pd.transfer_time,
+                                kv_connector=pd.connector)
             self.engines = [prefill, decode]
             self._roles = {"prefill": "prefill", "decode": "decode"}
             decode.notify_channels[0] = self._channel("nixl", decode.name, prefill.name,
                                                       "pd.kv:notify", prefill.deliver_kv_notice)
+            if push:
+                prefill.push_channels[1] = self._channel("nixl", prefill.name, decode.name,
+                                                         "pd.kv:notify", decode.deliver_push_done)
             n = workload.frontends
             p_fes = [self._frontend(i, f"P.frontend{i}", prefill) for i in range(n)]
             d_fes = [self._frontend(i, f"D.frontend{i}", decode) for i in range(n)]

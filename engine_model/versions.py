@@ -118,6 +118,7 @@ _WIDTHS = {
     "pd.proxy:after_prefill": "live",
     "pd.kv:read": "live",
     "pd.kv:notify": "live",
+    "pd.kv:push": "live",
     "dp.coordinator:publish": "live",
 }
 
@@ -132,7 +133,8 @@ PROFILES: dict[str, VllmProfile] = {
     "0.8": VllmProfile(
         name="0.8",
         release="vLLM 0.8 (March 2025, the code PR #15326 was written against); P/D as of "
-                "#20139/#25897, which came later but is kept so old counterexamples replay",
+                "#20139/#25897, which came later (P/D verdicts unverified on 0.8) but is kept "
+                "so old counterexamples replay",
         duplicate_add="overwrite",
         frontend_duplicate="reject",
         abort_unknown_external="as-internal",
@@ -158,10 +160,14 @@ PROFILES: dict[str, VllmProfile] = {
             Behaviour("synchronous scheduling by default", "before #27614"),
             Behaviour("one input queue: an ABORT is applied only between steps",
                       "v1/engine/core.py before #29987"),
-            Behaviour("P/D: the prefill side holds a finished request's blocks for a fixed "
-                      "480 s timeout, only when it finished LENGTH_CAPPED (unverified for "
-                      "0.8: this is the NIXL connector of #20139 and #25897, which came later)",
-                      "nixl_connector.py, #20139 and #25897"),
+            Behaviour("P/D (unverified on 0.8): the prefill side holds a finished request's "
+                      "blocks for a fixed 480 s timeout, only when it finished LENGTH_CAPPED. "
+                      "This is the NIXL connector of #20139 and #25897, which came after 0.8: "
+                      "0.8.5 ships no NixlConnector at all (its kv_connector/v1/ has only "
+                      "lmcache_connector.py and shared_storage_connector.py), so every P/D "
+                      "verdict on this profile is unverified",
+                      "nixl_connector.py, #20139 and #25897; 0.8.5 "
+                      "distributed/kv_transfer/kv_connector/v1/"),
             Behaviour("n > 1: each child is registered and its ADD sent before the next child "
                       "is registered", "v1/engine/async_llm.py at f90d34b (add_request)"),
             _WIDTH_SOURCES,
@@ -182,7 +188,7 @@ PROFILES: dict[str, VllmProfile] = {
         prefix_caching=True,
         free_order="lifo-uncached",
         features=frozenset({"dp", "pause", "preprocess-error", "kv-load-failure",
-                            "streaming-input"}),
+                            "streaming-input", "nixl-push", "pd-proxy-http"}),
         cancel_before_collector="nothing",
         fan_out="register-first",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED"}),
@@ -217,9 +223,18 @@ PROFILES: dict[str, VllmProfile] = {
             Behaviour("P/D: the prefill side holds blocks on a 30 s lease; the decode side's "
                       "scheduler sends heartbeats every lease//6 s from its add until the blocks "
                       "arrive (the first one per prefill engine only starts the handshake), "
-                      "each extending the lease to now + 2/3 lease",
-                      "kv_connector/v1/nixl/base_scheduler.py:82-88, 513-518; "
-                      "nixl/base_worker.py:627-631, 3352-3399 (#41383)"),
+                      "each extending the lease to now + lease * 2 // 3 (20 s at 30 s)",
+                      "kv_connector/v1/nixl/base_scheduler.py:82-88, 202-241, 513-518; "
+                      "nixl/base_worker.py:627-631, 3380-3397 (#41383)"),
+            Behaviour("P/D, NIXL push mode (pd.connector = 'nixl-push'): D registers the "
+                      "blocks it allocated under its own request ID; P pairs each held request "
+                      "with a registration by exact ID, else by the ID with its -<8 hex> suffix "
+                      "stripped, first in insertion order, then WRITEs into D's blocks; the "
+                      "WRITE's notice completes D's load (an aborted D request keeps its blocks "
+                      "until then) and ends P's hold",
+                      "kv_connector/v1/nixl/push_scheduler.py:177-205, 252-279; "
+                      "push_worker.py:274-333, 418-448, 681, 785-806, 820-843; "
+                      "nixl/utils.py:60-67"),
             Behaviour("P/D: the prefill side holds the blocks of a request that finished "
                       "LENGTH_CAPPED or STOPPED (say, EOS as its one token); an abort or "
                       "error frees them at once",
@@ -341,6 +356,11 @@ def profile_gap(workload: Workload) -> str | None:
         used.append(("kv-load-failure", "request.kv_load_fails"))
     if chunks:
         used.append(("streaming-input", "request.input_chunks"))
+    if workload.topology == "pd":
+        if workload.pd.connector != "nixl-pull":
+            used.append((workload.pd.connector, f"pd.connector = {workload.pd.connector!r}"))
+        if workload.pd.proxy == "http":
+            used.append(("pd-proxy-http", "pd.proxy = 'http'"))
     for feature, key in used:
         if feature not in profile.features:
             have = [p.name for p in PROFILES.values() if feature in p.features]

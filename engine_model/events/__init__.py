@@ -102,6 +102,9 @@ from racesim.engine_model.events.pd import (
     PdLoadFailed,
     PdNotice,
     PdNoticeUnknown,
+    PdPushFailed,
+    PdPushRegister,
+    PdPushWrite,
     PdRead,
     PdReadFailed,
     PdRecvStart,
@@ -120,7 +123,8 @@ __all__ = [
     "SchedSession", "SchedStep", "SchedUpdate", "RunnerSample", "KvAlloc", "KvFree",
     "KvHitAssert", "EngineFatalEvent", "EngineReject", "EngineUtility",
     "PdHold", "PdRelease", "PdRead", "PdReadFailed", "PdLoadFailed", "PdNotice",
-    "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart",
+    "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart", "PdPushRegister", "PdPushWrite",
+    "PdPushFailed",
 ]
 
 #: Every declared kind and its record class.
