@@ -364,6 +364,8 @@ def profile_gap(workload: Workload) -> str | None:
     for feature, key in used:
         if feature not in profile.features:
             have = [p.name for p in PROFILES.values() if feature in p.features]
+            if not have:
+                return f"{key} is not modelled yet (docs/pd-connectors.md)"
             return (f"{key} is modelled on vLLM {', '.join(have)} only, not on profile "
                     f"{profile.name!r}")
     return None
