@@ -24,6 +24,7 @@ from racesim.engine_model.events.pd import (
     PdLoadFailed,
     PdNotice,
     PdNoticeUnknown,
+    PdPull,
     PdPushFailed,
     PdPushRegister,
     PdPushWrite,
@@ -32,12 +33,15 @@ from racesim.engine_model.events.pd import (
 )
 from racesim.engine_model.kv_cache import KVCacheManager
 from racesim.engine_model.kv_connector import ConnectorScheduler
+from racesim.engine_model.kv_mooncake import MooncakeSender, pull_result
 from racesim.engine_model.kv_push import PushMatch, PushMatcher
 from racesim.engine_model.messages import (
     AbortMessage,
     EngineCoreRequest,
     KVDoneNotice,
     KVHeartbeat,
+    KVPullRequest,
+    KVPullResult,
     KVPushRegistration,
     Token,
     UtilityMessage,
@@ -76,8 +80,14 @@ class EngineCore(EngineShell):
             self.scheduler.connector = self.connector
             if kv_connector == "nixl-push":
                 self.connector.push = PushMatcher(self._start_push)
-        #: NIXL push mode: D registers its blocks with P, and P writes into them.
+            elif kv_connector == "mooncake":
+                self.connector.use_mooncake(None if index else MooncakeSender(
+                    world, f"{name}.connector", hold_timeout, transfer_time,
+                    lambda: self.dead is not None, self._send_pull_result, self._wake_loop))
+        #: NIXL push mode: D registers its blocks with P, and P writes into them;
+        #: Mooncake: D asks P for the transfer_id's KV, and P writes into D's blocks.
         self.push_mode = kv_connector == "nixl-push"
+        self.mooncake_mode = kv_connector == "mooncake"
         self.transfer_time = transfer_time
         self.outputs = EngineOutputs(world, index, f"{name}.core")
         self.output_channels = self.outputs.channels
@@ -86,7 +96,7 @@ class EngineCore(EngineShell):
 
     # -- sockets --------------------------------------------------------------------------------
 
-    def deliver_kv_notice(self, notice: KVDoneNotice | KVHeartbeat) -> None:
+    def deliver_kv_notice(self, notice: KVDoneNotice | KVHeartbeat | KVPullRequest) -> None:
         """Prefill side: the decode side's transfer-done notice or heartbeat (NIXL side
         channel)."""
         if self.dead is not None or self.connector is None:
@@ -98,6 +108,10 @@ class EngineCore(EngineShell):
         if isinstance(notice, KVPushRegistration):
             if self.connector.push is not None:
                 self.connector.push.add_registration(notice)
+            return
+        if isinstance(notice, KVPullRequest):
+            if self.connector.mooncake is not None:
+                self.connector.mooncake.pull(notice)
             return
         rid = notice.request_id
         if not self.connector.recognizes(rid, self.scheduler.requests.get(rid)):
@@ -242,6 +256,9 @@ class EngineCore(EngineShell):
         if self.push_mode:
             self._push_register(request)
             return
+        if self.mooncake_mode:
+            self._mooncake_pull(request)
+            return
         params = request.kv_transfer_params
         assert params is not None
         ev = world.sleep("pd.kv:read", self.transfer_time, f"{self.name}.connector")
@@ -290,6 +307,25 @@ class EngineCore(EngineShell):
             channel.send(KVPushRegistration(request.request_id, self.index, tuple(blocks),
                                             request.inc), [request.request_id])
 
+    def _mooncake_pull(self, request: Request) -> None:
+        """D: ask P's sender for the transfer_id's KV into the blocks just allocated
+        (``_reqs_need_recv`` -> ``receive_kv``, mooncake_connector.py:1110-1124, 2622-2654)."""
+        params = request.kv_transfer_params
+        assert params is not None
+        rid = request.request_id
+        blocks = tuple(self.kv.get_block_ids(rid))
+        self.world.emit(f"{self.name}.connector", rid, request.inc,
+                        PdPull(params.remote_engine, params.transfer_id, list(blocks)))
+        channel = self.notify_channels.get(params.remote_engine)
+        if channel is not None:
+            channel.send(KVPullRequest(rid, params.transfer_id, self.index, blocks,
+                                       request.inc), [rid])
+
+    def _send_pull_result(self, msg: KVPullRequest, ok: bool) -> None:
+        channel = self.push_channels.get(msg.engine)
+        if channel is not None:
+            channel.send(pull_result(msg, ok), [msg.request_id], remote_inc=msg.inc)
+
     def _start_push(self, match: PushMatch) -> None:
         self.world.env.process(self._push_write(match))
 
@@ -327,11 +363,19 @@ class EngineCore(EngineShell):
             channel.send(KVDoneNotice(reg.request_id, reg.inc), [reg.request_id],
                          remote_inc=reg.inc)
 
-    def deliver_push_done(self, notice: KVDoneNotice | KVHeartbeat) -> None:
+    def deliver_push_done(self, notice: KVDoneNotice | KVHeartbeat | KVPullResult) -> None:
         """D: P's WRITE into ``notice.request_id``'s blocks completed; an unknown ID is
-        logged and dropped (push_worker.py:785-793)."""
+        logged and dropped (push_worker.py:785-793). With Mooncake, a failed pull is a failed
+        load (``_handle_failed_recv``, mooncake_connector.py:2498-2541)."""
         if self.dead is not None or self.connector is None or isinstance(notice, KVHeartbeat):
             return
+        if isinstance(notice, KVPullResult):
+            req = self.scheduler.requests.get(notice.request_id)
+            if not notice.ok and req is not None:
+                self.world.emit(f"{self.name}.connector", notice.request_id, notice.inc,
+                                PdReadFailed(""))
+                self.connector.failed_recving[notice.request_id] = None
+            notice = KVDoneNotice(notice.request_id, notice.inc)
         rid = notice.request_id
         req = self.scheduler.requests.get(rid)
         if req is None or req.status not in (RequestStatus.WAITING_FOR_REMOTE_KVS,

@@ -13,7 +13,9 @@ it to now + ``kv_lease_duration * 2 // 3`` (nixl/base_worker.py:627-631, 3380-33
 default 30 s lease.
 
 In push mode (``[pd] connector = "nixl-push"``) the holds are the same; the pairing of P's held
-blocks with D's registration is :class:`racesim.engine_model.kv_push.PushMatcher`'s.
+blocks with D's registration is :class:`racesim.engine_model.kv_push.PushMatcher`'s. With
+``connector = "mooncake"`` P's holds and their pairing are
+:class:`racesim.engine_model.kv_mooncake.MooncakeSender`'s, and D sends no heartbeats.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable
 
 from racesim.engine_model.events.pd import PdHold, PdRecvStart
 from racesim.engine_model.kv_cache import KVCacheManager
+from racesim.engine_model.kv_mooncake import MooncakeSender
 from racesim.engine_model.kv_push import PushMatcher
 from racesim.engine_model.messages import KVTransferParams
 from racesim.engine_model.request import Request, RequestStatus
@@ -38,7 +41,7 @@ class ConnectorScheduler:
     __slots__ = ("world", "component", "engine_index", "kv", "hold_timeout", "reqs_need_send",
                  "finished_recving", "done_sending", "_start_read", "_lease", "_hb_interval",
                  "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat", "_handshaken",
-                 "_free_on_recv", "failed_recving", "_held_finishes", "push")
+                 "_free_on_recv", "failed_recving", "_held_finishes", "push", "mooncake")
 
     def __init__(self, world: World, component: str, engine_index: int, kv: KVCacheManager,
                  hold_timeout: float, start_read: Callable[[Request], None],
@@ -71,10 +74,19 @@ class ConnectorScheduler:
         self._free_on_recv: dict[str, Request] = {}
         #: P, NIXL push mode: the writer thread's pairing of held blocks with registrations.
         self.push: PushMatcher | None = None
+        #: P, MooncakeConnector: the sender loop's table keyed by transfer_id.
+        self.mooncake: MooncakeSender | None = None
+
+    def use_mooncake(self, sender: MooncakeSender | None) -> None:
+        """MooncakeConnector on this engine (``sender``: P's): no lease, no heartbeats."""
+        self._lease = False
+        self.mooncake = sender
 
     # -- prefill side ---------------------------------------------------------------------------
 
     def request_finished(self, request: Request) -> tuple[bool, KVTransferParams | None]:
+        if self.mooncake is not None:
+            return self._mooncake_finished(request, self.mooncake), None
         if not request.do_remote_decode:
             self._heartbeat.pop(request.request_id, None)
             return False, None
@@ -91,6 +103,29 @@ class ConnectorScheduler:
         return True, KVTransferParams(do_remote_prefill=True, remote_engine=self.engine_index,
                                       remote_request_id=request.request_id,
                                       remote_block_ids=tuple(blocks), remote_inc=request.inc)
+
+    def _mooncake_finished(self, request: Request, sender: MooncakeSender) -> bool:
+        """mooncake_connector.py:1186-1219: P holds only a LENGTH_CAPPED finish with blocks;
+        any other finish of a request with a transfer_id drops its entry ("not processed")."""
+        params = request.kv_transfer_params
+        if params is None or not params.transfer_id or not request.do_remote_decode:
+            return False
+        if request.status != RequestStatus.FINISHED_LENGTH_CAPPED:
+            sender.not_processed(params.transfer_id)
+            return False
+        blocks = self.kv.get_block_ids(request.request_id)
+        if not blocks:
+            return False
+        sender.finished_held(request.request_id, params.transfer_id, tuple(blocks), request.inc)
+        return True
+
+    def after_alloc(self, request: Request) -> None:
+        """``update_state_after_alloc`` for a request the scheduler just admitted: with
+        Mooncake, P queues its transfer_id so that its sender creates the entry
+        (mooncake_connector.py:1130-1136)."""
+        params = request.kv_transfer_params
+        if self.mooncake is not None and params is not None and params.do_remote_decode:
+            self.mooncake.after_alloc(request.request_id, params.transfer_id, request.inc)
 
     def recognizes(self, request_id: str, request: Request | None) -> bool:
         """Whether a transfer-done notice names a request this side knows.
@@ -117,6 +152,8 @@ class ConnectorScheduler:
                 self.reqs_need_send[rid] = until
 
     def next_expiry(self) -> float | None:
+        if self.mooncake is not None:
+            return self.mooncake.next_expiry()
         return min(self.reqs_need_send.values(), default=None)
 
     def get_finished(self) -> list[tuple[str, str]]:
@@ -134,6 +171,9 @@ class ConnectorScheduler:
                 del self.finished_recving[rid]
                 del self._free_on_recv[rid]
                 self.done_sending[rid] = "recv-done"
+        if self.mooncake is not None:
+            self.mooncake.expire()
+            self.done_sending.update(self.mooncake.take_finished())
         done = list(self.done_sending.items())
         self.done_sending.clear()
         return done
@@ -156,7 +196,10 @@ class ConnectorScheduler:
         return self._last_heartbeat + self._hb_interval
 
     def build_meta(self) -> None:
-        """Each schedule(): send the heartbeats that are due, throttled to one per interval."""
+        """Each schedule(): send the heartbeats that are due, throttled to one per interval;
+        with Mooncake, hand this schedule's metadata to P's sender loop."""
+        if self.mooncake is not None:
+            self.mooncake.flush()
         due, send = self.next_heartbeat(), self._send_heartbeat
         now = self.world.now
         # The loop wakes at ``due`` computed as now + (due - now), which floating point may

@@ -117,8 +117,9 @@ class System:
         proxies: list[str] = []
         if workload.topology == "pd":
             pd = workload.pd
-            push = pd.connector == "nixl-push"
-            # In push mode P drives the transfer (a WRITE), so P has the transfer time.
+            push = pd.connector in ("nixl-push", "mooncake")
+            # In push mode and with Mooncake P drives the transfer (a WRITE), so P has the
+            # transfer time.
             prefill = EngineCore(world, 0, "prefill", workload.engine, policy, profile,
                                  hold_timeout=pd.hold_timeout,
                                  transfer_time=pd.transfer_time if push else 0.0,

@@ -188,7 +188,7 @@ PROFILES: dict[str, VllmProfile] = {
         prefix_caching=True,
         free_order="lifo-uncached",
         features=frozenset({"dp", "pause", "preprocess-error", "kv-load-failure",
-                            "streaming-input", "nixl-push", "pd-proxy-http"}),
+                            "streaming-input", "nixl-push", "pd-proxy-http", "mooncake"}),
         cancel_before_collector="nothing",
         fan_out="register-first",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED"}),
@@ -235,6 +235,16 @@ PROFILES: dict[str, VllmProfile] = {
                       "kv_connector/v1/nixl/push_scheduler.py:177-205, 252-279; "
                       "push_worker.py:274-333, 418-448, 681, 785-806, 820-843; "
                       "nixl/utils.py:60-67"),
+            Behaviour("P/D, MooncakeConnector (pd.connector = 'mooncake'): the router sends "
+                      "both legs at once with one transfer_id; P keys its sender table by "
+                      "transfer_id (an allocation creates the entry if absent, a LENGTH_CAPPED "
+                      "finish fills and readies the existing one, any other finish pops it); D "
+                      "asks P for the transfer_id's KV and P writes the entry's blocks into D's, "
+                      "popping it after the first write; an entry expires 480 s after its "
+                      "finish, with no heartbeats; an exception in P's sender loop is never "
+                      "read and leaves its finished request held forever",
+                      "kv_connector/v1/mooncake/mooncake_connector.py:1104-1219, 1646-1770, "
+                      "2326-2353, 2690-2729"),
             Behaviour("P/D: the prefill side holds the blocks of a request that finished "
                       "LENGTH_CAPPED or STOPPED (say, EOS as its one token); an abort or "
                       "error frees them at once",
@@ -371,6 +381,10 @@ def profile_gap(workload: Workload) -> str | None:
     return None
 
 
+#: VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT's default (vLLM 0.33 envs.py:268, 1904-1906).
+MOONCAKE_ABORT_REQUEST_TIMEOUT = 480.0
+
+
 def resolve_workload(workload: Workload) -> tuple[Workload, VllmProfile]:
     """The workload with every "the profile's default" (None) setting filled in from its
     profile, and that profile."""
@@ -388,5 +402,8 @@ def resolve_workload(workload: Workload) -> tuple[Workload, VllmProfile]:
         raise InputError(gap)
     pd = workload.pd
     if pd.hold_timeout is None:
-        pd = replace(pd, hold_timeout=profile.hold_timeout)
+        # Mooncake's hold is VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT, 480 s (0.33 envs.py:1904),
+        # whatever NIXL's lease is.
+        pd = replace(pd, hold_timeout=(MOONCAKE_ABORT_REQUEST_TIMEOUT
+                                       if pd.connector == "mooncake" else profile.hold_timeout))
     return replace(workload, engine=engine, pd=pd), profile

@@ -99,9 +99,11 @@ from racesim.engine_model.events.frontend import (
 from racesim.engine_model.events.pd import (
     PdHeartbeat,
     PdHold,
+    PdHoldLost,
     PdLoadFailed,
     PdNotice,
     PdNoticeUnknown,
+    PdPull,
     PdPushFailed,
     PdPushRegister,
     PdPushWrite,
@@ -124,7 +126,7 @@ __all__ = [
     "KvHitAssert", "EngineFatalEvent", "EngineReject", "EngineUtility",
     "PdHold", "PdRelease", "PdRead", "PdReadFailed", "PdLoadFailed", "PdNotice",
     "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart", "PdPushRegister", "PdPushWrite",
-    "PdPushFailed",
+    "PdPushFailed", "PdHoldLost", "PdPull",
 ]
 
 #: Every declared kind and its record class.

@@ -6,7 +6,7 @@ from racesim.sim.trace import EventRecord, TraceEvent
 
 __all__ = ["PdHold", "PdRelease", "PdRead", "PdReadFailed", "PdLoadFailed", "PdNotice",
            "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart", "PdPushRegister", "PdPushWrite",
-           "PdPushFailed"]
+           "PdPushFailed", "PdHoldLost", "PdPull"]
 
 
 class PdHold(EventRecord):
@@ -139,7 +139,8 @@ class PdPushRegister(EventRecord):
 
 
 class PdPushWrite(EventRecord):
-    """pd.push_write: NIXL push mode, the prefill side has written its request's ``blocks``
+    """pd.push_write: NIXL push mode (or MooncakeConnector, ``matched`` "transfer_id"), the
+    prefill side has written its request's ``blocks``
     into ``dest_blocks`` of decode request ``dest_request`` (incarnation ``dest_inc`` there, by
     its ground truth); ``matched`` says how the pairing was found: "exact" or "base" (the IDs
     equal once the random suffix is stripped)."""
@@ -181,3 +182,38 @@ class PdPushFailed(EventRecord):
     def describe(self, ev: TraceEvent) -> str:
         return (f"cannot write {ev.request!r} ({self.blocks} blocks) into {self.dest_request!r}"
                 f" ({self.dest_blocks} blocks): the writer logs the assert and goes on")
+
+
+class PdHoldLost(EventRecord):
+    """pd.hold_lost: MooncakeConnector, the prefill side's sender loop raised (``error``) before
+    it recorded this finished request under ``transfer_id``: its blocks stay held with no
+    expiry, and no transfer will ever name it (vLLM 0.33 mooncake_connector.py:2690-2729)."""
+
+    KIND = "pd.hold_lost"
+    KEY = True
+    __slots__ = ("transfer_id", "error")
+
+    def __init__(self, transfer_id: str, error: str) -> None:
+        self.transfer_id = transfer_id
+        self.error = error
+
+    def describe(self, ev: TraceEvent) -> str:
+        return (f"loses {ev.request!r}'s hold under {self.transfer_id!r} ({self.error}): its "
+                f"blocks are never freed")
+
+
+class PdPull(EventRecord):
+    """pd.pull: MooncakeConnector, the decode side asks prefill engine ``remote_engine`` for
+    ``transfer_id``'s KV, to be written into its request's ``blocks``."""
+
+    KIND = "pd.pull"
+    KEY = True
+    __slots__ = ("remote_engine", "transfer_id", "blocks")
+
+    def __init__(self, remote_engine: int, transfer_id: str, blocks: list[int]) -> None:
+        self.remote_engine = remote_engine
+        self.transfer_id = transfer_id
+        self.blocks = blocks
+
+    def describe(self, ev: TraceEvent) -> str:
+        return f"asks for {self.transfer_id!r}'s KV into {ev.request!r}'s blocks {self.blocks}"

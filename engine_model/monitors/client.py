@@ -42,13 +42,15 @@ class ClientOutputs:
         """NIXL push mode: P's request ``ev.inc`` was written into decode request
         ``dest_inc``'s blocks; they must be one client's."""
         truth = self.truth
-        dest = cast(PdPushWrite, ev.detail).dest_inc
+        d = cast(PdPushWrite, ev.detail)
+        dest = d.dest_inc
+        how = "transfer_id" if d.matched == "transfer_id" else "push"
         mine = truth.incs.get(dest)
         theirs = truth.incs.get(ev.inc)
         if mine is not None and theirs is not None and mine.uid != theirs.uid:
             self.report.violate("no-crosstalk", ("read", dest), ev, ev.request,
                                 f"decode {truth.who(dest)} receives the KV of "
-                                f"{truth.who(ev.inc)} (push pairing)")
+                                f"{truth.who(ev.inc)} ({how} pairing)")
 
     def client_send(self, ev: TraceEvent) -> None:
         d = cast(ClientSend, ev.detail)
