@@ -107,9 +107,16 @@ class PDConfig:
     #: (it talks HTTP, so it can only close the connection: each stage's API server aborts
     #: its request by internal ID, and nothing if add_request had not returned).
     proxy: str = "engine-client"
+    #: NixlConnector's ``kv_connector_extra_config["bidirectional_kv_xfer"]`` (off by default;
+    #: pull mode only): D keeps a request that finished LENGTH_CAPPED or STOPPED, blocks and
+    #: ID, for a turn-2 read-back (vLLM 0.33 nixl/pull_scheduler.py:232-269) ...
+    bidirectional_kv_xfer: bool = False
+    #: ... until a reader's notice or ``decoder_kv_blocks_ttl`` seconds, a plain timeout with
+    #: no lease (base_scheduler.py:181-185; 480 by default).
+    decoder_kv_blocks_ttl: float = 480.0
 
     def __post_init__(self) -> None:
-        _float_times(self, "transfer_time", "hold_timeout")
+        _float_times(self, "transfer_time", "hold_timeout", "decoder_kv_blocks_ttl")
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,8 @@ class ConnectorScheduler:
     __slots__ = ("world", "component", "engine_index", "kv", "hold_timeout", "reqs_need_send",
                  "finished_recving", "done_sending", "_start_read", "_lease", "_hb_interval",
                  "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat", "_handshaken",
-                 "_free_on_recv", "failed_recving", "_held_finishes", "push", "mooncake")
+                 "_free_on_recv", "failed_recving", "_held_finishes", "push", "mooncake",
+                 "decoder_ttl")
 
     def __init__(self, world: World, component: str, engine_index: int, kv: KVCacheManager,
                  hold_timeout: float, start_read: Callable[[Request], None],
@@ -76,6 +77,8 @@ class ConnectorScheduler:
         self.push: PushMatcher | None = None
         #: P, MooncakeConnector: the sender loop's table keyed by transfer_id.
         self.mooncake: MooncakeSender | None = None
+        #: D with bidirectional_kv_xfer: how long a finished request is kept (None: not kept).
+        self.decoder_ttl: float | None = None
 
     def use_mooncake(self, sender: MooncakeSender | None) -> None:
         """MooncakeConnector on this engine (``sender``: P's): no lease, no heartbeats."""
@@ -89,7 +92,9 @@ class ConnectorScheduler:
             return self._mooncake_finished(request, self.mooncake), None
         if not request.do_remote_decode:
             self._heartbeat.pop(request.request_id, None)
-            return False, None
+            if self.decoder_ttl is None or request.kv_transfer_params is None:
+                return False, None
+            return self._decoder_hold(request, self.decoder_ttl), None
         if request.status not in self._held_finishes:
             return False, None  # aborted (or not held here): _reqs_not_processed, free now
         blocks = self.kv.get_block_ids(request.request_id)
@@ -103,6 +108,21 @@ class ConnectorScheduler:
         return True, KVTransferParams(do_remote_prefill=True, remote_engine=self.engine_index,
                                       remote_request_id=request.request_id,
                                       remote_block_ids=tuple(blocks), remote_inc=request.inc)
+
+    def _decoder_hold(self, request: Request, ttl: float) -> bool:
+        """D, bidirectional KV transfer (nixl/pull_scheduler.py:232-269): a request that
+        finished LENGTH_CAPPED or STOPPED keeps its blocks for a turn-2 read-back, for a plain
+        ``decoder_kv_blocks_ttl`` (no lease), or until a reader's notice names it."""
+        if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED,
+                                  RequestStatus.FINISHED_STOPPED):
+            return False
+        blocks = self.kv.get_block_ids(request.request_id)
+        if not blocks:
+            return False
+        expiry = self.world.now + ttl
+        self.reqs_need_send[request.request_id] = expiry
+        self.world.emit(self.component, request.request_id, request.inc, PdHold(blocks, expiry))
+        return True
 
     def _mooncake_finished(self, request: Request, sender: MooncakeSender) -> bool:
         """mooncake_connector.py:1186-1219: P holds only a LENGTH_CAPPED finish with blocks;

@@ -127,6 +127,8 @@ class System:
             decode = EngineCore(world, 1, "decode", workload.engine, policy, profile,
                                 hold_timeout=pd.hold_timeout, transfer_time=pd.transfer_time,
                                 kv_connector=pd.connector)
+            if pd.bidirectional_kv_xfer and decode.connector is not None:
+                decode.connector.decoder_ttl = pd.decoder_kv_blocks_ttl
             self.engines = [prefill, decode]
             self._roles = {"prefill": "prefill", "decode": "decode"}
             decode.notify_channels[0] = self._channel("nixl", decode.name, prefill.name,

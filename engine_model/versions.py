@@ -188,7 +188,8 @@ PROFILES: dict[str, VllmProfile] = {
         prefix_caching=True,
         free_order="lifo-uncached",
         features=frozenset({"dp", "pause", "preprocess-error", "kv-load-failure",
-                            "streaming-input", "nixl-push", "pd-proxy-http", "mooncake"}),
+                            "streaming-input", "nixl-push", "pd-proxy-http", "mooncake",
+                            "nixl-bidirectional"}),
         cancel_before_collector="nothing",
         fan_out="register-first",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED"}),
@@ -235,6 +236,13 @@ PROFILES: dict[str, VllmProfile] = {
                       "kv_connector/v1/nixl/push_scheduler.py:177-205, 252-279; "
                       "push_worker.py:274-333, 418-448, 681, 785-806, 820-843; "
                       "nixl/utils.py:60-67"),
+            Behaviour("P/D, bidirectional KV transfer (pd.bidirectional_kv_xfer, off by "
+                      "default, pull mode only): the decode side keeps a request that finished "
+                      "LENGTH_CAPPED or STOPPED, its blocks and its Scheduler.requests entry, "
+                      "for decoder_kv_blocks_ttl (480 s), a plain timeout with no lease, unless "
+                      "a reader's notice ends it first; an abort or error frees at once",
+                      "kv_connector/v1/nixl/pull_scheduler.py:232-269; base_scheduler.py:"
+                      "176-185; push_scheduler.py:72-75"),
             Behaviour("P/D, MooncakeConnector (pd.connector = 'mooncake'): the router sends "
                       "both legs at once with one transfer_id; P keys its sender table by "
                       "transfer_id (an allocation creates the entry if absent, a LENGTH_CAPPED "
@@ -371,6 +379,12 @@ def profile_gap(workload: Workload) -> str | None:
             used.append((workload.pd.connector, f"pd.connector = {workload.pd.connector!r}"))
         if workload.pd.proxy == "http":
             used.append(("pd-proxy-http", "pd.proxy = 'http'"))
+        if workload.pd.bidirectional_kv_xfer:
+            if workload.pd.connector != "nixl-pull":
+                # push_scheduler.py:72-75 raises NotImplementedError; Mooncake has no such key
+                return (f"pd.bidirectional_kv_xfer needs pd.connector = 'nixl-pull', not "
+                        f"{workload.pd.connector!r}")
+            used.append(("nixl-bidirectional", "pd.bidirectional_kv_xfer = true"))
     for feature, key in used:
         if feature not in profile.features:
             have = [p.name for p in PROFILES.values() if feature in p.features]
