@@ -26,6 +26,7 @@ from racesim.engine_model.versions import (
     get_profile,
     reach_of,
     resolve_workload,
+    unverified_note,
 )
 from racesim.sim.points import Decision, DelayPlan
 from racesim.sim.trace import TraceEvent
@@ -87,6 +88,19 @@ class RunResult:
                                                      strict=True)
                   if until is None or t <= until]
         return reach_of(profile, [*self.fixed_delays, *delays])
+
+    @property
+    def unverified(self) -> str:
+        """One line when this run's verdict is unverified on its profile (P/D on 0.8), else
+        ""."""
+        pd = self.topology is not None and any(e.role == "prefill" for e in self.topology.engines)
+        return unverified_note(self.vllm, "pd" if pd else "")
+
+    def reach_text(self) -> str:
+        """The reach of a race, as run, replay and the HTML report say it."""
+        text = self.reach().describe(self.vllm)
+        note = self.unverified
+        return f"{text} ({note})" if note else text
 
     @property
     def violated(self) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from racesim.engine_model.points import POINTS
 from racesim.sim.errors import InputError
 
 __all__ = ["Behaviour", "VllmProfile", "PROFILES", "DEFAULT_VLLM", "WIDTHS", "Reach",
-           "get_profile", "profile_gap", "reach_of", "resolve_workload"]
+           "get_profile", "profile_gap", "reach_of", "resolve_workload", "unverified_note"]
 
 WIDTHS = ("live", "yield", "latent")
 
@@ -98,6 +98,8 @@ class VllmProfile:
     external_abort_parent: str
     widths: Mapping[str, str]
     behaviours: tuple[Behaviour, ...]
+    #: why this profile's P/D verdicts are unverified ("": they follow that release's code).
+    pd_unverified: str = ""
 
     def width(self, point: str) -> str:
         return self.widths.get(point, "live")
@@ -151,6 +153,9 @@ PROFILES: dict[str, VllmProfile] = {
         fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
         external_abort_parent="drop",
+        pd_unverified="0.8.5 ships no NixlConnector (its kv_connector/v1/ holds only the LMCache "
+                      "and shared-storage connectors); this profile's P/D is the NIXL connector "
+                      "of #20139/#25897, which came later",
         widths=_WIDTHS,
         behaviours=(
             Behaviour("Scheduler.add_request overwrites requests[id] for a live ID; the old "
@@ -331,6 +336,13 @@ class Reach:
             return f"live race: reachable in vLLM {vllm} as released"
         return (f"latent hazard: needs a delay at {', '.join(self.needs)}, which does not yield "
                 f"in vLLM {vllm}")
+
+
+def unverified_note(vllm: str, topology: str) -> str:
+    """One line saying that a verdict of a ``topology`` run on profile ``vllm`` is unverified
+    (the profile models code that release does not ship), or "" when it is not."""
+    reason = get_profile(vllm or None).pd_unverified if topology == "pd" else ""
+    return f"unverified on vLLM {vllm}: {reason}" if reason else ""
 
 
 def reach_of(profile: VllmProfile, delays: Iterable[tuple[str, float]]) -> Reach:
