@@ -43,6 +43,8 @@ class MatrixResult:
         if verdict(doc["baseline_violations"]) == RACE:
             cell["reach"] = doc["baseline_reach"]  # a race with no delay at all
         cell["label"] = reach_label(doc["invariants"], cell["reach"])
+        if doc.get("unverified"):
+            cell["label"] += " (unverified)"  # P/D on 0.8: see cell["unverified"]
         return cell
 
     def document(self) -> dict[str, Any]:
@@ -56,7 +58,7 @@ class MatrixResult:
 
 _CELL_KEYS = ("scenario", "vllm", "policy", "runs", "violating_runs", "invariants", "verdict",
               "first_violation_run", "baseline_violations", "distinct_traces", "coverage",
-              "confidence", "counterexample", "interrupted", "error")
+              "confidence", "counterexample", "interrupted", "error", "unverified")
 
 
 def cell_outcome(res: ExploreResult) -> str:

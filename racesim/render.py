@@ -86,8 +86,10 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
     console.print(f"trace hash {result.trace_hash}")
     if verdict(result.violated) == RACE:
         reach = result.reach()
-        console.print(Text(reach.describe(result.vllm),
+        console.print(Text(result.reach_text(),
                            style="bold red" if reach.reach == "live" else "bold yellow"))
+    elif result.unverified:
+        console.print(Text(result.unverified, style="yellow"))
     if result.schedule:
         console.print("schedule: " + ", ".join(
             f"{d.point}#{d.occurrence}={d.delay:g}s" for d in result.schedule))
@@ -225,7 +227,7 @@ def print_matrix(console: Console, doc: dict[str, Any]) -> None:
                                 Text(printable(c["error"]))))
             else:
                 v = verdict(c["invariants"])
-                style = ("magenta" if c.get("label") == "latent hazard"
+                style = ("magenta" if (c.get("label") or "").startswith("latent hazard")
                          else _CELL_STYLE.get(v, "green"))
                 rows[s].append((name, Text(c.get("label") or v, style=style),
                                 f"{c['violating_runs']}/{c['runs']}",
@@ -257,3 +259,6 @@ def print_matrix(console: Console, doc: dict[str, Any]) -> None:
                                                if v not in (None, [])))), style="dim")
     console.print("race: a safety or liveness invariant broke; accounting: only metrics-exact "
                   "(a stats gap vLLM still has); safe: nothing broke.", style="dim")
+    notes = dict.fromkeys(c["unverified"] for c in doc["cells"] if c.get("unverified"))
+    for note in notes:
+        console.print(Text(f"(unverified): {note}", style="yellow"))

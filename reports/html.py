@@ -194,8 +194,8 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
         "command": command, "violated": [(n, INVARIANTS.get(n, "")) for n in result.violated],
         "violations": violations, "first": first, "verdict": verdict(result.violated),
         "vllm": result.vllm, "engine": result.engine,
-        "reach": (result.reach().describe(result.vllm)
-                  if verdict(result.violated) == RACE else ""),
+        "reach": (result.reach_text() if verdict(result.violated) == RACE
+                  else result.unverified),
         "policy_summary": _policy_summary(policy),
         "first_what": violations[result.violations.index(first)]["what"] if first else "",
         "first_detail": model.relabel(first.detail) if first else "",
@@ -314,6 +314,7 @@ def render_matrix_report(doc: Mapping[str, Any], links: Mapping[tuple[str, str],
                 "invariants": invariants, "verdict": verdict(invariants),
                 "label": c.get("label") or verdict(invariants), "vllm": c.get("vllm"),
                 "error": c.get("error"), "safety": [i in SAFETY_INVARIANTS for i in invariants],
+                "unverified": c.get("unverified"),
                 "href": _safe_href(links.get((s, p))), "cx": c.get("counterexample"),
                 "cx_href": _safe_href(files.get((s, p))), "anchor": cell_anchor(s, p)})
         table.append((s, row))
@@ -324,7 +325,9 @@ def render_matrix_report(doc: Mapping[str, Any], links: Mapping[tuple[str, str],
     legend = [(n, m, n in SAFETY_INVARIANTS) for n, m in INVARIANTS.items() if n in seen]
     ctx = {"title": "racesim matrix", "policies": policies, "table": table,
            "failing": failing, "total": len(cells), "doc": doc, "summaries": summaries,
-           "parameters": dict(doc.get("parameters") or {}), "legend": legend}
+           "parameters": dict(doc.get("parameters") or {}), "legend": legend,
+           "notes": list(dict.fromkeys(c["unverified"] for c in cells.values()
+                                       if c.get("unverified")))}
     return environment().get_template("matrix.j2").render(ctx)
 
 

@@ -55,6 +55,8 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
                                             "stop_string_at", "disconnect_after_tokens")},
 }
 _CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": ("client", "uuid"),
+                                        "pd.connector": ("nixl-pull", "nixl-push", "mooncake"),
+                                        "pd.proxy": ("engine-client", "http"),
                                         "engine.vllm": tuple(PROFILES),
                                         "engine.pause_mode": ("abort", "keep"),
                                         "engine.kv_load_failure_policy": ("fail", "recompute")}

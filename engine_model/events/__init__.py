@@ -99,9 +99,14 @@ from racesim.engine_model.events.frontend import (
 from racesim.engine_model.events.pd import (
     PdHeartbeat,
     PdHold,
+    PdHoldLost,
     PdLoadFailed,
     PdNotice,
     PdNoticeUnknown,
+    PdPull,
+    PdPushFailed,
+    PdPushRegister,
+    PdPushWrite,
     PdRead,
     PdReadFailed,
     PdRecvStart,
@@ -120,7 +125,8 @@ __all__ = [
     "SchedSession", "SchedStep", "SchedUpdate", "RunnerSample", "KvAlloc", "KvFree",
     "KvHitAssert", "EngineFatalEvent", "EngineReject", "EngineUtility",
     "PdHold", "PdRelease", "PdRead", "PdReadFailed", "PdLoadFailed", "PdNotice",
-    "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart",
+    "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart", "PdPushRegister", "PdPushWrite",
+    "PdPushFailed", "PdHoldLost", "PdPull",
 ]
 
 #: Every declared kind and its record class.

@@ -15,6 +15,7 @@ __all__ = ["MESSAGE_NAMES", "IpcSend", "SchedAdd", "SchedDuplicate", "SchedAbort
 #: Message types by their vLLM names (the ``type`` of an ipc.send event).
 MESSAGE_NAMES = {"EngineCoreRequest": "ADD", "AbortMessage": "ABORT",
                  "EngineCoreOutputs": "outputs", "KVDoneNotice": "KV done",
+                 "KVPullRequest": "KV pull", "KVPullResult": "KV pulled",
                  "EngineDead": "ENGINE DEAD", "UtilityMessage": "UTILITY"}
 
 
