@@ -40,6 +40,7 @@ from racesim.engine_model.versions import VllmProfile
 from racesim.engine_vllm import _vllm, sessions
 from racesim.engine_vllm import engine_finishes as finishes
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
+from racesim.engine_vllm.oracle import vllm_raise
 from racesim.engine_vllm.views import EosIds, KvShadow, PromptTokens, SchedulerView, Vocabulary
 from racesim.sim.world import World
 
@@ -56,7 +57,12 @@ def _reason(finish: Any) -> str | None:
 
 class _Fatal(Exception):
     """An exception raised by vLLM's code inside the engine: EngineCoreProc dies of it (the
-    shell's busy loop catches this, not the model's EngineFatal)."""
+    shell's busy loop catches this, not the model's EngineFatal). ``where`` is vLLM's
+    ``file:line`` (relative to the vllm package) when vLLM's code raised it."""
+
+    def __init__(self, message: str, where: str | None = None) -> None:
+        super().__init__(message)
+        self.where = where
 
 
 class VllmEngineCore(EngineShell):
@@ -120,7 +126,8 @@ class VllmEngineCore(EngineShell):
         try:
             return fn(*args)
         except Exception as exc:  # EngineCoreProc dies of anything its step raises
-            raise _Fatal(f"{type(exc).__name__}: {exc}") from None
+            raised = vllm_raise(exc)
+            raise _Fatal(raised.message, raised.where) from None
 
     def _apply_input(self, kind: str, payload: Any) -> None:
         if kind == "add":
