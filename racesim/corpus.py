@@ -29,7 +29,7 @@ from racesim.scenarios import Scenario, corpus_names, load_scenario
 from racesim.sim import InputError
 
 __all__ = ["CorpusOptions", "corpus_entries", "run_corpus", "profile_of_release",
-           "release_python", "install_hint", "install_releases", "ROLES"]
+           "release_python", "install_hint", "install_releases", "release_lifecycle", "ROLES"]
 
 #: an entry is explored on its buggy release (is the bug found?) and on its fixed release
 #: (is that release clean of the bug's symptom?)
@@ -113,13 +113,27 @@ def install_hint(release: str) -> str:
             f"(one venv per release, DIR/{release}), then racesim corpus --venvs DIR")
 
 
-def _lifecycle(scen: Scenario, profile: str) -> tuple[str, dict[str, str]]:
+def _release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in release.split("."))
+
+
+def release_lifecycle(release: str, profile: str) -> tuple[str, dict[str, str]]:
+    """The lifecycle vLLM has on ``release``: request IDs used as given before 0.14.0
+    ("buggy": 0.10/0.11 have v1/engine/processor.Processor, with no external/internal split),
+    unique internal IDs from 0.14.0 (#27987, InputProcessor.assign_request_id), as the
+    profile's conform default says."""
     from racesim.conform import lifecycle
 
+    if _release_key(release) < (0, 14):
+        return "buggy", {}
+    return lifecycle(profile)
+
+
+def _lifecycle(scen: Scenario, release: str, profile: str) -> tuple[str, dict[str, str]]:
     info = scen.corpus
     if info is not None and info.policy:
         return info.policy, {}
-    return lifecycle(profile)
+    return release_lifecycle(release, profile)
 
 
 def _found_summary(res: ExploreResult, target: str) -> dict[str, Any]:
@@ -152,7 +166,7 @@ def _explore_one(scen: Scenario, release: str, role: str, engine: str, opts: Cor
     why = why_not_run(s.workload, engine)
     if why is not None:
         return {"status": "skipped", "reason": why}
-    policy, options = _lifecycle(scen, profile)
+    policy, options = _lifecycle(scen, release, profile)
     budget = opts.budget if engine == "vllm" else opts.model_budget
     res = explore(s, policy, options=options, strategy=opts.strategy, budget=budget,
                   time_limit=opts.time_limit, seed=opts.seed, workers=opts.workers,
@@ -240,7 +254,7 @@ def run_corpus(entries: Sequence[Scenario], *, opts: CorpusOptions, venvs: Path 
     here = installed_vllm()
     docs = [_entry_doc(s) for s in entries]
     releases = sorted({d[r]["release"] for d in docs for r in ROLES},
-                      key=lambda v: tuple(int(p) for p in v.split(".")))
+                      key=_release_key)
     if only_release is not None:
         releases = [r for r in releases if r == only_release]
     skipped: list[str] = []
@@ -255,10 +269,13 @@ def run_corpus(entries: Sequence[Scenario], *, opts: CorpusOptions, venvs: Path 
                                      progress) or ""
         if problem:
             skipped.append(problem)
-            for doc in docs:
+            for scen, doc in zip(entries, docs, strict=True):
                 for role in ROLES:
                     if doc[role]["release"] == release and "status" not in doc[role]:
-                        doc[role].update({"status": "skipped", "reason": problem})
+                        # the model needs no vLLM: it still runs on the release's profile
+                        model = _explore_one(scen, release, role, "model", opts, None)
+                        doc[role].update({"status": "skipped", "reason": problem,
+                                          "model": model})
     for doc in docs:  # a release left out by only_release
         for role in ROLES:
             doc[role].setdefault("status", "not run")
