@@ -27,7 +27,7 @@ from racesim.engine_model.config import (
 from racesim.engine_model.invariants import INVARIANTS
 from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import POLICIES
-from racesim.engine_model.versions import PROFILES, get_profile
+from racesim.engine_model.versions import ALIASES, PROFILES, get_profile
 from racesim.scenarios._toml_writer import dumps, locate_key, toml_key
 from racesim.sim.errors import InputError
 from racesim.sim.points import plan_entries
@@ -60,7 +60,7 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
                                             "stop_string_at", "disconnect_after_tokens")},
 }
 _CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": ("client", "uuid"),
-                                        "engine.vllm": tuple(PROFILES),
+                                        "engine.vllm": (*PROFILES, *ALIASES),
                                         "engine.pause_mode": ("abort", "keep"),
                                         "engine.kv_load_failure_policy": ("fail", "recompute")}
 _REQUEST_ALWAYS = ("id", "at", "prompt_tokens", "max_tokens")  # written even when default
