@@ -128,6 +128,8 @@ def markdown_table(doc: dict[str, Any]) -> str:
 
 def _print(doc: dict[str, Any]) -> None:
     out = console()
+    if not out.is_terminal:  # a pipe or file: the whole table, not one squeezed into 80 columns
+        out = Console(highlight=False, soft_wrap=False, width=160)
     t = Table(title="vLLM bug corpus (no hint)", title_justify="left")
     for col in ("issue / entry", "invariant", "buggy release", "vllm backend", "s",
                 "model", "fixed release", "vllm backend"):
@@ -142,11 +144,12 @@ def _print(doc: dict[str, Any]) -> None:
                   _cell(b.get("model", {})), f["release"],
                   Text(_cell(f), style="green" if clean else "red"))
     out.print(t)
-    for e in doc["entries"]:
-        for v in e["buggy"].get("violations", ())[:1]:
-            if v.get("vllm_where"):
-                out.print(Text(printable(f"#{e['issue']}: vllm/{v['vllm_where']}: "
-                                         f"{v.get('detail', '')}"), style="dim"))
+    for e in doc["entries"]:  # the find's own exception, raised in vLLM's code
+        raised = next((v for v in e["buggy"].get("violations", ()) if v.get("vllm_where")),
+                      None)
+        if raised is not None and e["buggy"].get("status") == "found":
+            out.print(Text(printable(f"#{e['issue']} on vLLM {e['buggy']['release']}: "
+                                     f"{raised.get('detail', '')}"), style="dim"))
     for line in doc["skipped"]:
         out.print(Text(printable(f"skipped: {line}"), style="yellow"))
     out.print(Text(f"found {doc['found']}/{doc['tried']} on their buggy releases; "

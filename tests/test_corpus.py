@@ -154,3 +154,37 @@ def test_corpus_skips_a_release_that_is_not_installed(tmp_path: Path) -> None:
 ])
 def test_bad_input_is_exit_2(args: list[str], needles: tuple[str, ...]) -> None:
     assert_one_line_error(racesim("corpus", *args), *needles)
+
+
+def test_another_release_runs_in_its_venv_and_is_merged(tmp_path: Path) -> None:
+    """A release with a venv under --venvs runs there (``DIR/<version>/bin/python -m racesim
+    corpus ... --release V --json``); its answer is merged, read past a log line that an old
+    vLLM prints on stdout while it imports."""
+    path = tmp_path / "1-example.toml"
+    path.write_text(entry(buggy="0.9.2", fixed="0.10.1.1"), encoding="utf-8")
+    venv = tmp_path / "venvs" / "0.9.2" / "bin"
+    venv.mkdir(parents=True)
+    answer = {"entries": [{"name": "1-example",
+                           "buggy": {"release": "0.9.2", "status": "found", "runs": 4,
+                                     "first_find_run": 3, "first_find_s": 0.5},
+                           "fixed": {"release": "0.10.1.1", "status": "not run"}}]}
+    args = tmp_path / "args.txt"
+    (venv / "python").write_text(
+        "#!/bin/sh\n"
+        f"echo \"$@\" > {args}\n"
+        "echo 'ERROR 12-03 [config.py:29] Failed to import Triton kernels.'\n"
+        f"cat <<'EOF'\n{json.dumps(answer, indent=2)}\nEOF\n", encoding="utf-8")
+    (venv / "python").chmod(0o755)
+    proc = racesim("corpus", str(path), "--json", "--venvs", str(tmp_path / "venvs"),
+                   "--budget", "7", "--seed", "3", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    (e,) = doc["entries"]
+    assert e["buggy"]["status"] == "found" and e["buggy"]["first_find_run"] == 3
+    assert e["fixed"]["status"] == "skipped"  # 0.10.1.1 has no venv there
+    assert (doc["found"], doc["tried"]) == (1, 1)
+    called = args.read_text(encoding="utf-8").split()
+    assert called[:3] == ["-m", "racesim", "corpus"]
+    assert "--release" in called and called[called.index("--release") + 1] == "0.9.2"
+    assert called[called.index("--budget") + 1] == "7"
+    assert called[called.index("--seed") + 1] == "3"
