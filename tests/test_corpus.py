@@ -141,9 +141,13 @@ def test_corpus_skips_a_release_that_is_not_installed(tmp_path: Path) -> None:
         assert "racesim corpus --install DIR" in e[role]["reason"]
     assert (doc["found"], doc["tried"], doc["fixed_tried"]) == (0, 0, 0)
     assert len(doc["skipped"]) == 2
-    human = racesim("corpus", str(path), "--out", str(tmp_path / "out"))
+    human = racesim("corpus", str(path), "--out", str(tmp_path / "out"), "--html",
+                    str(tmp_path / "corpus.html"))
     assert human.returncode == 0, human.stderr
     assert "skipped: vLLM 0.9.2 is not installed here" in human.stdout
+    page = (tmp_path / "corpus.html").read_text(encoding="utf-8")
+    assert "an example bug" in page and "What the threads say." in page
+    assert "racesim corpus --install DIR" in page
 
 
 @pytest.mark.parametrize(("args", "needles"), [
