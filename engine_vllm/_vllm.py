@@ -29,7 +29,10 @@ __all__ = ["vllm", "VllmEngineShape", "new_scheduler", "new_request", "assign_re
 BLOCK_SIZE_ATTR = "block_size"
 
 _ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "ERROR", "TRANSFORMERS_OFFLINE": "1"}
+        "VLLM_DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "ERROR", "TRANSFORMERS_OFFLINE": "1",
+        # before 0.33 vLLM installs its stdout log handler at import: a --json document on
+        # stdout must stay JSON (its errors then reach stderr)
+        "VLLM_CONFIGURE_LOGGING": "0"}
 
 
 class _Vllm:

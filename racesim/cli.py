@@ -94,11 +94,7 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
     if what in (None, "invariants"):
         sections["invariants"] = [{"name": n, "meaning": m} for n, m in INVARIANTS.items()]
     if what in (None, "versions"):
-        sections["versions"] = [
-            {"name": v.name, "meaning": v.release + (" (default)" if v.name == DEFAULT_VLLM
-                                                     else ""),
-             "behaviours": [{"text": b.text, "source": b.source} for b in v.behaviours]}
-            for v in PROFILES.values()]
+        sections["versions"] = _versions_rows()
     if as_json:
         _emit_json(sections)
         return
@@ -115,6 +111,31 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
             console.print(f"  {r['name'].ljust(width)}  {width_tag}{meaning}", markup=False)
             for b in r.get("behaviours", ()):
                 console.print(f"      - {b['text']} ({b['source']})", markup=False)
+
+
+def _versions_rows() -> list[dict[str, Any]]:
+    """One row per profile: its release, what each backend runs of it, and the install state
+    (read from package metadata, without importing vLLM)."""
+    from racesim.engine_model.versions import RELEASE_OF
+    from racesim.engines import SUPPORTED_VLLM, install_command, installed_vllm
+
+    installed = installed_vllm()
+    rows = []
+    for v in PROFILES.values():
+        release = RELEASE_OF.get(v.name, "")
+        backend = v.name in SUPPORTED_VLLM
+        here = backend and installed is not None and \
+            (installed == release or installed.startswith(f"{v.name}."))
+        state = ("installed" if here else f"not installed: {install_command(release)}"
+                 ) if backend else "model only"
+        tag = (f"[release {release}; model: yes; vllm backend: "
+               f"{'yes' if backend else 'no'} ({state})] ")
+        rows.append({"name": v.name, "release": release, "model": True, "vllm_backend": backend,
+                     "installed": here,
+                     "meaning": tag + v.release + (" (default)" if v.name == DEFAULT_VLLM
+                                                   else ""),
+                     "behaviours": [{"text": b.text, "source": b.source} for b in v.behaviours]})
+    return rows
 
 
 #: a sentence ends at ". " (or "): ") before a word, not after "e.g." or "i.e."
