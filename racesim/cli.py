@@ -122,7 +122,7 @@ def _versions_rows() -> list[dict[str, Any]]:
     installed = installed_vllm()
     rows = []
     for v in PROFILES.values():
-        release = RELEASE_OF.get(v.name, "")
+        release = RELEASE_OF.get(v.name, f"{v.name}.x (main at f90d34b)")
         backend = v.name in SUPPORTED_VLLM
         here = backend and installed is not None and \
             (installed == release or installed.startswith(f"{v.name}."))
