@@ -23,8 +23,9 @@ from racesim.engine_model.profile_types import Behaviour, VllmProfile
 
 __all__ = ["RELEASES", "release_profiles"]
 
-#: profile name -> the vLLM release the vllm backend runs for it (the one supported patch).
-RELEASES: dict[str, str] = {"0.8": "0.8.5", "0.10": "0.10.1.1", "0.11": "0.11.0",
+#: profile name -> the vLLM release it follows (the one supported patch), in release order.
+#: "0.8" follows the code at f90d34b (March 2025), not a published patch release.
+RELEASES: dict[str, str] = {"0.8": "", "0.9": "0.9.2", "0.10": "0.10.1.1", "0.11": "0.11.0",
                             "0.14": "0.14.0", "0.20": "0.20.0", "0.33": "0.33.0"}
 
 _SAME_WIDTHS = Behaviour(
@@ -41,7 +42,7 @@ _NOT_MODELLED = Behaviour(
 
 
 def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
-    """The profiles of 0.10, 0.11, 0.14 and 0.20, built from 0.33's."""
+    """The profiles of 0.9, 0.10, 0.11, 0.14 and 0.20, built from 0.33's."""
     p010 = replace(
         p033, name="0.10",
         release="vLLM 0.10.1.1 (2025-08): one request ID end to end, sync scheduling, one "
@@ -80,6 +81,25 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         ))
     p011 = replace(p010, name="0.11",
                    release="vLLM 0.11.0 (2025-10): 0.10's lifecycle semantics")
+    p09 = replace(
+        p010, name="0.9",
+        release="vLLM 0.9.2 (2025-07): 0.10's lifecycle semantics, no async scheduling",
+        behaviours=(
+            Behaviour("as 0.10: add_request overwrites requests[id]; the OutputProcessor "
+                      "raises 'already running'; one ID end to end; a cancelled generate() "
+                      "aborts its ID; n > 1 registers and sends each child in turn",
+                      "0.9.2 v1/core/sched/scheduler.py:927-931, "
+                      "v1/engine/output_processor.py:301-328, v1/engine/async_llm.py:246, "
+                      "336-337"),
+            Behaviour("no AsyncScheduler: synchronous scheduling only (a scenario setting "
+                      "async_scheduling is refused on the vllm backend)",
+                      "0.9.2 v1/core/sched/ (no async_scheduler.py)"),
+            Behaviour("freed blocks are appended to the free queue",
+                      "0.9.2 v1/core/block_pool.py:291"),
+            Behaviour("P/D: unverified for 0.9 (0.10's NIXL hold is kept; 0.9.2 has no "
+                      "VLLM_NIXL_ABORT_REQUEST_TIMEOUT)", "0.9.2 envs.py"),
+            _NOT_MODELLED, _SAME_WIDTHS,
+        ))
     p014 = replace(
         p033, name="0.14",
         release="vLLM 0.14.0 (2026-01): internal request IDs, async scheduling, aborts in two "
@@ -150,4 +170,4 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "0.20.0 config/kv_transfer.py:70"),
             _NOT_MODELLED, _SAME_WIDTHS,
         ))
-    return {"0.10": p010, "0.11": p011, "0.14": p014, "0.20": p020}
+    return {"0.9": p09, "0.10": p010, "0.11": p011, "0.14": p014, "0.20": p020}

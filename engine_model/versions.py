@@ -215,8 +215,8 @@ def _add_release_profiles() -> None:
     every = {**PROFILES, **release_profiles(PROFILES["0.33"])}
     PROFILES.clear()
     PROFILES.update((name, every[name]) for name in RELEASES if name in every)
-    RELEASE_OF.update(RELEASES)
-    ALIASES.update({release: name for name, release in RELEASES.items()})
+    RELEASE_OF.update({name: release for name, release in RELEASES.items() if release})
+    ALIASES.update({release: name for name, release in RELEASES.items() if release})
 
 
 #: profile name -> the vLLM release (``major.minor.patch``) it follows

@@ -20,7 +20,9 @@ calling convention; a release picks the newest generation at or below it:
   ``ModelRunnerOutput`` needs ``logprobs``, ``prompt_logprobs_dict`` and ``pooler_output``
   (0.10.1.1 also ``spec_token_ids``); ``sha256`` lives in ``vllm.utils``;
   ``FullAttentionSpec`` needs ``use_mla`` in 0.10.1.1; ``SchedulerOutput`` has no
-  ``preempted_req_ids`` (0.14.0 output.py:222 added it).
+  ``preempted_req_ids`` (0.14.0 output.py:222 added it);
+- ``0.9`` (0.9.2): as ``0.10``, with no AsyncScheduler and no block hasher (a ``Request`` is
+  built from the ``EngineCoreRequest`` alone; the KV cache manager hashes its blocks).
 
 Before 0.33 a PyPI wheel ignores ``VLLM_TARGET_DEVICE=cpu`` (no CUDA, ROCm, ... platform is
 found, so it resolves the unspecified platform): :func:`select_cpu_platform` names the CPU
@@ -73,6 +75,9 @@ class Api:
     pause = True
     #: ``SchedulerOutput.preempted_req_ids`` exists (0.14.0 output.py:222)
     lists_preemptions = True
+    #: ``AsyncScheduler`` exists (0.10+), and requests take a block hasher (0.10+)
+    async_scheduler = True
+    block_hasher = True
 
     def __init__(self, version: str) -> None:
         self.version = version
@@ -119,6 +124,10 @@ class Api:
 
     def parent_request(self, cls: Any, request: Any) -> Any:
         return cls(request)
+
+    def request(self, cls: Any, ecr: Any, hasher: Any) -> Any:
+        """``Request.from_engine_core_request`` (0.33 v1/request.py:244)."""
+        return cls.from_engine_core_request(ecr, hasher)
 
     # -- calls ----------------------------------------------------------------------------------
 
@@ -185,9 +194,10 @@ class _Api010(_Api014):
                             resumable: bool = False, **kw: Any) -> Any:
         assert not resumable, "no streaming-input sessions before 0.20"
         names = set(cls.__struct_fields__)
-        if "mm_features" not in names:  # 0.10.1.1: mm_kwargs/mm_hashes/mm_placeholders
+        if "mm_features" not in names:
+            # 0.10.1.1: mm_kwargs/mm_hashes/mm_placeholders; 0.9.2: mm_inputs/...
             kw.pop("mm_features", None)
-            kw.update(mm_kwargs=None, mm_hashes=None, mm_placeholders=None)
+            kw.update({f: None for f in sorted(names) if f.startswith("mm_")})
         return cls(eos_token_id=None, **kw)
 
     def model_runner_output(self, cls: Any, **kw: Any) -> Any:
@@ -221,8 +231,21 @@ class _Api010(_Api014):
         raise AssertionError("vLLM before 0.14 assigns no internal request IDs")
 
 
+class _Api09(_Api010):
+    """0.9.2: as 0.10, but no AsyncScheduler (v1/core/sched/ has none before 0.10), and a
+    ``Request`` hashes its own blocks inside the KV cache manager: no block hasher is passed
+    (0.9.2 v1/request.py:111, ``from_engine_core_request(request)``)."""
+
+    generation = "0.9"
+    async_scheduler = False
+    block_hasher = False
+
+    def request(self, cls: Any, ecr: Any, hasher: Any) -> Any:
+        return cls.from_engine_core_request(ecr)
+
+
 _GENERATIONS: tuple[tuple[tuple[int, ...], type[Api]], ...] = (
-    ((0, 20), Api), ((0, 14), _Api014), ((0, 10), _Api010))
+    ((0, 20), Api), ((0, 14), _Api014), ((0, 10), _Api010), ((0, 9), _Api09))
 
 
 def api_for(version: str) -> Api:
@@ -231,4 +254,4 @@ def api_for(version: str) -> Api:
     for first, cls in _GENERATIONS:
         if key >= first:
             return cls(version)
-    raise AssertionError(f"vLLM {version} is older than any adapter (0.10 is the oldest)")
+    raise AssertionError(f"vLLM {version} is older than any adapter (0.9 is the oldest)")

@@ -29,7 +29,10 @@ __all__ = ["vllm", "VllmEngineShape", "new_scheduler", "new_request", "assign_re
 BLOCK_SIZE_ATTR = "block_size"
 
 _ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "ERROR", "TRANSFORMERS_OFFLINE": "1"}
+        "VLLM_DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "ERROR", "TRANSFORMERS_OFFLINE": "1",
+        # before 0.33 vLLM installs its stdout log handler at import: a --json document on
+        # stdout must stay JSON (its errors then reach stderr)
+        "VLLM_CONFIGURE_LOGGING": "0"}
 
 
 class _Vllm:
@@ -53,8 +56,6 @@ class _Vllm:
         import torch
         from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
         from vllm.sampling_params import RequestOutputKind, SamplingParams
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.engine import (
             EngineCoreOutput,
@@ -78,7 +79,12 @@ class _Vllm:
         self.CacheConfig, self.ModelConfig = CacheConfig, ModelConfig
         self.SchedulerConfig, self.VllmConfig = SchedulerConfig, VllmConfig
         self.SamplingParams, self.RequestOutputKind = SamplingParams, RequestOutputKind
-        self.Scheduler, self.AsyncScheduler = Scheduler, AsyncScheduler
+        self.Scheduler = Scheduler
+        self.AsyncScheduler: Any = None
+        if api.async_scheduler:  # 0.10+
+            from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+            self.AsyncScheduler = AsyncScheduler
         self.EngineCoreRequest, self.FinishReason = EngineCoreRequest, FinishReason
         self.EngineCoreOutput, self.EngineCoreOutputs = EngineCoreOutput, EngineCoreOutputs
         self.OutputProcessor, self.ParentRequest = OutputProcessor, ParentRequest
@@ -88,12 +94,19 @@ class _Vllm:
         self.ModelRunnerOutput = ModelRunnerOutput
         self.Request, self.RequestStatus = Request, RequestStatus
         self.StructuredOutputManager = StructuredOutputManager
-        # NONE_HASH from sha256, so block hashes do not depend on the process (kv_cache_utils.py)
-        init_none_hash(sha256)
         self._hashers: dict[int, Any] = {}
-        self._hasher_factory = (get_request_block_hasher, sha256)
+        self._hasher_factory: Any = None
+        if api.block_hasher:  # 0.10+
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+            # NONE_HASH from sha256, so block hashes do not depend on the process
+            # (kv_cache_utils.py)
+            init_none_hash(sha256)
+            self._hasher_factory = (get_request_block_hasher, sha256)
 
     def block_hasher(self, block_size: int) -> Any:
+        if self._hasher_factory is None:  # 0.9: the KV cache manager hashes blocks itself
+            return None
         hasher = self._hashers.get(block_size)
         if hasher is None:
             factory, hash_fn = self._hasher_factory
@@ -172,7 +185,7 @@ def new_request(request_id: str, prompt_token_ids: list[int], max_tokens: int, c
         mm_features=None, sampling_params=sp, pooling_params=None, arrival_time=arrival_time,
         lora_request=None, cache_salt=None, data_parallel_rank=None, client_index=client_index,
         resumable=resumable)
-    return v.Request.from_engine_core_request(ecr, v.block_hasher(block_size))
+    return v.api.request(v.Request, ecr, v.block_hasher(block_size))
 
 
 def assign_request_id(request_id: str, draw: Any) -> str:

@@ -98,11 +98,7 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
     if what in (None, "invariants"):
         sections["invariants"] = [{"name": n, "meaning": m} for n, m in INVARIANTS.items()]
     if what in (None, "versions"):
-        sections["versions"] = [
-            {"name": v.name, "meaning": v.release + (" (default)" if v.name == DEFAULT_VLLM
-                                                     else ""),
-             "behaviours": [{"text": b.text, "source": b.source} for b in v.behaviours]}
-            for v in PROFILES.values()]
+        sections["versions"] = _versions_rows()
     if as_json:
         _emit_json(sections)
         return
@@ -131,6 +127,31 @@ def _corpus_row(name: str) -> dict[str, Any]:
             "invariant": info.invariant,
             "meaning": f"#{info.issue} (fixed by #{info.fix_pr}): {info.title} "
                        f"[{info.buggy_release} -> {info.fixed_release}, {info.invariant}]"}
+
+
+def _versions_rows() -> list[dict[str, Any]]:
+    """One row per profile: its release, what each backend runs of it, and the install state
+    (read from package metadata, without importing vLLM)."""
+    from racesim.engine_model.versions import RELEASE_OF
+    from racesim.engines import SUPPORTED_VLLM, install_command, installed_vllm
+
+    installed = installed_vllm()
+    rows = []
+    for v in PROFILES.values():
+        release = RELEASE_OF.get(v.name, f"{v.name}.x (main at f90d34b)")
+        backend = v.name in SUPPORTED_VLLM
+        here = backend and installed is not None and \
+            (installed == release or installed.startswith(f"{v.name}."))
+        state = ("installed" if here else f"not installed: {install_command(release)}"
+                 ) if backend else "model only"
+        tag = (f"[release {release}; model: yes; vllm backend: "
+               f"{'yes' if backend else 'no'} ({state})] ")
+        rows.append({"name": v.name, "release": release, "model": True, "vllm_backend": backend,
+                     "installed": here,
+                     "meaning": tag + v.release + (" (default)" if v.name == DEFAULT_VLLM
+                                                   else ""),
+                     "behaviours": [{"text": b.text, "source": b.source} for b in v.behaviours]})
+    return rows
 
 
 #: a sentence ends at ". " (or "): ") before a word, not after "e.g." or "i.e."

