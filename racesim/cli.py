@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from racesim.cli_conform import conform_cmd
+from racesim.cli_corpus import corpus_cmd
 from racesim.cli_matrix import matrix_cmd
 from racesim.cli_options import engine_option as _engine
 from racesim.cli_options import explore_options as _explore_options
@@ -43,7 +44,7 @@ from racesim.runner import (
     replay_command,
     run_command,
 )
-from racesim.scenarios import bundled_names, load_scenario
+from racesim.scenarios import bundled_names, corpus_names, load_scenario
 from racesim.sim import InputError, build_info
 
 __all__ = ["main", "cli"]
@@ -72,17 +73,20 @@ def cli() -> None:
 
 @cli.command("list")
 @click.argument("what", required=False,
-                type=click.Choice(["scenarios", "policies", "points", "invariants", "versions"]))
+                type=click.Choice(["scenarios", "corpus", "policies", "points", "invariants",
+                                   "versions"]))
 @_vllm_option(f"{DEFAULT_VLLM}; the profile whose await-point widths are listed")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
-    """List bundled scenarios, policies, await points (with their width in a vLLM profile),
-    invariants or vLLM version profiles."""
+    """List bundled scenarios, corpus entries (real vLLM bugs), policies, await points (with
+    their width in a vLLM profile), invariants or vLLM version profiles."""
     profile = get_profile(vllm)
     sections: dict[str, list[dict[str, Any]]] = {}
     if what in (None, "scenarios"):
         sections["scenarios"] = [{"name": n, "meaning": load_scenario(n).summary}
                                  for n in bundled_names()]
+    if what in (None, "corpus"):
+        sections["corpus"] = [_corpus_row(n) for n in corpus_names()]
     if what in (None, "policies"):
         sections["policies"] = [{"name": n, "meaning": f"{c.summary} [{c.source}]"}
                                 for n, c in POLICIES.items()]
@@ -94,11 +98,7 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
     if what in (None, "invariants"):
         sections["invariants"] = [{"name": n, "meaning": m} for n, m in INVARIANTS.items()]
     if what in (None, "versions"):
-        sections["versions"] = [
-            {"name": v.name, "meaning": v.release + (" (default)" if v.name == DEFAULT_VLLM
-                                                     else ""),
-             "behaviours": [{"text": b.text, "source": b.source} for b in v.behaviours]}
-            for v in PROFILES.values()]
+        sections["versions"] = _versions_rows()
     if as_json:
         _emit_json(sections)
         return
@@ -107,7 +107,9 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
         console.print(f"[bold]{title}[/bold]"
                       + (f" (widths in vLLM {profile.name})" if title == "points"
                          else " (first sentence; 'racesim show NAME' prints the whole scenario)"
-                         if title == "scenarios" else ""))
+                         if title == "scenarios"
+                         else " (real vLLM bugs; 'racesim corpus' explores them)"
+                         if title == "corpus" else ""))
         width = max(len(r["name"]) for r in rows) if rows else 0
         for r in rows:
             width_tag = f"[{r['width']}] " if "width" in r else ""
@@ -115,6 +117,41 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
             console.print(f"  {r['name'].ljust(width)}  {width_tag}{meaning}", markup=False)
             for b in r.get("behaviours", ()):
                 console.print(f"      - {b['text']} ({b['source']})", markup=False)
+
+
+def _corpus_row(name: str) -> dict[str, Any]:
+    info = load_scenario(name).corpus
+    assert info is not None  # corpus files are checked to carry [corpus] (tests)
+    return {"name": name, "issue": info.issue, "fix_pr": info.fix_pr,
+            "buggy_release": info.buggy_release, "fixed_release": info.fixed_release,
+            "invariant": info.invariant,
+            "meaning": f"#{info.issue} (fixed by #{info.fix_pr}): {info.title} "
+                       f"[{info.buggy_release} -> {info.fixed_release}, {info.invariant}]"}
+
+
+def _versions_rows() -> list[dict[str, Any]]:
+    """One row per profile: its release, what each backend runs of it, and the install state
+    (read from package metadata, without importing vLLM)."""
+    from racesim.engine_model.versions import RELEASE_OF
+    from racesim.engines import SUPPORTED_VLLM, install_command, installed_vllm
+
+    installed = installed_vllm()
+    rows = []
+    for v in PROFILES.values():
+        release = RELEASE_OF.get(v.name, f"{v.name}.x (main at f90d34b)")
+        backend = v.name in SUPPORTED_VLLM
+        here = backend and installed is not None and \
+            (installed == release or installed.startswith(f"{v.name}."))
+        state = ("installed" if here else f"not installed: {install_command(release)}"
+                 ) if backend else "model only"
+        tag = (f"[release {release}; model: yes; vllm backend: "
+               f"{'yes' if backend else 'no'} ({state})] ")
+        rows.append({"name": v.name, "release": release, "model": True, "vllm_backend": backend,
+                     "installed": here,
+                     "meaning": tag + v.release + (" (default)" if v.name == DEFAULT_VLLM
+                                                   else ""),
+                     "behaviours": [{"text": b.text, "source": b.source} for b in v.behaviours]})
+    return rows
 
 
 #: a sentence ends at ". " (or "): ") before a word, not after "e.g." or "i.e."
@@ -314,6 +351,7 @@ def bench_cmd(quick: bool, as_json: bool) -> None:
 
 cli.add_command(matrix_cmd)
 cli.add_command(conform_cmd)
+cli.add_command(corpus_cmd)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
            "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts",
-           "racesim_version", "LEGACY_VLLM", "free_path"]
+           "racesim_version", "LEGACY_VLLM", "free_path", "release_of_run"]
 
 COUNTEREXAMPLE_FORMAT = "racesim-counterexample/1"
 #: the profile of a counterexample file that names none: it was written by the model that the
@@ -55,6 +55,7 @@ def run_document(spec: RunSpec, result: RunResult) -> dict[str, Any]:
         "policy_options": spec.option_dict,
         "vllm": result.vllm,
         "engine": result.engine,
+        "vllm_release": release_of_run(result.vllm, result.engine),
         "seed": result.seed,
         "trace_hash": result.trace_hash,
         "events": result.events,
@@ -88,6 +89,9 @@ class Counterexample:
     racesim_version: str = ""
     #: the backend that found it: "model", or "vllm" (files without the key: the model).
     engine: str = "model"
+    #: the vLLM release it ran on: the installed one on the vllm backend, the release the
+    #: profile follows on the model ("" until written: then it is filled in).
+    vllm_release: str = ""
 
     @property
     def vllm(self) -> str:
@@ -99,6 +103,7 @@ class Counterexample:
             "racesim_version": self.racesim_version or racesim_version(),
             "vllm": self.vllm,
             "engine": self.engine,
+            "vllm_release": self.vllm_release or release_of_run(self.vllm, self.engine),
             "reach": self.reach,
             # the profile is written into the scenario too, so the file replays on it
             "scenario": self.scenario.with_vllm(self.vllm).to_dict(),
@@ -225,11 +230,24 @@ def read_counterexample(path: str) -> Counterexample:
     engine = data.get("engine", "model")
     if engine not in ENGINES:
         raise InputError(f"{src}: 'engine' must be one of {', '.join(ENGINES)} (got {engine!r})")
+    release = data.get("vllm_release")
     return Counterexample(scenario, policy, options, seed, schedule, tuple(skip),
                           tuple(v for v in violations if isinstance(v, dict)), trace_hash,
                           shrunk if isinstance(shrunk, int) and not isinstance(shrunk, bool)
                           else None, found_by, reach if reach in ("live", "latent") else None,
-                          version if isinstance(version, str) else "", engine)
+                          version if isinstance(version, str) else "", engine,
+                          release if isinstance(release, str) else "")
+
+
+def release_of_run(profile: str, engine: str) -> str:
+    """The vLLM release a run on ``engine`` under ``profile`` follows: the installed one on the
+    vllm backend (the check before the run made it that profile's), else the profile's."""
+    from racesim.engine_model.versions import RELEASE_OF
+    from racesim.engines import installed_vllm
+
+    if engine == "vllm":
+        return installed_vllm() or RELEASE_OF.get(profile, "")
+    return RELEASE_OF.get(profile, "")
 
 
 def racesim_version() -> str:
