@@ -26,7 +26,7 @@ from racesim.engine_vllm.support import SUPPORTED_POLICIES
 from racesim.engines import cannot_run, why_not_run
 from racesim.matrix import run_matrix
 from racesim.progress import ProgressBar
-from racesim.render import print_matrix
+from racesim.render import matrix_summary, print_matrix
 from racesim.reports.verdict import exit_status
 from racesim.runner import import_from_cwd
 from racesim.scenarios import bundled_names, load_scenario
@@ -106,6 +106,12 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
         _emit_json(doc)
     else:
         print_matrix(_console(), doc)
+        click.echo(matrix_summary(doc))
+        written = [c["counterexample"]["path"] for c in doc["cells"]
+                   if c.get("counterexample") and c["counterexample"].get("path")]
+        click.echo(f"counterexamples: {out}/ ({len(written)} file"
+                   f"{'' if len(written) == 1 else 's'} written)" if written
+                   else "counterexamples: none written (no cell violated anything)")
         if html_file:
             click.echo(f"report: {html_file}" + (f" (failing cells' reports in {cells}/)"
                                                    if cells is not None and cells.is_dir()

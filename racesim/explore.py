@@ -4,7 +4,9 @@ Run 0 is the unperturbed baseline. Invariants it already violates are the scenar
 violations (metrics-exact under most policies, or a race that needs no delay at all). The
 counterexample, and ``first_violation_run``, are the first run that violates something *beyond*
 them; both fall back to the baseline itself when nothing else is found. ``violating_runs``
-counts every run with any violation.
+counts every run with any violation (DESIGN.md's contract); ``racing_runs`` counts the runs that
+broke a safety or liveness invariant, ``accounting_runs`` those that broke only accounting ones
+(``metrics-exact``), so ``violating_runs == racing_runs + accounting_runs``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from racesim.engine_model import RunResult
 from racesim.engine_model.policies import policy_spec
 from racesim.engine_model.versions import get_profile, reach_of
 from racesim.parallel import executor, ordered_map
-from racesim.reports.verdict import verdict
+from racesim.reports.verdict import RACE, verdict
 from racesim.run_summary import RunSummary
 from racesim.runner import RunSpec, import_from_cwd
 from racesim.scenarios import Scenario
@@ -74,6 +76,10 @@ class ExploreResult:
     strategy: str
     runs: int = 0
     violating_runs: int = 0
+    #: runs that broke a safety or liveness invariant (a race)
+    racing_runs: int = 0
+    #: runs that broke only accounting invariants (metrics-exact)
+    accounting_runs: int = 0
     elapsed_s: float = 0.0
     distinct_traces: int = 0
     coverage: dict[str, int] = field(default_factory=dict)
@@ -161,6 +167,8 @@ class ExploreResult:
             "seed": self.seed,
             "runs": self.runs,
             "violating_runs": self.violating_runs,
+            "racing_runs": self.racing_runs,
+            "accounting_runs": self.accounting_runs,
             "first_violation_run": self.first_violation_run,
             "elapsed_s": round(self.elapsed_s, 3),
             "distinct_traces": self.distinct_traces,
@@ -245,6 +253,10 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             res.coverage[point] = res.coverage.get(point, 0) + 1
         if s.violated:
             res.violating_runs += 1
+            if verdict(s.violated) == RACE:
+                res.racing_runs += 1
+            else:
+                res.accounting_runs += 1
             for v in s.violated:
                 invariants.setdefault(v, None)
             found = res.found_run

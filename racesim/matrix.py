@@ -54,7 +54,8 @@ class MatrixResult:
         }
 
 
-_CELL_KEYS = ("scenario", "vllm", "policy", "runs", "violating_runs", "invariants", "verdict",
+_CELL_KEYS = ("scenario", "vllm", "policy", "runs", "violating_runs", "racing_runs",
+              "accounting_runs", "invariants", "verdict",
               "first_violation_run", "baseline_violations", "distinct_traces", "coverage",
               "confidence", "counterexample", "interrupted", "error")
 

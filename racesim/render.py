@@ -19,7 +19,7 @@ from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, RACE, verdict
 from racesim.sim.trace import TraceEvent
 
-__all__ = ["print_run", "timeline_events"]
+__all__ = ["print_run", "timeline_events", "print_matrix", "matrix_summary"]
 
 #: Component styles by kind (engines: by P/D role).
 _KIND_STYLE = {"client": "cyan", "frontend": "green", "channel": "dim", "proxy": "yellow"}
@@ -147,6 +147,8 @@ def _explore_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = [
         ("runs", f"{runs} ({doc['distinct_traces']} distinct traces, {doc['elapsed_s']} s)"),
         ("violating runs", f"{violating} of {runs}" + (
+            f": {doc['racing_runs']} racing, {doc['accounting_runs']} accounting only"
+            if violating else "") + (
             f" (the unperturbed run 0 already violates {', '.join(baseline)})"
             if baseline else "")),
         ("first run violating more than run 0" if baseline else "first violating run",
@@ -213,7 +215,7 @@ def print_matrix(console: Console, doc: dict[str, Any]) -> None:
     t = Table(title="policy x scenario", title_justify="left")
     t.add_column("scenario / policy", no_wrap=True)
     t.add_column("verdict", no_wrap=True)
-    t.add_column("violating/runs", no_wrap=True, justify="right")
+    t.add_column("racing/runs", no_wrap=True, justify="right")
     t.add_column("invariants violated", overflow="fold")
     for s in doc["scenarios"]:
         t.add_row(Text(printable(s), style="bold"), "", "", "")
@@ -231,7 +233,7 @@ def print_matrix(console: Console, doc: dict[str, Any]) -> None:
                       Text(c.get("label") or v,
                            style="magenta" if c.get("label") == "latent hazard"
                            else _CELL_STYLE.get(v, "green")),
-                      f"{c['violating_runs']}/{c['runs']}", "\n".join(c["invariants"]))
+                      _runs_text(c), "\n".join(c["invariants"]))
         if s != doc["scenarios"][-1]:
             t.add_section()
     console.print(t)
@@ -240,4 +242,28 @@ def print_matrix(console: Console, doc: dict[str, Any]) -> None:
         console.print(Text(printable(", ".join(f"{k} {v}" for k, v in params.items()
                                                if v not in (None, [])))), style="dim")
     console.print("race: a safety or liveness invariant broke; accounting: only metrics-exact "
-                  "(a stats gap vLLM still has); safe: nothing broke.", style="dim")
+                  "(a stats gap vLLM still has); safe: nothing broke. racing/runs: runs that "
+                  "raced; +N acct.: runs with only an accounting gap.", style="dim")
+
+
+def _runs_text(cell: dict[str, Any]) -> str:
+    """``racing/runs``, and the accounting-only runs under it: a run that only missed a stats
+    count is not a race, so it is never added to the racing runs."""
+    racing = cell.get("racing_runs", cell["violating_runs"])
+    accounting = cell.get("accounting_runs", 0)
+    return f"{racing}/{cell['runs']}" + (f"\n+{accounting} acct." if accounting else "")
+
+
+def matrix_summary(doc: dict[str, Any]) -> str:
+    """The matrix's last word: how many cells race (live, latent), have only an accounting
+    gap, are safe, or could not run."""
+    labels = [("error" if c.get("error") else c.get("label") or verdict(c["invariants"]))
+              for c in doc["cells"]]
+    live, latent = labels.count("live race"), labels.count("latent hazard")
+    parts = [f"{live + latent} racing ({live} live, {latent} latent hazard"
+             f"{'' if latent == 1 else 's'})",
+             f"{labels.count('accounting gap')} accounting gap only",
+             f"{labels.count('safe')} safe"]
+    if labels.count("error"):
+        parts.append(f"{labels.count('error')} failed to run")
+    return f"cells: {', '.join(parts)} (of {len(labels)})"
