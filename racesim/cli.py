@@ -253,8 +253,8 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
 
     scen = load_scenario(scenario).with_vllm(vllm)
     options = _options(policy_opts)
+    out = _output_dir("--out", out_dir)  # first: --html may name a file inside it
     _output_file("--html", html_file)
-    out = _output_dir("--out", out_dir)
     _check_workers(workers, dask)
     cx_path = counterexample_path(out, scen.name, policy, strategy, seed, engine or "model")
     _output_file("--out", str(cx_path))

@@ -77,12 +77,12 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     check_invariant_names(tuple(skip))
     if time_limit is not None and not time_limit > 0:
         raise InputError(f"--time-limit must be > 0 seconds, got {time_limit}")
+    out = _output_dir("--out", out_dir)  # first: --html may name a file inside it
     _output_file("--html", html_file)
     if html_file:
         from racesim.report_files import check_cells_dir
         if (why := check_cells_dir(Path(html_file))) is not None:
             raise InputError(f"--html {html_file!r}: {why}")
-    out = _output_dir("--out", out_dir)
     _check_workers(workers, dask)
     bar = ProgressBar(not as_json, "matrix")
 
@@ -105,13 +105,14 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     if as_json:
         _emit_json(doc)
     else:
-        print_matrix(_console(), doc)
-        click.echo(matrix_summary(doc))
+        console = _console()
+        print_matrix(console, doc)
         written = [c["counterexample"]["path"] for c in doc["cells"]
                    if c.get("counterexample") and c["counterexample"].get("path")]
-        click.echo(f"counterexamples: {out}/ ({len(written)} file"
-                   f"{'' if len(written) == 1 else 's'} written)" if written
-                   else "counterexamples: none written (no cell violated anything)")
+        console.print(matrix_summary(doc) + f"; {len(written)} counterexample file"
+                      f"{'' if len(written) == 1 else 's'} written", markup=False)
+        if written:  # the folder alone: a path is never wrapped, so it must stay short
+            click.echo(f"counterexamples: {out}/")
         if html_file:
             click.echo(f"report: {html_file}" + (f" (failing cells' reports in {cells}/)"
                                                    if cells is not None and cells.is_dir()

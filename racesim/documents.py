@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
            "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts",
-           "racesim_version", "LEGACY_VLLM", "free_path"]
+           "racesim_version", "LEGACY_VLLM", "free_path", "write_claimed",
+           "replaceable"]
 
 COUNTEREXAMPLE_FORMAT = "racesim-counterexample/1"
 #: the profile of a counterexample file that names none: it was written by the model that the
@@ -136,6 +137,28 @@ def free_path(path: Path, ours: Callable[[Any], bool]) -> Path:
         n += 1
         candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
     return candidate
+
+
+def write_claimed(path: Path, cx: Counterexample, ours: Callable[[Any], bool], *,
+                  first: Path, stand_in: bool = False) -> Path:
+    """Write ``cx`` under the name ``path`` (its ``.unshrunk.json`` stand-in with ``stand_in``)
+    if that name is still free or holds a file ``ours`` accepts; if another process took it
+    since it was chosen, under the next free name from ``first`` (``free_path``'s start). The
+    file is created exclusively, so two explorations writing into one folder at once never
+    overwrite each other. Returns the name it went under (``path`` or a ``-N`` one)."""
+    from racesim.reports._io import write_new
+
+    text = json.dumps(cx.as_dict(), indent=2, ensure_ascii=False) + "\n"
+    while True:
+        target = path.with_name(path.stem + ".unshrunk.json") if stand_in else path
+        if write_new(target, text, lambda p: _replaceable(p, ours)):
+            return path
+        path = free_path(first, ours)
+
+
+def replaceable(path: Path, ours: Callable[[Any], bool]) -> bool:
+    """No file at ``path``, or a regular one whose JSON ``ours`` accepts."""
+    return _replaceable(path, ours)
 
 
 def _replaceable(path: Path, ours: Callable[[Any], bool]) -> bool:

@@ -24,9 +24,10 @@ from typing import Any
 from racesim.documents import (
     Counterexample,
     free_path,
+    replaceable,
     safe_file_name,
     violation_dicts,
-    write_counterexample,
+    write_claimed,
 )
 from racesim.engine_model import RunResult
 from racesim.engine_model.policies import policy_spec
@@ -104,6 +105,21 @@ class ExploreResult:
     key: dict[str, Any] = field(default_factory=dict)
     #: where its counterexample goes (claimed at the start: never a file another run wrote)
     out_path: Path | None = None
+    #: the ``.unshrunk.json`` stand-in this exploration wrote (removed once shrunk)
+    stand_in: Path | None = None
+
+    def ours(self, data: Any) -> bool:
+        """``data`` (a counterexample file's JSON) was written by this same exploration, asked
+        for again: replacing it loses nothing."""
+        return isinstance(data, dict) and isinstance(data.get("found_by"), dict) \
+            and data["found_by"].get("exploration") == self.key
+
+    def first_path(self, out_dir: Path) -> Path:
+        """The name this exploration's counterexample takes when no other file has it."""
+        spec = self.spec
+        return counterexample_path(out_dir, spec.scenario.name, spec.policy, self.strategy,
+                                   spec.seed, spec.engine)
+
     @property
     def scenario(self) -> Scenario:
         return self.spec.scenario
@@ -224,10 +240,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     res = ExploreResult(spec, strategy, reach=reach,
                         key=_exploration_key(spec, strategy, reach, budget, time_limit))
     if out_dir is not None:
-        res.out_path = free_path(
-            counterexample_path(out_dir, scenario.name, policy, strategy, seed, engine),
-            lambda data: isinstance(data, dict) and isinstance(data.get("found_by"), dict)
-            and data["found_by"].get("exploration") == res.key)
+        res.out_path = free_path(res.first_path(out_dir), res.ours)
     try:
         baseline = spec.run(retain_trace=False)
     except KeyboardInterrupt:  # nothing found yet: say so rather than unwind the caller
@@ -312,10 +325,12 @@ def _shrink_found(res: ExploreResult, found: RunSummary, standing: frozenset[str
     final = spec.with_scenario(shrunk.scenario).run(schedule=shrunk.schedule)
     cx = _counterexample(res, shrunk.scenario, final, len(found.schedule), found.run)
     if out_dir is not None:
-        path = res.out_path or counterexample_path(out_dir, spec.scenario.name, spec.policy,
-                                                   res.strategy, spec.seed, spec.engine)
-        write_counterexample(path, cx)
-        unshrunk_path(path).unlink(missing_ok=True)  # ours, and now superseded
+        first = res.first_path(out_dir)
+        path = write_claimed(res.out_path or first, cx, res.ours, first=first)
+        res.out_path = path
+        for stale in (res.stand_in, unshrunk_path(path)):  # ours, and now superseded
+            if stale is not None and stale.exists() and replaceable(stale, res.ours):
+                stale.unlink(missing_ok=True)
         res.counterexample_path = str(path)
     res.final_run, res.counterexample = final, cx
 
@@ -366,7 +381,8 @@ def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: P
         r = res.spec.run(schedule=s.schedule, retain_trace=False)
         s = RunSummary(s.run, r.trace_hash, r.violated, r.schedule)
     cx = _counterexample(res, res.scenario, s, shrunk_from, s.run)
-    path = unshrunk_path(res.out_path or counterexample_path(
-        out_dir, res.scenario.name, res.policy, res.strategy, res.seed, res.engine))
-    write_counterexample(path, cx)
+    first = res.first_path(out_dir)
+    res.out_path = write_claimed(res.out_path or first, cx, res.ours, first=first,
+                                 stand_in=True)
+    path = res.stand_in = unshrunk_path(res.out_path)
     res.counterexample, res.counterexample_path = cx, str(path)
