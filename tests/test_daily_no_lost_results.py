@@ -38,7 +38,8 @@ def test_a_name_taken_after_it_was_chosen_is_not_overwritten(
     assert json.loads(taken.read_text()) == foreign
     assert res.counterexample_path == str(taken.with_name(taken.stem + "-2.json"))
     assert json.loads(Path(res.counterexample_path).read_text())["shrunk_from"] is not None
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([taken.name, taken.stem + "-2.json"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([taken.name,
+                                                                 taken.stem + "-2.json"])
 
 
 def test_concurrent_explores_into_one_folder_keep_every_counterexample(tmp_path: Path) -> None:
