@@ -111,12 +111,18 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
                    if c.get("counterexample") and c["counterexample"].get("path")]
         console.print(matrix_summary(doc) + f"; {len(written)} counterexample file"
                       f"{'' if len(written) == 1 else 's'} written", markup=False)
+        for c in doc["cells"]:
+            if c.get("stopped_early"):
+                console.print(f"stopped before --budget: {c['scenario']} / {c['policy']}: "
+                              f"{c['stopped_early']}", markup=False)
         if written:  # the folder alone: a path is never wrapped, so it must stay short
             click.echo(f"counterexamples: {out}/")
         if html_file:
             click.echo(f"report: {html_file}" + (f" (failing cells' reports in {cells}/)"
                                                    if cells is not None and cells.is_dir()
                                                    else ""))
+    for line in dict.fromkeys(w for c in doc["cells"] for w in c.get("warnings") or ()):
+        click.echo(f"racesim: {line}", err=True)
     if result.errors:
         _fail(result.errors[0])
     if result.interrupted:

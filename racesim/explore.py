@@ -40,6 +40,7 @@ from racesim.scenarios import Scenario
 from racesim.shrink import shrink
 from racesim.sim import Decision, InputError
 from racesim.sim.strategies import STRATEGIES, StrategyConfig, make_strategy
+from racesim.unreached import unreached_warnings
 
 __all__ = ["ExploreResult", "RunSummary", "explore", "counterexample_path",
            "unshrunk_path"]
@@ -105,6 +106,10 @@ class ExploreResult:
     key: dict[str, Any] = field(default_factory=dict)
     #: where its counterexample goes (claimed at the start: never a file another run wrote)
     out_path: Path | None = None
+    #: what the user should know about how it ran (a [delays] entry no run reached, ...)
+    warnings: list[str] = field(default_factory=list)
+    #: why it made fewer runs than its budget (None: it did not stop early)
+    stopped_early: str | None = None
     #: the ``.unshrunk.json`` stand-in this exploration wrote (removed once shrunk)
     stand_in: Path | None = None
 
@@ -197,6 +202,8 @@ class ExploreResult:
             "confidence": self.confidence(),
             "counterexample": cx,
             "interrupted": self.interrupted,
+            "stopped_early": self.stopped_early,
+            "warnings": list(self.warnings),
             "error": self.error,
         }
 
@@ -248,6 +255,9 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
         res.elapsed_s = time.monotonic() - started
         return res
     res.baseline_violations = baseline.violated
+    # the scenario's fixed delays apply in every run; the unperturbed one is where a misplaced
+    # entry shows (a perturbed run may pass a point more often, but the user meant run 0 too)
+    res.warnings.extend(unreached_warnings("[delays]", scenario.delays, baseline.occurrences))
     res.baseline_reach = baseline.reach().reach
     occurrences = baseline.occurrences
     if reach == "live":  # the strategies delay only the points they are given
@@ -284,6 +294,13 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             from racesim.hypothesis_search import hypothesis_search
             minimal = hypothesis_search(spec, config, budget - 1, standing, record,
                                         lambda: _over(started, time_limit), progress, out_dir)
+            if res.runs < budget and not res.interrupted:
+                res.stopped_early = (
+                    f"--time-limit {time_limit:g} s reached" if _over(started, time_limit)
+                    else "hypothesis stopped once it had found and shrunk a failing schedule"
+                    if minimal is not None
+                    else "hypothesis ran out of distinct schedules to draw"
+                ) + f" after {res.runs} of --budget {budget} runs"
             if minimal is not None and res.found_run is not None:
                 # hypothesis's own shrunk example replaces the first one it tripped over
                 r = spec.run(delays=minimal, retain_trace=False, hash_trace=False)
@@ -300,7 +317,14 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
                     if progress is not None:
                         progress(res.runs, total, res.violating_runs)
                     if _over(started, time_limit):
+                        if res.runs < total:
+                            res.stopped_early = (f"--time-limit {time_limit:g} s reached after "
+                                                 f"{res.runs} of --budget {budget} runs")
                         break
+            if res.stopped_early is None and total < budget and res.runs == total:
+                res.stopped_early = (f"the {strategy} strategy has only {total} distinct "
+                                     f"schedules (run 0 included) and tried them all, fewer "
+                                     f"than --budget {budget}")
     except KeyboardInterrupt:
         res.interrupted = True
     res.distinct_traces = len(traces)

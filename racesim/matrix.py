@@ -57,7 +57,8 @@ class MatrixResult:
 _CELL_KEYS = ("scenario", "vllm", "policy", "runs", "violating_runs", "racing_runs",
               "accounting_runs", "invariants", "verdict",
               "first_violation_run", "baseline_violations", "distinct_traces", "coverage",
-              "confidence", "counterexample", "interrupted", "error")
+              "confidence", "counterexample", "interrupted", "stopped_early", "warnings",
+              "error")
 
 
 def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget: int,

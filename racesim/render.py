@@ -182,6 +182,8 @@ def _explore_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("counterexample", "none"))
     if doc.get("interrupted"):
         rows.append(("interrupted", "yes: these figures cover the runs made before Ctrl-C"))
+    if doc.get("stopped_early"):
+        rows.append(("stopped early", doc["stopped_early"]))
     return rows
 
 
