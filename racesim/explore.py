@@ -21,6 +21,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+from racesim.distinct import DistinctCounter
 from racesim.documents import (
     Counterexample,
     free_path,
@@ -38,7 +39,7 @@ from racesim.run_summary import RunSummary
 from racesim.runner import RunSpec, import_from_cwd
 from racesim.scenarios import Scenario
 from racesim.shrink import shrink
-from racesim.sim import Decision, InputError
+from racesim.sim import InputError
 from racesim.sim.strategies import STRATEGIES, StrategyConfig, make_strategy
 from racesim.unreached import unreached_warnings
 
@@ -84,6 +85,8 @@ class ExploreResult:
     accounting_runs: int = 0
     elapsed_s: float = 0.0
     distinct_traces: int = 0
+    #: ``distinct_traces`` is a sketch's estimate (past 2**18 distinct schedules)
+    distinct_estimated: bool = False
     coverage: dict[str, int] = field(default_factory=dict)
     baseline_violations: tuple[str, ...] = ()
     invariants: tuple[str, ...] = ()
@@ -193,6 +196,7 @@ class ExploreResult:
             "first_violation_run": self.first_violation_run,
             "elapsed_s": round(self.elapsed_s, 3),
             "distinct_traces": self.distinct_traces,
+            "distinct_traces_estimated": self.distinct_estimated,
             "coverage": self.coverage,
             "baseline_violations": list(self.baseline_violations),
             "baseline_reach": self.baseline_reach,
@@ -266,7 +270,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     config = StrategyConfig(occurrences=occurrences,
                             scale=scenario.workload.engine.step_time, seed=seed)
     standing = frozenset(baseline.violated)
-    traces: set[tuple[Decision, ...]] = set()
+    traces = DistinctCounter()  # digests, not schedules: bounded memory on long runs
     invariants: dict[str, None] = {}
 
     def record(s: RunSummary) -> None:
@@ -328,6 +332,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     except KeyboardInterrupt:
         res.interrupted = True
     res.distinct_traces = len(traces)
+    res.distinct_estimated = traces.estimated
     res.invariants = tuple(invariants)
     found = res.found_run
     if found is not None and not res.interrupted:
