@@ -6,9 +6,13 @@ so the runs, the first violating run and the counterexample do not depend on the
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
@@ -41,9 +45,36 @@ def check_workers(workers: int | None) -> int:
     return n
 
 
-def _ignore_sigint() -> None:
-    """Workers leave Ctrl-C to the parent, which stops cleanly and keeps what was found."""
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _init_worker(parent: int) -> None:
+    """Workers leave Ctrl-C to the parent, which stops cleanly and keeps what was found; and
+    they die with the parent, however it ends (SIGKILL, SIGTERM), rather than run on alone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not _pdeathsig():
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
+                         name="racesim-parent-watch").start()
+    if os.getppid() != parent:  # the parent died before the watch was set up
+        os._exit(1)
+
+
+def _pdeathsig() -> bool:
+    """Ask Linux to send this process SIGTERM when its parent dies; False elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    """Where prctl is missing: poll, once a second, whether the parent is still ours."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 @contextmanager
@@ -69,7 +100,8 @@ def executor(workers: int | None, dask: str | None) -> Iterator[Executor | None]
     if n == 1:
         yield None
         return
-    pool = ProcessPoolExecutor(max_workers=n, initializer=_ignore_sigint)
+    pool = ProcessPoolExecutor(max_workers=n, initializer=_init_worker,
+                               initargs=(os.getpid(),))
     try:
         yield pool
     finally:

@@ -147,3 +147,126 @@ def test_an_error_line_with_a_pasted_megabyte_is_clipped(
     code, _out, err = _cli(capsys, "run", "abort-reuse", "--delay", "x" * 100_000 + "=1")
     _one_line_error(code, err, "--delay")
     assert len(err) < 1100 and err.rstrip().endswith(" chars)")
+
+
+# -- explore's memory -------------------------------------------------------------------------
+
+def _schedule(i: int) -> tuple[object, ...]:
+    from racesim.sim import Decision
+
+    return tuple(Decision("engine.step:execute", i + k, 0.01 * (k + 1)) for k in range(5))
+
+
+def test_distinct_schedules_are_counted_exactly_below_the_limit() -> None:
+    from racesim.distinct import DistinctCounter
+
+    counter = DistinctCounter()
+    for i in range(3000):
+        counter.add(_schedule(i % 1000))
+        counter.add(())
+    assert len(counter) == 1001 and not counter.estimated
+
+
+def test_past_the_limit_the_count_is_a_marked_estimate_in_fixed_memory() -> None:
+    import tracemalloc
+
+    from racesim.distinct import DistinctCounter
+
+    counter = DistinctCounter(exact_limit=1000)
+    for i in range(1000):
+        counter.add(_schedule(i))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(1000, 40_000):
+            counter.add(_schedule(i))
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert counter.estimated
+    assert abs(len(counter) - 40_000) < 0.05 * 40_000
+    assert grown < 64_000, grown  # the 16 KB sketch; keeping schedules would be ~100 MB
+
+
+def test_explore_keeps_digests_not_schedules() -> None:
+    """Below the limit the count is what a set of the schedules gives (same as before), and
+    the exploration's per-run memory is a digest, not the schedule."""
+    import tracemalloc
+
+    from racesim.explore import explore
+    from racesim.scenarios import load_scenario
+
+    scen = load_scenario("abort-reuse")
+    explore(scen, "internal-id", budget=2, workers=1)  # warm caches and imports
+    tracemalloc.start()
+    try:
+        res = explore(scen, "internal-id", budget=400, workers=1, shrink_runs=0)
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    doc = res.document()
+    assert doc["distinct_traces"] > 300 and doc["distinct_traces_estimated"] is False
+    assert res.runs == 400
+    # today's set of schedules is ~2.7 KB a run (> 1 MB for 400 runs) on top of one run's peak
+    assert peak < 1_500_000, peak
+
+
+# -- pool workers ----------------------------------------------------------------------------
+
+def _children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is ``pid``, from /proc."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
+
+
+def _wait_for(what: object, deadline: float) -> object:
+    while time.monotonic() < deadline:
+        value = what()  # type: ignore[operator]
+        if value:
+            return value
+        time.sleep(0.05)
+    return what()  # type: ignore[operator]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_pool_workers_die_with_their_parent(tmp_path: Path, sig: signal.Signals) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen([*COMMAND, "explore", "abort-reuse", "-p", "internal-id",
+                             "--budget", "1000000", "--time-limit", "120", "--workers", "2",
+                             "--out", str(tmp_path), "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    workers: list[int] = []
+    try:
+        # the pool's two workers (and multiprocessing's resource tracker, which exits by itself)
+        found = _wait_for(lambda: len(_children(proc.pid)) >= 2, time.monotonic() + 60)
+        assert found, "the explore never started its workers"
+        workers = _children(proc.pid)
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        gone = _wait_for(lambda: not any(_alive(w) for w in workers), time.monotonic() + 20)
+        assert gone, f"{[w for w in workers if _alive(w)]} outlived their parent"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for w in workers:
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
