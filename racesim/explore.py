@@ -15,7 +15,8 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -31,7 +32,7 @@ from racesim.documents import (
     write_claimed,
 )
 from racesim.engine_model import RunResult
-from racesim.engine_model.policies import policy_spec
+from racesim.engine_model.policies import PolicyImportError, policy_spec
 from racesim.engine_model.versions import get_profile, reach_of
 from racesim.parallel import executor, ordered_map
 from racesim.reports.verdict import RACE, verdict
@@ -315,8 +316,9 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             size = strat.size()
             total = budget if size is None else min(budget, size)
             ctx = _Context(spec, strategy, config)
-            with executor(workers, dask) as ex:
-                for s in ordered_map(_run_batch, ctx, range(1, total), ex):
+            deadline = None if time_limit is None else started + time_limit
+            with executor(workers, dask, time_limit) as ex, _worker_errors(policy, dask):
+                for s in ordered_map(_run_batch, ctx, range(1, total), ex, deadline=deadline):
                     record(s)
                     if progress is not None:
                         progress(res.runs, total, res.violating_runs)
@@ -325,6 +327,10 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
                             res.stopped_early = (f"--time-limit {time_limit:g} s reached after "
                                                  f"{res.runs} of --budget {budget} runs")
                         break
+            if res.stopped_early is None and res.runs < total and not res.interrupted:
+                res.stopped_early = (f"no results came back from the workers by --time-limit "
+                                     f"{time_limit:g} s; stopped after {res.runs} of --budget "
+                                     f"{budget} runs")
             if res.stopped_early is None and total < budget and res.runs == total:
                 res.stopped_early = (f"the {strategy} strategy has only {total} distinct "
                                      f"schedules (run 0 included) and tried them all, fewer "
@@ -362,6 +368,22 @@ def _shrink_found(res: ExploreResult, found: RunSummary, standing: frozenset[str
                 stale.unlink(missing_ok=True)
         res.counterexample_path = str(path)
     res.final_run, res.counterexample = final, cx
+
+
+@contextmanager
+def _worker_errors(policy: str, dask: str | None) -> Iterator[None]:
+    """A policy this process imported but a Dask worker could not: say where it failed and how
+    to ship the module (the workers import it by name, from their own sys.path)."""
+    try:
+        yield
+    except PolicyImportError as exc:
+        if not dask:
+            raise
+        module = policy.partition(":")[0]
+        raise InputError(f"--dask: policy {policy!r} failed to import on a Dask worker ({exc}); "
+                         f"ship its module to the workers with client.upload_file"
+                         f"('{module.replace('.', '/')}.py') or install its package on every "
+                         f"worker") from None
 
 
 def _beyond(s: RunSummary | None, standing: frozenset[str]) -> bool:

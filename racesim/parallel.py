@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -77,20 +78,54 @@ def _watch_parent(parent: int) -> None:
     os._exit(1)
 
 
+#: How long to wait for a Dask scheduler to answer and for a worker to join, when there is no
+#: --time-limit (with one: that limit, up to this).
+DASK_WAIT = 30.0
+
+
+def _dask_client(address: str, wait: float) -> Any:
+    """A connected Dask client with at least one worker, or an InputError within ``wait``
+    seconds (plus a second's grace): an address that is not a Dask scheduler can accept the
+    connection and never answer, so the connection is made in a thread that is left behind."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise InputError("--dask needs the optional extra: pip install 'racesim[dask]'") \
+            from None
+    box: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            box["client"] = Client(address, timeout=wait, set_as_default=False)
+        except BaseException as exc:  # unreachable scheduler, bad address: the user's input
+            box["error"] = exc
+
+    thread = threading.Thread(target=connect, daemon=True, name="racesim-dask-connect")
+    thread.start()
+    thread.join(wait + 1.0)
+    if thread.is_alive():
+        raise InputError(f"--dask {address!r}: no Dask scheduler answered within {wait:g} s "
+                         f"(is it a scheduler's address, such as tcp://HOST:8786?)")
+    if "error" in box:
+        exc = box["error"]
+        raise InputError(f"--dask {address!r}: cannot connect ({type(exc).__name__}: {exc})")
+    client = box["client"]
+    try:
+        client.wait_for_workers(1, timeout=wait)
+    except Exception:
+        client.close()
+        raise InputError(f"--dask {address!r}: the scheduler has no workers (waited {wait:g} s);"
+                         f" start one with 'dask worker {address}'") from None
+    return client
+
+
 @contextmanager
-def executor(workers: int | None, dask: str | None) -> Iterator[Executor | None]:
-    """None means: run in this process."""
+def executor(workers: int | None, dask: str | None,
+             time_limit: float | None = None) -> Iterator[Executor | None]:
+    """None means: run in this process. With ``dask``, connecting and finding a worker take
+    at most ``time_limit`` (at most ``DASK_WAIT``) seconds."""
     if dask:
-        try:
-            from distributed import Client
-        except ImportError:
-            raise InputError("--dask needs the optional extra: pip install 'racesim[dask]'") \
-                from None
-        try:
-            client = Client(dask, timeout=10)
-        except Exception as exc:  # unreachable scheduler, bad address: the user's input
-            raise InputError(f"--dask {dask!r}: cannot connect ({type(exc).__name__}: {exc})") \
-                from None
+        client = _dask_client(dask, min(time_limit, DASK_WAIT) if time_limit else DASK_WAIT)
         try:
             yield client.get_executor()
         finally:
@@ -109,8 +144,13 @@ def executor(workers: int | None, dask: str | None) -> Iterator[Executor | None]
 
 
 def ordered_map(fn: Callable[[Any, Sequence[int]], list[R]], context: Any, runs: Sequence[int],
-                ex: Executor | None, *, batch: int = 16, window: int = 8) -> Iterator[R]:
-    """Yield ``fn(context, batch)`` results run by run, in order, ``window`` batches ahead."""
+                ex: Executor | None, *, batch: int = 16, window: int = 8,
+                deadline: float | None = None) -> Iterator[R]:
+    """Yield ``fn(context, batch)`` results run by run, in order, ``window`` batches ahead.
+
+    ``deadline`` (a ``time.monotonic()`` value): a batch not back by then (plus a grace of
+    ``DASK_WAIT``, for one batch's own runs) ends the iteration instead of waiting forever on
+    a cluster whose workers left."""
     # Lazily: a huge budget bounded by --time-limit must not build every batch up front.
     batches = (list(runs[i:i + batch]) for i in range(0, len(runs), batch))
     if ex is None:
@@ -126,5 +166,13 @@ def ordered_map(fn: Callable[[Any, Sequence[int]], list[R]], context: Any, runs:
         nxt = next(it, None)
         if nxt is not None:
             pending.append(ex.submit(fn, context, nxt))
-        yield from fut.result()
+        timeout = None if deadline is None else \
+            max(0.0, deadline - time.monotonic()) + DASK_WAIT
+        try:
+            results = fut.result(timeout=timeout)
+        except FuturesTimeout:
+            for f in pending:
+                f.cancel()
+            return
+        yield from results
 
