@@ -270,3 +270,19 @@ def test_pool_workers_die_with_their_parent(tmp_path: Path, sig: signal.Signals)
         for w in workers:
             if _alive(w):
                 os.kill(w, signal.SIGKILL)
+
+
+def test_docs_limits_lists_every_cap_as_the_code_has_it() -> None:
+    from racesim.scenarios import limits
+
+    text = (Path(__file__).parents[1] / "docs" / "limits.md").read_text()
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip()
+            for line in text.splitlines() if line.startswith("| `")}
+    for key, cap in limits.MAXIMUM.items():
+        name = key.split(".")[-1]
+        row = next((v for k, v in rows.items() if f"`{key}`" in k or f"`{name}`" in k), None)
+        assert row is not None and row.split()[0] == str(cap), (key, cap, row)
+    for cap in (limits.MAX_REQUESTS, limits.MAX_PLAN_ENTRIES, limits.MAX_TOTAL_BLOCKS,
+                limits.MAX_TOTAL_PROMPT_TOKENS, limits.MAX_TOTAL_OUTPUT_TOKENS,
+                limits.MAX_SCHEDULE, limits.MAX_FILE_BYTES):
+        assert str(cap) in text, cap
