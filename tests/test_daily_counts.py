@@ -71,3 +71,15 @@ def test_matrix_shows_racing_runs_and_ends_with_a_summary(
     html = (tmp_path / "m.html").read_text()
     assert f"✖ {racing} / 30 runs" in html
     assert f"and {accounting} runs with only an accounting gap" in html
+
+
+def test_the_explore_report_splits_racing_and_accounting_runs(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]
+                                                              ) -> None:
+    code, out, _err = _cli(capsys, "explore", "abort-reuse", "--budget", "30", "--workers", "1",
+                           "--out", str(tmp_path), "--html", str(tmp_path / "e.html"))
+    assert code == 1
+    racing, accounting = _recount(30)
+    assert f"30 of 30: {racing} racing, {accounting} accounting only" in " ".join(out.split())
+    html = (tmp_path / "e.html").read_text()
+    assert f"30 violating ({racing} racing, {accounting} accounting only)" in html
