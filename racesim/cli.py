@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -173,9 +174,17 @@ def _check_outputs(html_file: str | None, trace_file: str | None) -> None:
     _output_file("--html", html_file)
     _output_file("--trace", trace_file)
     if html_file and trace_file and \
-            os.path.realpath(html_file) == os.path.realpath(trace_file):
+            os.path.realpath(html_file) == os.path.realpath(trace_file) and \
+            not _is_char_device(html_file):  # /dev/null may take both
         raise InputError(f"--html {html_file!r} and --trace {trace_file!r} name the same file; "
                          f"give each its own")
+
+
+def _is_char_device(path: str) -> bool:
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_file: str | None,
