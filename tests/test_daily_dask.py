@@ -59,7 +59,7 @@ def test_an_address_that_is_not_a_scheduler_ends_within_the_time_limit(
 
 def test_a_scheduler_with_no_workers_ends_within_the_time_limit(tmp_path: Path) -> None:
     with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp",
-                                  dashboard_address=None) as cluster:
+                                  dashboard_address=":0") as cluster:  # any free port
         address = cluster.scheduler_address
         proc, took = _racesim("explore", "abort-reuse", "--dask", address, "--time-limit", "2",
                               "--out", str(tmp_path))
