@@ -3,9 +3,14 @@ report may name."""
 
 from __future__ import annotations
 
+from racesim.sim.errors import InputError
 from racesim.sim.points import AwaitPoint, PointCatalogue
 
-__all__ = ["POINTS"]
+__all__ = ["POINTS", "UnknownPointError"]
+
+
+class UnknownPointError(InputError):
+    """A policy named an await point outside the catalogue (``send_abort(ids, "typo")``)."""
 
 POINTS = PointCatalogue([
     AwaitPoint("client.send",

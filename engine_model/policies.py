@@ -57,7 +57,8 @@ from racesim.sim.errors import InputError
 if TYPE_CHECKING:
     from racesim.engine_model.frontend.async_llm import AsyncLLM
 
-__all__ = ["LifecyclePolicy", "Buggy", "AbortScope", "EngineFinal", "InternalId", "POLICIES",
+__all__ = ["LifecyclePolicy", "PolicyImportError", "Buggy", "AbortScope", "EngineFinal",
+           "InternalId", "POLICIES",
            "load_policy", "policy_spec"]
 
 Proc = Generator[simpy.Event, Any, None]
@@ -175,6 +176,10 @@ POLICIES: dict[str, type[LifecyclePolicy]] = {
 }
 
 
+class PolicyImportError(InputError):
+    """A ``module:Class`` policy's module failed to import (on a Dask worker: not shipped)."""
+
+
 def policy_spec(spec: str) -> type[LifecyclePolicy]:
     """A policy class by registry name or ``package.module:ClassName``."""
     if spec in POLICIES:
@@ -186,8 +191,8 @@ def policy_spec(spec: str) -> type[LifecyclePolicy]:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import failure is the user's module, reported in one line
-        raise InputError(f"policy {spec!r}: cannot import module {module_name!r}: "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise PolicyImportError(f"policy {spec!r}: cannot import module {module_name!r}: "
+                                f"{type(exc).__name__}: {exc}") from None
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, LifecyclePolicy)):
         raise InputError(f"policy {spec!r}: {attr!r} is not a LifecyclePolicy subclass in "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,6 +48,7 @@ from racesim.runner import (
 )
 from racesim.scenarios import bundled_names, corpus_names, load_scenario
 from racesim.sim import InputError, build_info
+from racesim.unreached import unreached_warnings
 
 __all__ = ["main", "cli"]
 
@@ -192,16 +195,37 @@ def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
     spec = RunSpec(load_scenario(scenario).with_vllm(vllm), policy,
                    tuple(_options(policy_opts).items()), seed, tuple(skip), engine or "model")
     plan = [parse_delay_option(d) for d in delays]
-    _output_file("--html", html_file)
-    _output_file("--trace", trace_file)
+    _check_outputs(html_file, trace_file)
     result = spec.run(witness=witness, delays=plan)
     command = run_command(scenario, policy, spec.option_dict, seed, result.schedule, skip,
                           vllm=result.vllm, engine=result.engine)
-    _finish_run(spec, result, command, as_json, html_file, trace_file, strict)
+    warnings = [*unreached_warnings("[delays]", spec.scenario.delays, result.occurrences),
+                *(unreached_warnings("[witness]", spec.scenario.witness, result.occurrences)
+                  if witness else ()),
+                *unreached_warnings("--delay", plan, result.occurrences)]
+    _finish_run(spec, result, command, as_json, html_file, trace_file, strict, warnings)
+
+
+def _check_outputs(html_file: str | None, trace_file: str | None) -> None:
+    """Each output file can be written, and no two of them are one file."""
+    _output_file("--html", html_file)
+    _output_file("--trace", trace_file)
+    if html_file and trace_file and \
+            os.path.realpath(html_file) == os.path.realpath(trace_file) and \
+            not _is_char_device(html_file):  # /dev/null may take both
+        raise InputError(f"--html {html_file!r} and --trace {trace_file!r} name the same file; "
+                         f"give each its own")
+
+
+def _is_char_device(path: str) -> bool:
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_file: str | None,
-                trace_file: str | None, strict: bool) -> None:
+                trace_file: str | None, strict: bool, warnings: Sequence[str] = ()) -> None:
     if html_file:
         from racesim.reports import write_run_report
         write_run_report(Path(html_file), spec.scenario, spec.policy, spec.option_dict, result,
@@ -215,6 +239,8 @@ def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_fi
         print_run(_console(), f"{spec.scenario.name} under {policy_title(spec.policy)}", result,
                   command, spec.skip)
         _say_written(html_file, trace_file)
+    for line in warnings:
+        click.echo(f"racesim: {line}", err=True)
     if not as_json:
         _warn_accounting(result.violated, strict)
     sys.exit(exit_status(result.violated, strict=strict))
@@ -249,8 +275,7 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
     if cx.policy not in POLICIES and not allow_import:
         raise InputError(f"{counterexample}: its policy {cx.policy!r} is not built in; replay "
                          f"imports a module:Class policy only with --allow-import")
-    _output_file("--html", html_file)
-    _output_file("--trace", trace_file)
+    _check_outputs(html_file, trace_file)
     spec = RunSpec(cx.scenario.with_vllm(vllm), cx.policy, tuple(cx.options.items()), cx.seed,
                    cx.skip, engine or cx.engine)
     result = spec.run(schedule=cx.schedule)
@@ -290,8 +315,8 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
 
     scen = load_scenario(scenario).with_vllm(vllm)
     options = _options(policy_opts)
+    out = _output_dir("--out", out_dir)  # first: --html may name a file inside it
     _output_file("--html", html_file)
-    out = _output_dir("--out", out_dir)
     _check_workers(workers, dask)
     cx_path = counterexample_path(out, scen.name, policy, strategy, seed, engine or "model")
     _output_file("--out", str(cx_path))
@@ -318,6 +343,8 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
                       replay_command(res.counterexample_path, policy, res.engine)
                       if res.counterexample_path else "")
         _say_written(html_file, None)
+    for line in res.warnings:
+        click.echo(f"racesim: {line}", err=True)
     if res.interrupted:
         click.echo("racesim: interrupted; kept what was found"
                    + (f" ({res.counterexample_path})" if res.counterexample_path else ""),

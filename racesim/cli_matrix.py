@@ -26,7 +26,7 @@ from racesim.engine_vllm.support import SUPPORTED_POLICIES
 from racesim.engines import cannot_run, why_not_run
 from racesim.matrix import cell_outcome, run_matrix
 from racesim.progress import ProgressBar
-from racesim.render import print_matrix
+from racesim.render import matrix_summary, print_matrix
 from racesim.reports.verdict import exit_status
 from racesim.runner import import_from_cwd
 from racesim.scenarios import bundled_names, load_scenario
@@ -77,12 +77,12 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     check_invariant_names(tuple(skip))
     if time_limit is not None and not time_limit > 0:
         raise InputError(f"--time-limit must be > 0 seconds, got {time_limit}")
+    out = _output_dir("--out", out_dir)  # first: --html may name a file inside it
     _output_file("--html", html_file)
     if html_file:
         from racesim.report_files import check_cells_dir
         if (why := check_cells_dir(Path(html_file))) is not None:
             raise InputError(f"--html {html_file!r}: {why}")
-    out = _output_dir("--out", out_dir)
     _check_workers(workers, dask)
     bar = ProgressBar(not as_json, "matrix", time_limit=time_limit)
 
@@ -108,11 +108,24 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     if as_json:
         _emit_json(doc)
     else:
-        print_matrix(_console(), doc)
+        console = _console()
+        print_matrix(console, doc)
+        written = [c["counterexample"]["path"] for c in doc["cells"]
+                   if c.get("counterexample") and c["counterexample"].get("path")]
+        console.print(matrix_summary(doc) + f"; {len(written)} counterexample file"
+                      f"{'' if len(written) == 1 else 's'} written", markup=False)
+        for c in doc["cells"]:
+            if c.get("stopped_early"):
+                console.print(f"stopped before --budget: {c['scenario']} / {c['policy']}: "
+                              f"{c['stopped_early']}", markup=False)
+        if written:  # the folder alone: a path is never wrapped, so it must stay short
+            click.echo(f"counterexamples: {out}/")
         if html_file:
             click.echo(f"report: {html_file}" + (f" (failing cells' reports in {cells}/)"
                                                    if cells is not None and cells.is_dir()
                                                    else ""))
+    for line in dict.fromkeys(w for c in doc["cells"] for w in c.get("warnings") or ()):
+        click.echo(f"racesim: {line}", err=True)
     if result.errors:
         _fail(result.errors[0])
     if result.interrupted:

@@ -16,7 +16,7 @@ from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, accounting_warning, verdict
 from racesim.sim import InputError
 
-__all__ = ["fail", "parse_options", "output_file", "output_dir", "warn_accounting", "BUDGET",
+__all__ = ["fail", "clip", "MAX_ERROR_LINE", "parse_options", "output_file", "output_dir", "warn_accounting", "BUDGET",
            "emit_json", "console", "check_workers", "replay_note", "PipeClosed", "PipeAwareGroup",
            "quiet_stdout"]
 
@@ -52,9 +52,19 @@ class _Console(Console):
         raise PipeClosed
 
 
+#: the longest error line: room for a list of known names, not for a pasted megabyte
+MAX_ERROR_LINE = 1000
+
+
+def clip(text: str, limit: int = MAX_ERROR_LINE) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked: a value a user pasted by mistake
+    must not flood the terminal (the scenario loader clips the values it shows the same way)."""
+    return text if len(text) <= limit else text[:limit - 20] + f"... ({len(text)} chars)"
+
+
 def fail(message: str) -> NoReturn:
-    """Bad input: one line on stderr (control characters escaped), exit status 2."""
-    click.echo(f"racesim: error: {printable(' '.join(str(message).split()))}", err=True)
+    """Bad input: one line on stderr (control characters escaped, clipped), exit status 2."""
+    click.echo(f"racesim: error: {clip(printable(' '.join(str(message).split())))}", err=True)
     sys.exit(2)
 
 

@@ -29,7 +29,7 @@ from racesim.documents import (
     free_path,
     safe_file_name,
     violation_dicts,
-    write_counterexample,
+    write_claimed,
 )
 from racesim.engine_model import RunResult
 from racesim.engine_model.checker import check_invariant_names
@@ -314,6 +314,6 @@ def _save(m: Mismatch, scen: Scenario, skip: tuple[str, ...], engines: tuple[str
                                       engines[1]: outcomes[1].as_dict()},
                          "known": m.known},
                         r.reach().reach if r.violations else None, engine=engines[1])
-    path = free_path(mismatch_path(out_dir, m, strategy), _ours)
-    write_counterexample(path, cx)
+    first = mismatch_path(out_dir, m, strategy)
+    path = write_claimed(free_path(first, _ours), cx, _ours, first=first)
     return dataclasses.replace(m, outcomes=outcomes, path=str(path))

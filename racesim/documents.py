@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+import stat
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -17,6 +19,7 @@ from racesim.engine_model.points import POINTS
 from racesim.engines import ENGINES
 from racesim.reports.verdict import verdict
 from racesim.scenarios import Scenario, scenario_from_dict
+from racesim.scenarios.limits import MAX_FILE_BYTES, MAX_SCHEDULE
 from racesim.sim import Decision, InputError
 from racesim.sim.points import delay_entry
 
@@ -25,7 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
            "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts",
-           "racesim_version", "LEGACY_VLLM", "free_path", "release_of_run"]
+           "racesim_version", "LEGACY_VLLM", "free_path", "release_of_run", "write_claimed",
+           "replaceable"]
 
 COUNTEREXAMPLE_FORMAT = "racesim-counterexample/1"
 #: the profile of a counterexample file that names none: it was written by the model that the
@@ -144,6 +148,28 @@ def free_path(path: Path, ours: Callable[[Any], bool]) -> Path:
     return candidate
 
 
+def write_claimed(path: Path, cx: Counterexample, ours: Callable[[Any], bool], *,
+                  first: Path, stand_in: bool = False) -> Path:
+    """Write ``cx`` under the name ``path`` (its ``.unshrunk.json`` stand-in with ``stand_in``)
+    if that name is still free or holds a file ``ours`` accepts; if another process took it
+    since it was chosen, under the next free name from ``first`` (``free_path``'s start). The
+    file is created exclusively, so two explorations writing into one folder at once never
+    overwrite each other. Returns the name it went under (``path`` or a ``-N`` one)."""
+    from racesim.reports._io import write_new
+
+    text = json.dumps(cx.as_dict(), indent=2, ensure_ascii=False) + "\n"
+    while True:
+        target = path.with_name(path.stem + ".unshrunk.json") if stand_in else path
+        if write_new(target, text, lambda p: _replaceable(p, ours)):
+            return path
+        path = free_path(first, ours)
+
+
+def replaceable(path: Path, ours: Callable[[Any], bool]) -> bool:
+    """No file at ``path``, or a regular one whose JSON ``ours`` accepts."""
+    return _replaceable(path, ours)
+
+
 def _replaceable(path: Path, ours: Callable[[Any], bool]) -> bool:
     if not (path.exists() or path.is_symlink()):
         return True
@@ -167,7 +193,10 @@ def _need(data: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], src
     return value
 
 
-def _schedule(items: Iterable[Any], src: str) -> tuple[Decision, ...]:
+def _schedule(items: list[Any], src: str) -> tuple[Decision, ...]:
+    if len(items) > MAX_SCHEDULE:
+        raise InputError(f"{src}: schedule has {len(items)} decisions, more than racesim's cap "
+                         f"of {MAX_SCHEDULE} (docs/limits.md)")
     out = []
     for i, item in enumerate(items):
         where = f"{src}: schedule[{i}]"
@@ -180,17 +209,41 @@ def _schedule(items: Iterable[Any], src: str) -> tuple[Decision, ...]:
     return tuple(out)
 
 
+def _read_regular(path: str) -> bytes:
+    """The bytes of a regular file of at most ``MAX_FILE_BYTES``. Opened without blocking and
+    checked on the open file, so a FIFO with no writer, ``/dev/zero`` or a file swapped in
+    after a check is refused rather than read forever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such counterexample file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a counterexample file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(f"{path}: is a directory, not a counterexample file")
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{path}: not a regular file (a counterexample is a JSON file)")
+        if st.st_size > MAX_FILE_BYTES:
+            raise InputError(f"{path}: {st.st_size} bytes, more than racesim's cap of "
+                             f"{MAX_FILE_BYTES} for a counterexample file (docs/limits.md)")
+        try:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_FILE_BYTES:  # it grew while being read
+        raise InputError(f"{path}: more than racesim's cap of {MAX_FILE_BYTES} bytes for a "
+                         f"counterexample file (docs/limits.md)")
+    return raw
+
+
 def read_counterexample(path: str) -> Counterexample:
     """Load and validate a counterexample file; any defect is one InputError line."""
     src = path
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{src}: no such counterexample file") from None
-    except IsADirectoryError:
-        raise InputError(f"{src}: is a directory, not a counterexample file") from None
-    except OSError as exc:
-        raise InputError(f"{src}: cannot read: {exc.strerror}") from None
+    raw = _read_regular(path)
     try:
         data = json.loads(raw.decode("utf-8"),
                           parse_constant=lambda c: math.nan)

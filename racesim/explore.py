@@ -4,39 +4,44 @@ Run 0 is the unperturbed baseline. Invariants it already violates are the scenar
 violations (metrics-exact under most policies, or a race that needs no delay at all). The
 counterexample, and ``first_violation_run``, are the first run that violates something *beyond*
 them; both fall back to the baseline itself when nothing else is found. ``violating_runs``
-counts every run with any violation.
+counts every run with any violation (DESIGN.md's contract); ``racing_runs`` counts the runs that
+broke a safety or liveness invariant, ``accounting_runs`` those that broke only accounting ones
+(``metrics-exact``), so ``violating_runs == racing_runs + accounting_runs``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+from racesim.distinct import DistinctCounter
 from racesim.documents import (
     Counterexample,
     free_path,
-    safe_file_name,
+    replaceable,
     violation_dicts,
-    write_counterexample,
+    write_claimed,
 )
 from racesim.engine_model import RunResult
-from racesim.engine_model.policies import policy_spec
-from racesim.engine_model.versions import get_profile, reach_of, unverified_note
+from racesim.engine_model.policies import PolicyImportError, policy_spec
+from racesim.engine_model.versions import get_profile, reach_of
+from racesim.explore_result import ExploreResult, counterexample_path, unshrunk_path
 from racesim.parallel import executor, ordered_map
-from racesim.reports.verdict import verdict
+from racesim.reports.verdict import RACE, verdict
 from racesim.run_summary import RunSummary
 from racesim.runner import RunSpec, import_from_cwd
 from racesim.scenarios import Scenario
 from racesim.shrink import shrink
-from racesim.sim import Decision, InputError
+from racesim.sim import InputError
 from racesim.sim.strategies import STRATEGIES, StrategyConfig, make_strategy
+from racesim.unreached import unreached_warnings
 
 __all__ = ["ExploreResult", "RunSummary", "explore", "counterexample_path",
            "unshrunk_path"]
@@ -79,138 +84,6 @@ def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:
     return out
 
 
-@dataclass
-class ExploreResult:
-    """What one exploration found: counts, coverage, and its (shrunk) counterexample."""
-
-    spec: RunSpec
-    strategy: str
-    runs: int = 0
-    violating_runs: int = 0
-    elapsed_s: float = 0.0
-    distinct_traces: int = 0
-    coverage: dict[str, int] = field(default_factory=dict)
-    baseline_violations: tuple[str, ...] = ()
-    invariants: tuple[str, ...] = ()
-    strategy_info: dict[str, Any] = field(default_factory=dict)
-    counterexample: Counterexample | None = None
-    counterexample_path: str | None = None
-    #: the first run violating something beyond the baseline (else the first violating run)
-    found_run: RunSummary | None = None
-    #: the shrunk counterexample's run, trace kept (for reports)
-    final_run: RunResult | None = None
-    shrink_runs: int = 0
-    interrupted: bool = False
-    #: "all" await points, or only the "live" ones (live and yield widths) of the profile
-    reach: str = "all"
-    #: the baseline's reach (only the scenario's fixed delays can make it latent)
-    baseline_reach: str = "live"
-    #: a user policy raised (one line, file:line); the cell has no verdict
-    error: str | None = None
-    #: what makes two explorations the same (a file one wrote may be replaced by the other)
-    key: dict[str, Any] = field(default_factory=dict)
-    #: where its counterexample goes (claimed at the start: never a file another run wrote)
-    out_path: Path | None = None
-    #: the invariant a caller looks for (``racesim corpus``), the first run that violated it
-    #: and the seconds from the start to that run's end
-    target: str | None = None
-    target_run: int | None = None
-    target_s: float | None = None
-    @property
-    def scenario(self) -> Scenario:
-        return self.spec.scenario
-
-    @property
-    def policy(self) -> str:
-        return self.spec.policy
-
-    @property
-    def options(self) -> dict[str, str]:
-        return self.spec.option_dict
-
-    @property
-    def seed(self) -> int:
-        return self.spec.seed
-
-    @property
-    def skip(self) -> tuple[str, ...]:
-        return self.spec.skip
-
-    @property
-    def engine(self) -> str:
-        """The backend every run used: "model" or "vllm"."""
-        return self.spec.engine
-
-    @property
-    def first_violation_run(self) -> int | None:
-        return self.found_run.run if self.found_run is not None else None
-
-    def confidence(self) -> dict[str, Any]:
-        """For a clean result: the failure probability per run it bounds (95 %)."""
-        n = self.runs
-        clean = self.violating_runs == 0 and n > 0
-        out: dict[str, Any] = {"runs": n, "rule_of_three": 3.0 / n if clean else None}
-        bound = self.strategy_info.get("bound")
-        if clean and isinstance(bound, float) and bound > 0:
-            out["pct_bound"] = bound
-            out["pct_confidence"] = 1.0 - math.exp(n * math.log1p(-min(bound, 1.0 - 1e-12)))
-        else:
-            out["pct_bound"] = None
-        return out
-
-    def document(self) -> dict[str, Any]:
-        cx = None
-        if self.counterexample is not None:
-            c = self.counterexample
-            cx = {"seed": c.seed, "schedule": [d.as_dict() for d in c.schedule],
-                  "violations": list(c.violations), "trace_hash": c.trace_hash,
-                  "shrunk_from": c.shrunk_from, "shrunk": c.shrunk_from is not None,
-                  "path": self.counterexample_path, "reach": c.reach,
-                  "requests": len(c.scenario.workload.requests),
-                  "found_at_run": self.found_run.run if self.found_run else None}
-        return {
-            "scenario": self.scenario.name,
-            "policy": self.policy,
-            "policy_options": self.options,
-            "vllm": self.scenario.vllm,
-            "engine": self.engine,
-            "search": self.reach,
-            "strategy": self.strategy,
-            "seed": self.seed,
-            "runs": self.runs,
-            "violating_runs": self.violating_runs,
-            "first_violation_run": self.first_violation_run,
-            "elapsed_s": round(self.elapsed_s, 3),
-            "distinct_traces": self.distinct_traces,
-            "coverage": self.coverage,
-            "baseline_violations": list(self.baseline_violations),
-            "baseline_reach": self.baseline_reach,
-            "unverified": unverified_note(self.scenario.vllm,
-                                          self.scenario.workload.topology) or None,
-            "invariants": list(self.invariants),
-            "verdict": verdict(self.invariants),
-            "pct": self.strategy_info if self.strategy == "pct" else None,
-            "confidence": self.confidence(),
-            "counterexample": cx,
-            "interrupted": self.interrupted,
-            "error": self.error,
-        }
-
-
-def counterexample_path(out_dir: Path, scenario: str, policy: str, strategy: str,
-                        seed: int, engine: str = "model") -> Path:
-    """The file name of (scenario, policy, strategy, seed, backend). ``explore`` takes the next
-    free ``-2``, ``-3``... name when another exploration (another budget, profile, reach...)
-    already wrote it, so no exploration overwrites another's."""
-    on = "" if engine == "model" else f"__{engine}"
-    return out_dir / f"{safe_file_name(f'{scenario}__{policy}__{strategy}__seed{seed}{on}')}.json"
-
-
-def unshrunk_path(path: Path) -> Path:
-    """Where a found, not yet shrunk, counterexample waits: never over a shrunk file."""
-    return path.with_name(path.stem + ".unshrunk.json")
-
-
 def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
             strategy: str = "random", budget: int = 200, time_limit: float | None = None,
             seed: int = 0, workers: int | None = 1, dask: str | None = None,
@@ -242,10 +115,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
                         key=_exploration_key(spec, strategy, reach, budget, time_limit),
                         target=target)
     if out_dir is not None:
-        res.out_path = free_path(
-            counterexample_path(out_dir, scenario.name, policy, strategy, seed, engine),
-            lambda data: isinstance(data, dict) and isinstance(data.get("found_by"), dict)
-            and data["found_by"].get("exploration") == res.key)
+        res.out_path = free_path(res.first_path(out_dir), res.ours)
     try:
         baseline = spec.run(retain_trace=False)
     except KeyboardInterrupt:  # nothing found yet: say so rather than unwind the caller
@@ -253,6 +123,9 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
         res.elapsed_s = time.monotonic() - started
         return res
     res.baseline_violations = baseline.violated
+    # the scenario's fixed delays apply in every run; the unperturbed one is where a misplaced
+    # entry shows (a perturbed run may pass a point more often, but the user meant run 0 too)
+    res.warnings.extend(unreached_warnings("[delays]", scenario.delays, baseline.occurrences))
     res.baseline_reach = baseline.reach().reach
     occurrences = baseline.occurrences
     if reach == "live":  # the strategies delay only the points they are given
@@ -261,7 +134,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     config = StrategyConfig(occurrences=occurrences,
                             scale=scenario.workload.engine.step_time, seed=seed)
     standing = frozenset(baseline.violated)
-    traces: set[tuple[Decision, ...]] = set()
+    traces = DistinctCounter()  # digests, not schedules: bounded memory on long runs
     invariants: dict[str, None] = {}
 
     def record(s: RunSummary) -> None:
@@ -274,6 +147,10 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             res.target_run, res.target_s = s.run, time.monotonic() - started
         if s.violated:
             res.violating_runs += 1
+            if verdict(s.violated) == RACE:
+                res.racing_runs += 1
+            else:
+                res.accounting_runs += 1
             for v in s.violated:
                 invariants.setdefault(v, None)
             found = res.found_run
@@ -293,6 +170,13 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             from racesim.hypothesis_search import hypothesis_search
             minimal = hypothesis_search(spec, config, budget - 1, standing, record,
                                         lambda: _over(started, time_limit), progress, out_dir)
+            if res.runs < budget and not res.interrupted:
+                res.stopped_early = (
+                    f"--time-limit {time_limit:g} s reached" if _over(started, time_limit)
+                    else "hypothesis stopped once it had found and shrunk a failing schedule"
+                    if minimal is not None
+                    else "hypothesis ran out of distinct schedules to draw"
+                ) + f" after {res.runs} of --budget {budget} runs"
             if minimal is not None and res.found_run is not None:
                 # hypothesis's own shrunk example replaces the first one it tripped over
                 r = spec.run(delays=minimal, retain_trace=False, hash_trace=False)
@@ -303,17 +187,31 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             size = strat.size()
             total = budget if size is None else min(budget, size)
             ctx = _Context(spec, strategy, config, target, symptom)
-            with executor(workers, dask) as ex:
-                for s in ordered_map(_run_batch, ctx, range(1, total), ex):
+            deadline = None if time_limit is None else started + time_limit
+            with executor(workers, dask, time_limit) as ex, _worker_errors(policy, dask):
+                for s in ordered_map(_run_batch, ctx, range(1, total), ex, deadline=deadline):
                     record(s)
                     if progress is not None:
                         progress(res.runs, total, res.violating_runs)
-                    if _over(started, time_limit) or (stop_at_target
-                                                      and res.target_run is not None):
+                    if stop_at_target and res.target_run is not None:
                         break
+                    if _over(started, time_limit):
+                        if res.runs < total:
+                            res.stopped_early = (f"--time-limit {time_limit:g} s reached after "
+                                                 f"{res.runs} of --budget {budget} runs")
+                        break
+            if res.stopped_early is None and res.runs < total and not res.interrupted:
+                res.stopped_early = (f"no results came back from the workers by --time-limit "
+                                     f"{time_limit:g} s; stopped after {res.runs} of --budget "
+                                     f"{budget} runs")
+            if res.stopped_early is None and total < budget and res.runs == total:
+                res.stopped_early = (f"the {strategy} strategy has only {total} distinct "
+                                     f"schedules (run 0 included) and tried them all, fewer "
+                                     f"than --budget {budget}")
     except KeyboardInterrupt:
         res.interrupted = True
     res.distinct_traces = len(traces)
+    res.distinct_estimated = traces.estimated
     res.invariants = tuple(invariants)
     found = res.found_run
     if found is not None and not res.interrupted:
@@ -337,12 +235,30 @@ def _shrink_found(res: ExploreResult, found: RunSummary, standing: frozenset[str
     final = spec.with_scenario(shrunk.scenario).run(schedule=shrunk.schedule)
     cx = _counterexample(res, shrunk.scenario, final, len(found.schedule), found.run)
     if out_dir is not None:
-        path = res.out_path or counterexample_path(out_dir, spec.scenario.name, spec.policy,
-                                                   res.strategy, spec.seed, spec.engine)
-        write_counterexample(path, cx)
-        unshrunk_path(path).unlink(missing_ok=True)  # ours, and now superseded
+        first = res.first_path(out_dir)
+        path = write_claimed(res.out_path or first, cx, res.ours, first=first)
+        res.out_path = path
+        for stale in (res.stand_in, unshrunk_path(path)):  # ours, and now superseded
+            if stale is not None and stale.exists() and replaceable(stale, res.ours):
+                stale.unlink(missing_ok=True)
         res.counterexample_path = str(path)
     res.final_run, res.counterexample = final, cx
+
+
+@contextmanager
+def _worker_errors(policy: str, dask: str | None) -> Iterator[None]:
+    """A policy this process imported but a Dask worker could not: say where it failed and how
+    to ship the module (the workers import it by name, from their own sys.path)."""
+    try:
+        yield
+    except PolicyImportError as exc:
+        if not dask:
+            raise
+        module = policy.partition(":")[0]
+        raise InputError(f"--dask: policy {policy!r} failed to import on a Dask worker ({exc}); "
+                         f"ship its module to the workers with client.upload_file"
+                         f"('{module.replace('.', '/')}.py') or install its package on every "
+                         f"worker") from None
 
 
 def _beyond(s: RunSummary | None, standing: frozenset[str]) -> bool:
@@ -391,7 +307,8 @@ def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: P
         r = res.spec.run(schedule=s.schedule, retain_trace=False)
         s = RunSummary(s.run, r.trace_hash, r.violated, r.schedule)
     cx = _counterexample(res, res.scenario, s, shrunk_from, s.run)
-    path = unshrunk_path(res.out_path or counterexample_path(
-        out_dir, res.scenario.name, res.policy, res.strategy, res.seed, res.engine))
-    write_counterexample(path, cx)
+    first = res.first_path(out_dir)
+    res.out_path = write_claimed(res.out_path or first, cx, res.ours, first=first,
+                                 stand_in=True)
+    path = res.stand_in = unshrunk_path(res.out_path)
     res.counterexample, res.counterexample_path = cx, str(path)

@@ -56,9 +56,11 @@ class MatrixResult:
         }
 
 
-_CELL_KEYS = ("scenario", "vllm", "policy", "runs", "violating_runs", "invariants", "verdict",
+_CELL_KEYS = ("scenario", "vllm", "policy", "runs", "violating_runs", "racing_runs",
+              "accounting_runs", "invariants", "verdict",
               "first_violation_run", "baseline_violations", "distinct_traces", "coverage",
-              "confidence", "counterexample", "interrupted", "error", "unverified")
+              "confidence", "counterexample", "interrupted", "stopped_early", "warnings",
+              "error", "unverified")
 
 
 def cell_outcome(res: ExploreResult) -> str:

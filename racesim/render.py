@@ -19,7 +19,7 @@ from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, RACE, verdict
 from racesim.sim.trace import TraceEvent
 
-__all__ = ["print_run", "timeline_events"]
+__all__ = ["print_run", "timeline_events", "print_matrix", "matrix_summary"]
 
 #: Component styles by kind (engines: by P/D role).
 _KIND_STYLE = {"client": "cyan", "frontend": "green", "channel": "dim", "proxy": "yellow"}
@@ -149,6 +149,8 @@ def _explore_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = [
         ("runs", f"{runs} ({doc['distinct_traces']} distinct traces, {doc['elapsed_s']} s)"),
         ("violating runs", f"{violating} of {runs}" + (
+            f": {doc['racing_runs']} racing, {doc['accounting_runs']} accounting only"
+            if violating else "") + (
             f" (the unperturbed run 0 already violates {', '.join(baseline)})"
             if baseline else "")),
         ("first run violating more than run 0" if baseline else "first violating run",
@@ -182,6 +184,8 @@ def _explore_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("counterexample", "none"))
     if doc.get("interrupted"):
         rows.append(("interrupted", "yes: these figures cover the runs made before Ctrl-C"))
+    if doc.get("stopped_early"):
+        rows.append(("stopped early", doc["stopped_early"]))
     return rows
 
 
@@ -230,19 +234,19 @@ def print_matrix(console: Console, doc: dict[str, Any]) -> None:
                 style = ("magenta" if (c.get("label") or "").startswith("latent hazard")
                          else _CELL_STYLE.get(v, "green"))
                 rows[s].append((name, Text(c.get("label") or v, style=style),
-                                f"{c['violating_runs']}/{c['runs']}",
+                                _runs_text(c),
                                 Text(", ".join(c["invariants"]))))
     every = [r for rs in rows.values() for r in rs]
     widths = [max([len("  policy"), *(len(r[0]) for r in every)]),
               max([len("verdict"), *(len(r[1]) for r in every)]),
-              max([len("violating/runs"), *(len(r[2]) for r in every)])]
+              max([len("racing/runs"), *(len(line) for r in every for line in r[2].split("\n"))])]
 
     def table(header: bool) -> Table:
         t = Table(box=None, show_header=header, header_style="bold", pad_edge=False,
                   padding=(0, 2, 0, 0))
-        for title, width in zip(("  policy", "verdict", "violating/runs"), widths, strict=True):
+        for title, width in zip(("  policy", "verdict", "racing/runs"), widths, strict=True):
             t.add_column(title, width=width, no_wrap=True,
-                         justify="right" if title.startswith("violating") else "left")
+                         justify="right" if title.startswith("racing") else "left")
         t.add_column("invariants violated", ratio=1, overflow="fold")
         return t
 
@@ -258,7 +262,32 @@ def print_matrix(console: Console, doc: dict[str, Any]) -> None:
         console.print(Text(printable(", ".join(f"{k} {v}" for k, v in params.items()
                                                if v not in (None, [])))), style="dim")
     console.print("race: a safety or liveness invariant broke; accounting: only metrics-exact "
-                  "(a stats gap vLLM still has); safe: nothing broke.", style="dim")
+                  "(a stats gap vLLM still has); safe: nothing broke. racing/runs: runs that "
+                  "raced; +N acct.: runs with only an accounting gap.", style="dim")
     notes = dict.fromkeys(c["unverified"] for c in doc["cells"] if c.get("unverified"))
     for note in notes:
         console.print(Text(f"(unverified): {note}", style="yellow"))
+
+
+
+def _runs_text(cell: dict[str, Any]) -> str:
+    """``racing/runs``, and the accounting-only runs under it: a run that only missed a stats
+    count is not a race, so it is never added to the racing runs."""
+    racing = cell.get("racing_runs", cell["violating_runs"])
+    accounting = cell.get("accounting_runs", 0)
+    return f"{racing}/{cell['runs']}" + (f"\n+{accounting} acct." if accounting else "")
+
+
+def matrix_summary(doc: dict[str, Any]) -> str:
+    """The matrix's last word: how many cells race (live, latent), have only an accounting
+    gap, are safe, or could not run."""
+    labels = [("error" if c.get("error") else c.get("label") or verdict(c["invariants"]))
+              for c in doc["cells"]]
+    live, latent = labels.count("live race"), labels.count("latent hazard")
+    parts = [f"{live + latent} racing ({live} live, {latent} latent hazard"
+             f"{'' if latent == 1 else 's'})",
+             f"{labels.count('accounting gap')} accounting gap only",
+             f"{labels.count('safe')} safe"]
+    if labels.count("error"):
+        parts.append(f"{labels.count('error')} failed to run")
+    return f"cells: {', '.join(parts)} (of {len(labels)})"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from racesim.engine_model import POLICIES, RunResult, load_policy, run_workload
 from racesim.engine_model.checker import check_invariant_names
-from racesim.engine_model.points import POINTS
+from racesim.engine_model.points import POINTS, UnknownPointError
 from racesim.engine_model.policies import LifecyclePolicy, policy_spec
 from racesim.engines import check_engine, installed_vllm, why_not_run
 from racesim.reports.commands import replay_command, run_command
@@ -118,6 +118,10 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
                 raise InputError(why)
         return run(scenario.workload, loaded, seed=seed, plan=plan, skip=skip_set,
                    retain_trace=retain_trace, hash_trace=hash_trace)
+    except UnknownPointError as exc:  # a user policy's misspelled point: name the policy
+        if policy in POLICIES:
+            raise
+        raise PolicyError.of(policy, exc) from None
     except InputError:
         raise
     except Exception as exc:

@@ -9,14 +9,16 @@ replaces a non-regular file. Every error names the path the user gave, never a t
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from racesim.sim.errors import InputError
 
-__all__ = ["write_text", "check_output_file", "check_output_dir"]
+__all__ = ["write_text", "write_new", "check_output_file", "check_output_dir"]
 
 
 def _read_umask() -> int:
@@ -140,3 +142,51 @@ def write_text(path: Path, text: str) -> Path:
         raise InputError(f"cannot write {shown!r}: {exc.strerror or type(exc).__name__}") \
             from None
     return path
+
+
+#: link() errors that mean "this file system has no hard links", not "the name is taken"
+_NO_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS)
+
+
+def write_new(path: Path, text: str, replaceable: Callable[[Path], bool]) -> bool:
+    """Create ``path`` holding ``text`` only if no file has that name, else replace the file
+    only when ``replaceable(path)`` says so; False when the name is taken.
+
+    The name is claimed by an exclusive create (a complete temp file hard-linked to it, which
+    fails if the name exists, or ``O_EXCL`` where the file system has no hard links), so two
+    processes that chose the same name never both write it: one gets False and moves on.
+    """
+    path = Path(path)
+    shown = os.fspath(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+                fh.write(text)
+            os.chmod(tmp, 0o666 & ~_UMASK)
+            try:
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+                try:  # not atomic, but still exclusive
+                    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                except FileExistsError:
+                    pass
+                else:
+                    with os.fdopen(out, "w", encoding="utf-8", newline="\n") as fh:
+                        fh.write(text)
+                    return True
+            if not replaceable(path):
+                return False
+            os.replace(tmp, path)
+            return True
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot write {shown!r}: {exc.strerror or type(exc).__name__}") \
+            from None

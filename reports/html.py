@@ -311,6 +311,8 @@ def render_matrix_report(doc: Mapping[str, Any], links: Mapping[tuple[str, str],
             invariants = list(c.get("invariants") or []) if c is not None else []
             row.append(None if c is None else {
                 "runs": c.get("runs", 0), "violating": c.get("violating_runs", 0),
+                "racing": c.get("racing_runs", c.get("violating_runs", 0)),
+                "accounting": c.get("accounting_runs", 0),
                 "invariants": invariants, "verdict": verdict(invariants),
                 "label": c.get("label") or verdict(invariants), "vllm": c.get("vllm"),
                 "error": c.get("error"), "safety": [i in SAFETY_INVARIANTS for i in invariants],

@@ -8,12 +8,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from racesim.scenarios.limits import MAX_FILE_BYTES
 from racesim.scenarios.loader import Scenario, _show, parse_scenario
 from racesim.sim.errors import InputError
 
 __all__ = ["bundled_names", "corpus_names", "load_scenario"]
 
-_MAX_FILE_BYTES = 16 * 2**20
+_MAX_FILE_BYTES = MAX_FILE_BYTES
 _BUNDLED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 

@@ -29,6 +29,7 @@ from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import POLICIES
 from racesim.engine_model.versions import ALIASES, PROFILES, get_profile
 from racesim.scenarios._toml_writer import dumps, locate_key, toml_key
+from racesim.scenarios.limits import MAX_PLAN_ENTRIES, MAX_REQUESTS, MAXIMUM, over_limits
 from racesim.sim.errors import InputError
 from racesim.sim.points import plan_entries
 
@@ -230,6 +231,9 @@ def _number(v: object, kind: str, path: KeyPath, rule: str) -> int | float:
     low, strict = _MINIMUM.get(rule, (0, False))
     if num < low or (strict and num == low):
         raise _Bad(path, f"must be {'>' if strict else '>='} {low}", v)
+    high = MAXIMUM.get(rule)
+    if high is not None and num > high:
+        raise _Bad(path, f"must be <= {high} (racesim's cap; docs/limits.md)", v)
     return num
 
 
@@ -276,6 +280,9 @@ def _requests(data: object, frontends: int, horizon: float) -> tuple[RequestSpec
         raise _Bad(("request",), "must be an array of tables ([[request]])", data)
     if not data:
         raise _Bad(("request",), "at least one [[request]] is required", data)
+    if len(data) > MAX_REQUESTS:
+        raise _Bad(("request",), f"has {len(data)} entries, more than racesim's cap of "
+                   f"{MAX_REQUESTS} (docs/limits.md)")
     out = []
     for i, item in enumerate(data):
         spec = RequestSpec(**_table(item, ("request", i), RequestSpec, "request"))
@@ -346,6 +353,9 @@ def _plan(data: object, name: str) -> tuple[PlanEntry, ...]:
         return ()
     if not isinstance(data, Mapping):
         raise _Bad((name,), 'must be a table of "point" or "point#K" = seconds', data)
+    if len(data) > MAX_PLAN_ENTRIES:
+        raise _Bad((name,), f"has {len(data)} entries, more than racesim's cap of "
+                   f"{MAX_PLAN_ENTRIES} (docs/limits.md)")
     out: list[PlanEntry] = []
     seen: set[tuple[str, int | None]] = set()
     for key, value in data.items():
@@ -409,6 +419,8 @@ def _build(data: object, source: str) -> Scenario:
     workload = Workload(topology=str(top.get("topology", "single")), frontends=frontends,
                         horizon=horizon, requests=_requests(data.get("request"), frontends,
                                                             horizon), **tables)
+    for path, problem, value in over_limits(workload):
+        raise _Bad(path, problem, value)
     _fits(workload)
     _consistent(workload)
     return Scenario(name=str(top["name"]), summary=str(top.get("summary", "")),

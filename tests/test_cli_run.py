@@ -97,9 +97,11 @@ def test_delay_for_one_occurrence_only() -> None:
     code, doc = run_json("abort-reuse", "--vllm", "0.8", "--delay",
                          "frontend.abort:after_pop#0=0.05")
     assert code == 1 and "unique-live-id" in violated(doc)
-    code, doc = run_json("abort-reuse", "--vllm", "0.8", "--delay",
-                         "frontend.abort:after_pop#1=0.05")
-    assert "unique-live-id" not in violated(doc), "there is no second abort to delay"
+    proc = racesim("run", "abort-reuse", "--vllm", "0.8", "--delay",
+                   "frontend.abort:after_pop#1=0.05", "--json")
+    assert "unique-live-id" not in violated(json.loads(proc.stdout)), \
+        "there is no second abort to delay"
+    assert "frontend.abort:after_pop#1" in proc.stderr and "no effect" in proc.stderr
 
 
 def test_witness_human_output_shows_the_violation_table_and_the_timeline() -> None:

@@ -36,6 +36,7 @@ from racesim.engine_model.messages import (
     KVTransferParams,
     UtilityMessage,
 )
+from racesim.engine_model.points import POINTS, UnknownPointError
 from racesim.engine_model.versions import VllmProfile
 from racesim.sim.world import World
 
@@ -285,7 +286,13 @@ class AsyncLLM:
         yield from self.policy.abort(self, ids)
 
     def send_abort(self, request_ids: Sequence[str], point: str) -> Proc:
-        """Pass ``point`` (the await on the socket send), then put the ABORT on the wire."""
+        """Pass ``point`` (the await on the socket send), then put the ABORT on the wire.
+
+        A policy names the point; a name outside the catalogue would be a point no delay can
+        ever reach (a misspelling reads as "safe"), so it is refused."""
+        if point not in POINTS:
+            raise UnknownPointError(f"send_abort: unknown await point {point!r} (known: "
+                             f"{', '.join(POINTS.names())})")
         ev = self.world.sleep(point, 0.0, self.name)
         if ev is not None:
             yield ev
