@@ -34,6 +34,7 @@ from racesim.engine_model.messages import (
     EngineCoreRequest,
     KVDoneNotice,
     KVHeartbeat,
+    KVTransferParams,
     Token,
     UtilityMessage,
 )
@@ -66,7 +67,7 @@ class EngineCore(EngineShell):
         if hold_timeout is not None:
             self.connector = ConnectorScheduler(world, f"{name}.connector", index, self.kv,
                                                 hold_timeout, self._start_kv_read, profile,
-                                                self._send_heartbeat)
+                                                self._send_heartbeat, self._send_notice)
             self.scheduler.connector = self.connector
         self.transfer_time = transfer_time
         self.outputs = EngineOutputs(world, index, f"{name}.core")
@@ -248,6 +249,13 @@ class EngineCore(EngineShell):
         assert self.connector is not None
         self.connector.finished_recving[request.request_id] = None
         self._wake_loop()
+        channel = self.notify_channels.get(params.remote_engine)
+        if channel is not None:
+            channel.send(KVDoneNotice(params.remote_request_id, params.remote_inc),
+                         [params.remote_request_id], remote_inc=params.remote_inc)
+
+    def _send_notice(self, params: KVTransferParams) -> None:
+        """D: the transfer-done notice of a request that ended before its read (#19223)."""
         channel = self.notify_channels.get(params.remote_engine)
         if channel is not None:
             channel.send(KVDoneNotice(params.remote_request_id, params.remote_inc),

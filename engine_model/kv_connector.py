@@ -33,12 +33,14 @@ class ConnectorScheduler:
     __slots__ = ("world", "component", "engine_index", "kv", "hold_timeout", "reqs_need_send",
                  "finished_recving", "done_sending", "_start_read", "_lease", "_hb_interval",
                  "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat", "_handshaken",
-                 "_free_on_recv", "failed_recving", "_held_finishes")
+                 "_free_on_recv", "failed_recving", "_held_finishes", "_abort_notify",
+                 "_recving", "_notify_pending", "_send_notice")
 
     def __init__(self, world: World, component: str, engine_index: int, kv: KVCacheManager,
                  hold_timeout: float, start_read: Callable[[Request], None],
                  profile: VllmProfile,
-                 send_heartbeat: Callable[[int, list[str]], None] | None = None) -> None:
+                 send_heartbeat: Callable[[int, list[str]], None] | None = None,
+                 send_notice: Callable[[KVTransferParams], None] | None = None) -> None:
         self.world = world
         self.component = component
         self.engine_index = engine_index
@@ -64,12 +66,24 @@ class ConnectorScheduler:
         self._send_heartbeat = send_heartbeat
         #: D: aborted requests whose blocks are freed when their read completes.
         self._free_on_recv: dict[str, Request] = {}
+        #: D (#19223): a request that ends before its read started still notifies P, with no
+        #: blocks to read, at the next schedule() (nixl/pull_scheduler.py:219-230 in 0.33).
+        self._abort_notify = "pd-abort-notify" in profile.features
+        self._send_notice = send_notice
+        #: D: the requests whose read has started, by ID (the object tells incarnations apart)
+        self._recving: dict[str, Request] = {}
+        self._notify_pending: list[KVTransferParams] = []
 
     # -- prefill side ---------------------------------------------------------------------------
 
     def request_finished(self, request: Request) -> tuple[bool, KVTransferParams | None]:
         if not request.do_remote_decode:
             self._heartbeat.pop(request.request_id, None)
+            started = self._recving.pop(request.request_id, None) is request
+            params = request.kv_transfer_params
+            if (self._abort_notify and params is not None and params.do_remote_prefill
+                    and not started and not request.remote_kv_ready):
+                self._notify_pending.append(params)
             return False, None
         if request.status not in self._held_finishes:
             return False, None  # aborted (or not held here): _reqs_not_processed, free now
@@ -144,7 +158,14 @@ class ConnectorScheduler:
         return self._last_heartbeat + self._hb_interval
 
     def build_meta(self) -> None:
-        """Each schedule(): send the heartbeats that are due, throttled to one per interval."""
+        """Each schedule(): the notices of requests that ended before their read (the worker
+        sends them as a read with no blocks, pull_worker.py:49-75), then the heartbeats that
+        are due, throttled to one per interval."""
+        if self._notify_pending:
+            pending, self._notify_pending = self._notify_pending, []
+            if self._send_notice is not None:
+                for params in pending:
+                    self._send_notice(params)
         due, send = self.next_heartbeat(), self._send_heartbeat
         now = self.world.now
         # The loop wakes at ``due`` computed as now + (due - now), which floating point may
@@ -170,6 +191,7 @@ class ConnectorScheduler:
         self._free_on_recv[request.request_id] = request
 
     def start_recv(self, request: Request) -> None:
+        self._recving[request.request_id] = request
         self.world.emit(self.component, request.request_id, request.inc, PdRecvStart())
         self._start_read(request)
 
