@@ -34,7 +34,7 @@ class ConnectorScheduler:
                  "finished_recving", "done_sending", "_start_read", "_lease", "_hb_interval",
                  "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat", "_handshaken",
                  "_free_on_recv", "failed_recving", "_held_finishes", "_abort_notify",
-                 "_recving", "_notify_pending", "_send_notice")
+                 "_recving", "_notify_pending", "_send_notice", "recv_ready")
 
     def __init__(self, world: World, component: str, engine_index: int, kv: KVCacheManager,
                  hold_timeout: float, start_read: Callable[[Request], None],
@@ -47,7 +47,9 @@ class ConnectorScheduler:
         self.kv = kv
         self.hold_timeout = hold_timeout
         self.reqs_need_send: dict[str, float] = {}      # P: ID -> expiry time
-        self.finished_recving: dict[str, None] = {}     # D: IDs whose blocks arrived
+        self.finished_recving: dict[str, None] = {}     # D: IDs whose read the worker ended
+        #: D: reads the scheduler has been told of (finished_recving_kv_req_ids)
+        self.recv_ready: dict[str, None] = {}
         self.failed_recving: dict[str, None] = {}       # D: IDs whose read failed
         self.done_sending: dict[str, str] = {}          # P: IDs to release -> cause
         self._start_read = start_read
@@ -123,19 +125,32 @@ class ConnectorScheduler:
     def next_expiry(self) -> float | None:
         return min(self.reqs_need_send.values(), default=None)
 
+    def has_finished(self) -> bool:
+        """Whether the worker has a transfer result to report now: a notice, a read done or
+        failed, or a hold whose time is up."""
+        if self.done_sending or self.failed_recving or self.finished_recving:
+            return True
+        expiry = self.next_expiry()
+        return expiry is not None and expiry <= self.world.now
+
+    def take_recved(self) -> list[str]:
+        """D: the reads the worker ended since the last step (finished_recving)."""
+        done = list(self.finished_recving)
+        self.finished_recving.clear()
+        return done
+
+    def recv_freed(self, request_id: str) -> bool:
+        """D: a request aborted while its read was in flight: its blocks go now."""
+        return self._free_on_recv.pop(request_id, None) is not None
+
     def get_finished(self) -> list[tuple[str, str]]:
-        """IDs whose hold ends now: notified ones, then expired ones (with a warning in vLLM);
-        on D, aborted requests whose read has completed."""
+        """IDs whose hold ends now: notified ones, then expired ones (with a warning in
+        vLLM)."""
         now = self.world.now
         for rid, expiry in list(self.reqs_need_send.items()):
             if expiry <= now:
                 del self.reqs_need_send[rid]
                 self.done_sending[rid] = "timeout"
-        for rid in list(self._free_on_recv):
-            if rid in self.finished_recving:
-                del self.finished_recving[rid]
-                del self._free_on_recv[rid]
-                self.done_sending[rid] = "recv-done"
         done = list(self.done_sending.items())
         self.done_sending.clear()
         return done
@@ -183,8 +198,9 @@ class ConnectorScheduler:
             send(engine, by_engine[engine])
 
     def recv_done(self, request: Request) -> bool:
-        """Whether the read into ``request``'s blocks has completed (and forget that it has)."""
-        return self.finished_recving.pop(request.request_id, 0) is None
+        """Whether the scheduler knows the read into ``request``'s blocks has completed (and
+        forget that it has; scheduler.py:3017-3024)."""
+        return self.recv_ready.pop(request.request_id, 0) is None
 
     def free_when_received(self, request: Request) -> None:
         self._heartbeat.pop(request.request_id, None)
@@ -205,9 +221,9 @@ class ConnectorScheduler:
 
     def take_finished_recving(self, request: Request) -> bool:
         rid = request.request_id
-        if rid not in self.finished_recving:
+        if rid not in self.recv_ready:
             return False
-        del self.finished_recving[rid]
+        del self.recv_ready[rid]
         self._heartbeat.pop(rid, None)
         request.remote_kv_ready = True
         request.status = RequestStatus.WAITING

@@ -116,11 +116,8 @@ class System:
         self._channels: list[ChannelNode] = []
         proxies: list[str] = []
         if workload.topology == "pd":
-            pd = workload.pd
-            prefill = EngineCore(world, 0, "prefill", workload.engine, policy, profile,
-                                 hold_timeout=pd.hold_timeout)
-            decode = EngineCore(world, 1, "decode", workload.engine, policy, profile,
-                                hold_timeout=pd.hold_timeout, transfer_time=pd.transfer_time)
+            prefill = self.new_pd_engine(0, "prefill")
+            decode = self.new_pd_engine(1, "decode")
             self.engines = [prefill, decode]
             self._roles = {"prefill": "prefill", "decode": "decode"}
             decode.notify_channels[0] = self._channel("nixl", decode.name, prefill.name,
@@ -129,7 +126,7 @@ class System:
             p_fes = [self._frontend(i, f"P.frontend{i}", prefill) for i in range(n)]
             d_fes = [self._frontend(i, f"D.frontend{i}", decode) for i in range(n)]
             self.frontends = p_fes + d_fes
-            proxy_list = [Proxy(world, i, p_fes[spec.frontend], d_fes[spec.frontend], pd)
+            proxy_list = [Proxy(world, i, p_fes[spec.frontend], d_fes[spec.frontend], workload.pd)
                           for i, spec in enumerate(workload.requests)]
             proxies = [p.name for p in proxy_list]
             gateways: list[Gateway] = list(proxy_list)
@@ -176,6 +173,14 @@ class System:
         """The engine of a single-engine topology (a backend swaps its engine-side state here)."""
         return EngineCore(self.world, index, name, self.workload.engine, self.policy,
                           self.profile)
+
+    def new_pd_engine(self, index: int, role: str) -> EngineCore:
+        """The prefill (index 0) or decode (index 1) engine of P/D, with its KV connector (a
+        backend builds its own here)."""
+        pd = self.workload.pd
+        return EngineCore(self.world, index, role, self.workload.engine, self.policy,
+                          self.profile, hold_timeout=pd.hold_timeout,
+                          transfer_time=pd.transfer_time if role == "decode" else 0.0)
 
     def new_output_processor(self, index: int, name: str,
                              engine: Any) -> FrontendState | None:
