@@ -15,11 +15,10 @@ from collections.abc import Mapping
 
 from racesim.engine_model.config import Workload
 
-__all__ = ["SUPPORTED_POLICIES", "PD_MODEL_ONLY", "unsupported_reason", "model_only_reason"]
+__all__ = ["SUPPORTED_POLICIES", "unsupported_reason", "model_only_reason"]
 
 #: policy -> the ``suffix_hex`` values the real ``assign_request_id`` can give.
 SUPPORTED_POLICIES: dict[str, tuple[str, ...]] = {"buggy": (), "internal-id": ("8", "0")}
-PD_MODEL_ONLY = "P/D is model-only on the vllm backend"
 
 
 def unsupported_reason(workload: Workload, policy: str,
@@ -39,10 +38,8 @@ def unsupported_reason(workload: Workload, policy: str,
 def model_only_reason(workload: Workload) -> str | None:
     """Why this scenario's deployment is model-only on the vllm backend (one line), or None.
 
-    Only P/D: faking vLLM's KV connector would replace the code whose lease, release and load
-    failure the P/D scenarios check. Data parallelism runs (one vLLM Scheduler per DP rank; the
-    DP client and coordinator are asyncio and socket code, modelled on both backends), and so
-    do streaming-input sessions."""
-    if workload.topology == "pd":
-        return PD_MODEL_ONLY
+    None now: P/D runs vLLM's own NixlConnector scheduler side with a simulated transport
+    (:mod:`racesim.engine_vllm.nixl`); data parallelism runs (one vLLM Scheduler per DP rank;
+    the DP client and coordinator are asyncio and socket code, modelled on both backends), and
+    so do streaming-input sessions."""
     return None
