@@ -183,7 +183,9 @@ class EngineShell:
                             self.aborts_queue.clear()  # 0.33 core.py:1650-1666, every idle pass
                     yield from self._idle_wait()
         except self._fatal as exc:
-            self._die(str(exc))
+            # the vllm backend's fatal error names vLLM's file:line (engine_vllm/oracle.py)
+            where = getattr(exc, "where", None)
+            self._die(str(exc), where if isinstance(where, str) else None)
 
     def _idle_wait(self) -> Generator[simpy.Event, Any, None]:
         env = self.world.env
@@ -223,10 +225,11 @@ class EngineShell:
 
     # -- death ----------------------------------------------------------------------------------
 
-    def _die(self, reason: str) -> None:
-        """EngineCoreProc died: ENGINE_DEAD to every client."""
+    def _die(self, reason: str, where: str | None = None) -> None:
+        """EngineCoreProc died: ENGINE_DEAD to every client. ``where``: the vLLM ``file:line``
+        that raised, when vLLM's own code did."""
         self.dead = reason
-        self.world.emit(self.c_core, None, 0, EngineFatalEvent(reason))
+        self.world.emit(self.c_core, None, 0, EngineFatalEvent(reason, where))
         channels = self.output_channels
         for client in sorted(channels):
             channels[client].send(EngineDead(self.index, reason), ["*"])

@@ -65,7 +65,13 @@ class Violation:
     request: str | None
     detail: str
     event: int  # seq of the first event that broke it (-1: end of run)
+    #: vLLM's ``file:line`` (relative to the vllm package) when vLLM's own code raised it
+    where: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"invariant": self.invariant, "time": self.time, "request": self.request,
-                "detail": self.detail, "event": self.event}
+        out: dict[str, Any] = {"invariant": self.invariant, "time": self.time,
+                               "request": self.request, "detail": self.detail,
+                               "event": self.event}
+        if self.where is not None:
+            out["vllm_where"] = self.where
+        return out

@@ -1,4 +1,5 @@
-"""vLLM 0.33's own classes, imported once per process, and the objects a run builds from them.
+"""The installed vLLM release's own classes (through its generation's adapter, _api.py), imported
+once per process, and the objects a run builds from them.
 
 Importing vLLM takes seconds, so it happens on the first run of a process and is reused; so is
 the ``VllmConfig`` of each engine shape (``ModelConfig`` inspects the model in a subprocess the
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
+
+from racesim.engine_vllm import _api
 
 __all__ = ["vllm", "VllmEngineShape", "new_scheduler", "new_request", "assign_request_id",
            "BLOCK_SIZE_ATTR"]
@@ -41,21 +44,23 @@ class _Vllm:
         level = os.environ["VLLM_LOGGING_LEVEL"].upper()
         if isinstance(logging.getLevelName(level), int):  # vLLM itself rejects a bad name later
             logging.getLogger("vllm").setLevel(level)
+        import vllm
+
+        self.version: str = vllm.__version__
+        self.api = api = _api.api_for(self.version)
+        if api.key < (0, 33):  # before vllm.config: older wheels ignore VLLM_TARGET_DEVICE
+            _api.select_cpu_platform()
         import torch
         from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-        from vllm.outputs import STREAM_FINISHED
         from vllm.sampling_params import RequestOutputKind, SamplingParams
-        from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-        from vllm.v1.core.sched.interface import PauseState
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.engine import (
             EngineCoreOutput,
             EngineCoreOutputs,
             EngineCoreRequest,
             FinishReason,
-            input_processor,
         )
         from vllm.v1.engine.exceptions import EngineDeadError
         from vllm.v1.engine.output_processor import OutputProcessor
@@ -65,6 +70,10 @@ class _Vllm:
         from vllm.v1.request import Request, RequestStatus
         from vllm.v1.structured_output import StructuredOutputManager
 
+        sha256 = api.sha256()
+        #: None before 0.20 (no streaming sessions, no pause state)
+        self.STREAM_FINISHED = api.stream_finished() if api.streaming else None
+        self.PauseState = api.pause_state() if api.pause else None
         self.torch = torch
         self.CacheConfig, self.ModelConfig = CacheConfig, ModelConfig
         self.SchedulerConfig, self.VllmConfig = SchedulerConfig, VllmConfig
@@ -72,10 +81,8 @@ class _Vllm:
         self.Scheduler, self.AsyncScheduler = Scheduler, AsyncScheduler
         self.EngineCoreRequest, self.FinishReason = EngineCoreRequest, FinishReason
         self.EngineCoreOutput, self.EngineCoreOutputs = EngineCoreOutput, EngineCoreOutputs
-        self.PauseState = PauseState
-        self.input_processor = input_processor
         self.OutputProcessor, self.ParentRequest = OutputProcessor, ParentRequest
-        self.STREAM_FINISHED, self.EngineDeadError = STREAM_FINISHED, EngineDeadError
+        self.EngineDeadError = EngineDeadError
         self.FullAttentionSpec, self.KVCacheConfig = FullAttentionSpec, KVCacheConfig
         self.KVCacheGroupSpec = KVCacheGroupSpec
         self.ModelRunnerOutput = ModelRunnerOutput
@@ -86,9 +93,6 @@ class _Vllm:
         init_none_hash(sha256)
         self._hashers: dict[int, Any] = {}
         self._hasher_factory = (get_request_block_hasher, sha256)
-        import vllm
-
-        self.version: str = vllm.__version__
 
     def block_hasher(self, block_size: int) -> Any:
         hasher = self._hashers.get(block_size)
@@ -125,10 +129,10 @@ def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
     v = vllm()
     model = str(resources.files("racesim.engine_vllm") / "tiny_model")
     mc = v.ModelConfig(model=model, skip_tokenizer_init=True, max_model_len=shape.max_model_len)
-    sc = v.SchedulerConfig(max_model_len=shape.max_model_len, is_encoder_decoder=False,
-                           max_num_seqs=shape.max_num_seqs,
-                           max_num_batched_tokens=shape.max_num_batched_tokens,
-                           async_scheduling=shape.async_scheduling)
+    sc = v.api.scheduler_config(v.SchedulerConfig, max_model_len=shape.max_model_len,
+                                max_num_seqs=shape.max_num_seqs,
+                                max_num_batched_tokens=shape.max_num_batched_tokens,
+                                async_scheduling=shape.async_scheduling)
     cc = v.CacheConfig(block_size=shape.block_size,
                        enable_prefix_caching=shape.prefix_caching)
     vc = v.VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc)
@@ -148,8 +152,8 @@ def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
             kv_connector="NixlConnector", kv_role=role, engine_id=engine_id,
             kv_load_failure_policy=on_failure,
             kv_connector_extra_config={"kv_lease_duration": lease})
-    spec = v.FullAttentionSpec(block_size=shape.block_size, num_kv_heads=1, head_size=1,
-                               dtype=v.torch.float32)
+    spec = v.api.attention_spec(v.FullAttentionSpec, block_size=shape.block_size,
+                                num_kv_heads=1, head_size=1, dtype=v.torch.float32)
     return vc, spec
 
 
@@ -162,10 +166,9 @@ def new_scheduler(shape: VllmEngineShape, include_finished_set: bool = False) ->
     kvc = v.KVCacheConfig(num_blocks=shape.num_blocks + 1, kv_cache_tensors=[],
                           kv_cache_groups=[v.KVCacheGroupSpec(["layer"], spec)])
     cls = v.AsyncScheduler if shape.async_scheduling else v.Scheduler
-    return cls(vllm_config=vc, kv_cache_config=kvc,
-               structured_output_manager=v.StructuredOutputManager(vc),
-               block_size=shape.block_size, log_stats=False,
-               include_finished_set=include_finished_set)
+    return v.api.scheduler(cls, shape.block_size, vllm_config=vc, kv_cache_config=kvc,
+                           structured_output_manager=v.StructuredOutputManager(vc),
+                           log_stats=False, include_finished_set=include_finished_set)
 
 
 def new_request(request_id: str, prompt_token_ids: list[int], max_tokens: int, client_index: int,
@@ -181,11 +184,11 @@ def new_request(request_id: str, prompt_token_ids: list[int], max_tokens: int, c
     if kv_transfer_params is not None:
         # the OpenAI server puts the request body's kv_transfer_params here (request.py:118-122)
         sp.extra_args = {"kv_transfer_params": kv_transfer_params}
-    ecr = v.EngineCoreRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
-                              mm_features=None, sampling_params=sp, pooling_params=None,
-                              arrival_time=arrival_time, lora_request=None, cache_salt=None,
-                              data_parallel_rank=None, client_index=client_index,
-                              resumable=resumable)
+    ecr = v.api.engine_core_request(
+        v.EngineCoreRequest, request_id=request_id, prompt_token_ids=prompt_token_ids,
+        mm_features=None, sampling_params=sp, pooling_params=None, arrival_time=arrival_time,
+        lora_request=None, cache_salt=None, data_parallel_rank=None, client_index=client_index,
+        resumable=resumable)
     return v.Request.from_engine_core_request(ecr, v.block_hasher(block_size))
 
 
@@ -194,14 +197,15 @@ def assign_request_id(request_id: str, draw: Any) -> str:
     (input_processor.py:354-371), with ``draw()`` standing in for ``random_uuid``."""
     v = vllm()
     sp = v.SamplingParams(max_tokens=1, detokenize=False)
-    ecr = v.EngineCoreRequest(request_id=request_id, prompt_token_ids=[3], mm_features=None,
-                              sampling_params=sp, pooling_params=None, arrival_time=0.0,
-                              lora_request=None, cache_salt=None, data_parallel_rank=None)
-    module = v.input_processor
+    ecr = v.api.engine_core_request(
+        v.EngineCoreRequest, request_id=request_id, prompt_token_ids=[3], mm_features=None,
+        sampling_params=sp, pooling_params=None, arrival_time=0.0, lora_request=None,
+        cache_salt=None, data_parallel_rank=None)
+    module = v.api.id_module()
     saved = module.random_uuid  # it is bound in that module (input_processor.py:31)
     module.random_uuid = draw
     try:
-        v.input_processor.InputProcessor.assign_request_id(ecr)
+        v.api.assign_request_id(ecr)
     finally:
         module.random_uuid = saved
     return str(ecr.request_id)

@@ -43,6 +43,7 @@ from racesim.engine_vllm import _vllm, pd, sessions
 from racesim.engine_vllm import engine_finishes as finishes
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
 from racesim.engine_vllm.nixl import NixlFabric, NixlTransport
+from racesim.engine_vllm.oracle import vllm_raise
 from racesim.engine_vllm.views import EosIds, KvShadow, PromptTokens, SchedulerView, Vocabulary
 from racesim.sim.world import World
 
@@ -59,7 +60,12 @@ def _reason(finish: Any) -> str | None:
 
 class _Fatal(Exception):
     """An exception raised by vLLM's code inside the engine: EngineCoreProc dies of it (the
-    shell's busy loop catches this, not the model's EngineFatal)."""
+    shell's busy loop catches this, not the model's EngineFatal). ``where`` is vLLM's
+    ``file:line`` (relative to the vllm package) when vLLM's code raised it."""
+
+    def __init__(self, message: str, where: str | None = None) -> None:
+        super().__init__(message)
+        self.where = where
 
 
 class VllmEngineCore(EngineShell):
@@ -95,6 +101,9 @@ class VllmEngineCore(EngineShell):
         self.coordinator: Any = None  # DP: told after each step (the model's DPCoordinator)
         self._batch_queue: deque[tuple[simpy.Event, Any, int]] = deque()
         self._step_no = 0
+        #: before 0.14 schedule() does not list its preemptions: diff the running queue
+        self._snapshot_running = not self.v.api.lists_preemptions
+        self._sessions = self.v.api.streaming  # Request.streaming_queue: 0.20+
         self.c_sched = f"{name}.scheduler"
         #: P/D: the simulated NIXL worker (also what wakes an idle busy loop for leases and
         #: heartbeats, as the model's connector does); id(Request) -> (it, the prefill
@@ -142,7 +151,8 @@ class VllmEngineCore(EngineShell):
         try:
             return fn(*args)
         except Exception as exc:  # EngineCoreProc dies of anything its step raises
-            raise _Fatal(f"{type(exc).__name__}: {exc}") from None
+            raised = vllm_raise(exc)
+            raise _Fatal(raised.message, raised.where) from None
 
     def _apply_input(self, kind: str, payload: Any) -> None:
         if kind == "add":
@@ -161,11 +171,15 @@ class VllmEngineCore(EngineShell):
     def _add(self, req: Any) -> None:
         rid = req.request_id
         prev = self.sched.requests.get(rid)
-        if prev is not None:  # a session's streaming update, or the duplicate-ID assert
+        if prev is not None and self.v.api.streaming:
+            # a session's streaming update, or the duplicate-ID assert (0.20+)
             sessions.add_held(self, prev, req)
             return
+        # before 0.20, add_request overwrites requests[id] with no check; the old object stays
+        # in its queue (0.14.0 scheduler.py add_request)
         self.call(self.sched.add_request, req)
-        self.world.emit(self.c_sched, rid, self.inc_of(req), SchedAdd(0))
+        self.world.emit(self.c_sched, rid, self.inc_of(req),
+                        SchedAdd(self.inc_of(prev) if prev is not None else 0))
 
     def _abort(self, msg: AbortMessage, cause: str) -> None:
         # One ID per call: finish_requests iterates a set of the IDs it is given
@@ -193,9 +207,10 @@ class VllmEngineCore(EngineShell):
             transport = self.transport
             if transport is not None:
                 transport.before_schedule()
+            running = list(sched.running) if self._snapshot_running else []
             so = self.call(sched.schedule)
             self._step_no += 1
-            self._synced_schedule(so)
+            self._synced_schedule(so, running)
             executed = so.total_num_scheduled_tokens > 0
             if transport is not None:
                 # execute_model starts this step's loads, with or without a forward pass
@@ -225,7 +240,7 @@ class VllmEngineCore(EngineShell):
         self._update(so, mro, step)
         return True
 
-    def _synced_schedule(self, so: Any) -> None:
+    def _synced_schedule(self, so: Any, running: list[Any]) -> None:
         """The block tables and preemptions of one ``schedule()``: a new table's leading blocks
         are the prefix hits, the tokens it had computed before this step."""
         requests = self.sched.requests
@@ -237,12 +252,12 @@ class VllmEngineCore(EngineShell):
                 if req is not None and req.num_computed_tokens > n:
                     hits[rid] = (req.num_computed_tokens - n) // bs
         self.kv.sync(None, hits)
-        for rid in sorted(so.preempted_req_ids or ()):
+        for rid in self.v.api.preempted(so, running):
             req = requests.get(rid)
             if req is not None:
                 # scheduler.py:1799-1843: blocks freed, recomputed from waiting; output in
-                # flight (async) is stale
-                stale = req.num_stale_output_tokens
+                # flight (async) is stale (a count kept from 0.33 on)
+                stale = getattr(req, "num_stale_output_tokens", 0)
                 self.world.emit(self.c_sched, rid, self.inc_of(req),
                                 SchedPreempt(stale if stale else None))
 
@@ -262,8 +277,9 @@ class VllmEngineCore(EngineShell):
             raise _Fatal(str(exc)) from None
         vocab = self.vocab
         req_ids = list(so.num_scheduled_tokens)
-        mro = self.v.ModelRunnerOutput(
-            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        mro = self.v.api.model_runner_output(
+            self.v.ModelRunnerOutput, req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=[[vocab.encode(sampled[r])] if r in sampled else []
                                for r in req_ids])
         return self._on_gpu(mro, executes)
@@ -302,7 +318,7 @@ class VllmEngineCore(EngineShell):
                      if rid not in objects and not r.is_finished()}
             was_finished = {rid: r.is_finished() for rid, r in objects.items() if r is not None}
         outs = self.call(self.sched.update_from_output, so, mro)
-        by_session = sessions.session_outputs(objects, outs)
+        by_session = sessions.session_outputs(objects, outs) if self._sessions else {}
         vocab = self.vocab
         applied = []
         finished: dict[str, int] = {}

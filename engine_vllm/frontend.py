@@ -1,4 +1,7 @@
-"""Each API server's request state is vLLM 0.33's own ``OutputProcessor``, behind a thin adapter.
+"""Each API server's request state is vLLM's own ``OutputProcessor``, behind a thin adapter.
+
+Line numbers are 0.33.0's; the calls that differ in older releases go through the release's
+generation adapter (racesim.engine_vllm._api).
 
 AsyncLLM's tasks and await points stay the model's (racesim.engine_model.frontend.async_llm);
 at each of its calls into the output processor the adapter calls vLLM's
@@ -178,7 +181,6 @@ class VllmOutputProcessor:
     """One API server's request state: vLLM's ``OutputProcessor``, with the model's
     interface (:class:`racesim.engine_model.frontend.state.FrontendState`)."""
 
-    finishes_duplicates = True  # vLLM 0.33's streaming-update path (output_processor.py:672)
     #: under data parallelism the trace names each request's engine (set by the System)
     dp = False
 
@@ -190,6 +192,10 @@ class VllmOutputProcessor:
         self.vocab = vocab
         self.client_index = client_index
         self.v = v = _vllm.vllm()
+        self.api = v.api
+        #: the release's OutputProcessor takes a same-ID add as a streaming update (0.20+:
+        #: 0.33 output_processor.py:672), else raises "already running"
+        self.finishes_duplicates = v.api.finishes_duplicates
         self.real = v.OutputProcessor(tokenizer=StopTokenizer(), log_stats=False)
         #: the model's ParentRequest (AsyncLLM's) -> vLLM's, by object
         self._parents: dict[int, tuple[ParentRequest, Any]] = {}
@@ -209,7 +215,9 @@ class VllmOutputProcessor:
         return queue
 
     def has_request(self, request_id: str) -> bool:
-        return bool(self.real.has_request(request_id))
+        # OutputProcessor.has_request (0.33 output_processor.py:576-577) is this test; older
+        # releases lack the method
+        return request_id in self.real.request_states
 
     def inc_of(self, request_id: str) -> int:
         queue = self._aborted.get(request_id)
@@ -242,7 +250,7 @@ class VllmOutputProcessor:
 
     def orphan_external_ids(self) -> list[str]:
         real = self.real
-        return [ext for ext, ids in real.external_req_ids.items()
+        return [ext for ext, ids in self.api.external_req_ids(real).items()
                 if not any(r in real.request_states or r in real.parent_requests for r in ids)]
 
     # -- add ------------------------------------------------------------------------------------
@@ -257,12 +265,13 @@ class VllmOutputProcessor:
                                 stop=["a" * stop_string_at])
 
     def _request(self, request: EngineCoreRequest, request_id: str, params: Any) -> Any:
-        return self.v.EngineCoreRequest(
-            request_id=request_id, prompt_token_ids=[PROMPT_TOKEN] * request.prompt_tokens,
-            mm_features=None, sampling_params=params, pooling_params=None,
-            arrival_time=float(self.world.now), lora_request=None, cache_salt=None,
-            data_parallel_rank=None, client_index=self.client_index,
-            external_req_id=request.external_req_id, resumable=request.resumable)
+        return self.api.engine_core_request(
+            self.v.EngineCoreRequest, request_id=request_id,
+            prompt_token_ids=[PROMPT_TOKEN] * request.prompt_tokens, mm_features=None,
+            sampling_params=params, pooling_params=None, arrival_time=float(self.world.now),
+            lora_request=None, cache_salt=None, data_parallel_rank=None,
+            client_index=self.client_index, external_req_id=request.external_req_id,
+            resumable=request.resumable)
 
     def _parent(self, parent: ParentRequest, request: EngineCoreRequest,
                 stop_string_at: int | None) -> Any:
@@ -270,7 +279,8 @@ class VllmOutputProcessor:
         if entry is not None and entry[0] is parent:
             return entry[1]
         params = self._params(request.max_tokens, parent.n, stop_string_at)
-        real = self.v.ParentRequest(self._request(request, parent.request_id, params))
+        real = self.api.parent_request(self.v.ParentRequest,
+                                       self._request(request, parent.request_id, params))
         real.child_requests = _OrderedIds()
         for index in range(parent.n):  # AsyncLLM names every child first (async_llm.py:542)
             real.get_child_info(index)
@@ -327,7 +337,7 @@ class VllmOutputProcessor:
     def flatten_req_to_abort(self, request_ids: list[str], internal: bool) -> list[str]:
         states = self.real.request_states
         held = {rid: self._queue_of(s) for rid, s in states.items()}
-        ids = list(self.real.abort_requests(request_ids, internal=internal))
+        ids = self.api.abort_requests(self.real, request_ids, internal)
         for rid in ids:
             self._aborted[rid] = held[rid]
         return ids
@@ -341,7 +351,7 @@ class VllmOutputProcessor:
                 if state is None:
                     continue
                 queue = self._queue_of(state)
-                self.real.abort_requests([rid], internal=True)
+                self.api.abort_requests(self.real, [rid], True)
             self.world.emit(self.component, rid, queue.inc, FePop("abort"))
             popped.append(rid)
         return popped

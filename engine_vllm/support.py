@@ -22,8 +22,16 @@ SUPPORTED_POLICIES: dict[str, tuple[str, ...]] = {"buggy": (), "internal-id": ("
 
 
 def unsupported_reason(workload: Workload, policy: str,
-                       options: Mapping[str, str] | None = None) -> str | None:
-    """Why this run cannot use the vllm backend (one line), or None when it can."""
+                       options: Mapping[str, str] | None = None,
+                       release: str | None = None) -> str | None:
+    """Why this run cannot use the vllm backend on vLLM ``release`` (one line), or None."""
+    from racesim.engine_vllm._api import release_key
+
+    if policy == "internal-id" and release is not None and release_key(release) < (0, 14) \
+            and (options or {}).get("suffix_hex", "8") != "0":
+        # vLLM before 0.14 keeps the caller's ID end to end (v1/engine/processor.py)
+        return (f"policy 'internal-id' cannot run on the vllm backend with vLLM {release} "
+                f"(it assigns no internal IDs before 0.14); use buggy or suffix_hex=0")
     if policy not in SUPPORTED_POLICIES:
         return (f"policy {policy!r} cannot run on the vllm backend (it changes vLLM's own "
                 f"code); the vllm backend runs: buggy, internal-id (suffix_hex 8 or 0)")

@@ -75,6 +75,11 @@ class StopTokenizer:
     def get_added_vocab(self) -> dict[str, int]:
         return {}
 
+    def get_lora_tokenizer(self, lora_request: object = None) -> StopTokenizer:
+        """vLLM before 0.11 asks its tokenizer group for the request's LoRA tokenizer
+        (0.10.1.1 output_processor.py:336-337): this one, for every request."""
+        return self
+
 
 class PromptTokens:
     """Prompt token ids by prompt name: requests naming one prompt get equal ids (so vLLM's

@@ -46,6 +46,9 @@ returns:
 ``vllm_schedules_per_s``, ``vllm``
     that explore on vLLM's own engine code (``--engine vllm``, 0.33) beside the model's at 0.33;
     None when vLLM 0.33 is not importable (``vllm.unavailable``; :mod:`racesim.bench_vllm`).
+``vllm_harness_share``
+    the share of that vllm-backend explore's time spent outside vLLM's own calls (target at
+    most 0.30; None without vLLM; :mod:`racesim.bench_vllm`).
 ``build``, ``compiled``
     whether the simulation's hot modules run compiled (mypyc, the default install) or as
     Python source (``RACESIM_PURE=1``, or no compiler at install time), and why.

@@ -48,6 +48,11 @@ def print_bench(console: Any, doc: dict[str, Any]) -> None:
                         f"{vllm['vllm_schedules_per_s']:,}", f">= {vllm['target_per_core']:g}",
                         mark(vllm["vllm_schedules_per_s"] >= vllm["target_per_core"]))
         summary.add_row("  the model, same explore", f"{vllm['model_schedules_per_s']:,}", "", "")
+        share = vllm.get("harness_share")
+        if share is not None:
+            summary.add_row("vllm_harness_share (time outside vLLM's calls)", f"{share:.0%}",
+                            f"<= {vllm['harness_target']:.0%}",
+                            mark(share <= vllm["harness_target"]))
     elif vllm:
         summary.add_row("vllm_schedules_per_s", "unavailable", "", "")
     console.print(summary)

@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 
 from racesim.cli_conform import conform_cmd
+from racesim.cli_corpus import corpus_cmd
 from racesim.cli_matrix import matrix_cmd
 from racesim.cli_options import engine_option as _engine
 from racesim.cli_options import explore_options as _explore_options
@@ -43,7 +44,7 @@ from racesim.runner import (
     replay_command,
     run_command,
 )
-from racesim.scenarios import bundled_names, load_scenario
+from racesim.scenarios import bundled_names, corpus_names, load_scenario
 from racesim.sim import InputError, build_info
 
 __all__ = ["main", "cli"]
@@ -72,17 +73,20 @@ def cli() -> None:
 
 @cli.command("list")
 @click.argument("what", required=False,
-                type=click.Choice(["scenarios", "policies", "points", "invariants", "versions"]))
+                type=click.Choice(["scenarios", "corpus", "policies", "points", "invariants",
+                                   "versions"]))
 @_vllm_option(f"{DEFAULT_VLLM}; the profile whose await-point widths are listed")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
-    """List bundled scenarios, policies, await points (with their width in a vLLM profile),
-    invariants or vLLM version profiles."""
+    """List bundled scenarios, corpus entries (real vLLM bugs), policies, await points (with
+    their width in a vLLM profile), invariants or vLLM version profiles."""
     profile = get_profile(vllm)
     sections: dict[str, list[dict[str, Any]]] = {}
     if what in (None, "scenarios"):
         sections["scenarios"] = [{"name": n, "meaning": load_scenario(n).summary}
                                  for n in bundled_names()]
+    if what in (None, "corpus"):
+        sections["corpus"] = [_corpus_row(n) for n in corpus_names()]
     if what in (None, "policies"):
         sections["policies"] = [{"name": n, "meaning": f"{c.summary} [{c.source}]"}
                                 for n, c in POLICIES.items()]
@@ -107,7 +111,9 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
         console.print(f"[bold]{title}[/bold]"
                       + (f" (widths in vLLM {profile.name})" if title == "points"
                          else " (first sentence; 'racesim show NAME' prints the whole scenario)"
-                         if title == "scenarios" else ""))
+                         if title == "scenarios"
+                         else " (real vLLM bugs; 'racesim corpus' explores them)"
+                         if title == "corpus" else ""))
         width = max(len(r["name"]) for r in rows) if rows else 0
         for r in rows:
             width_tag = f"[{r['width']}] " if "width" in r else ""
@@ -115,6 +121,16 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
             console.print(f"  {r['name'].ljust(width)}  {width_tag}{meaning}", markup=False)
             for b in r.get("behaviours", ()):
                 console.print(f"      - {b['text']} ({b['source']})", markup=False)
+
+
+def _corpus_row(name: str) -> dict[str, Any]:
+    info = load_scenario(name).corpus
+    assert info is not None  # corpus files are checked to carry [corpus] (tests)
+    return {"name": name, "issue": info.issue, "fix_pr": info.fix_pr,
+            "buggy_release": info.buggy_release, "fixed_release": info.fixed_release,
+            "invariant": info.invariant,
+            "meaning": f"#{info.issue} (fixed by #{info.fix_pr}): {info.title} "
+                       f"[{info.buggy_release} -> {info.fixed_release}, {info.invariant}]"}
 
 
 #: a sentence ends at ". " (or "): ") before a word, not after "e.g." or "i.e."
@@ -311,6 +327,7 @@ def bench_cmd(quick: bool, as_json: bool) -> None:
 
 cli.add_command(matrix_cmd)
 cli.add_command(conform_cmd)
+cli.add_command(corpus_cmd)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

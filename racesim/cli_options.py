@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES
+from racesim.engine_model.versions import ALIASES, DEFAULT_VLLM, PROFILES
 from racesim.engines import ENGINES
 from racesim.sim.strategies import STRATEGIES
 
@@ -20,16 +20,16 @@ Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 def vllm_option(default: str = f"the scenario's, else {DEFAULT_VLLM}") -> Decorator:
     """``--vllm``; ``default`` says what this command does without it."""
-    return click.option("--vllm", type=click.Choice(list(PROFILES)), default=None,
-                        help=f"vLLM release profile [default: {default}; see "
-                             f"'racesim list versions'].")
+    return click.option("--vllm", type=click.Choice([*PROFILES, *ALIASES]), default=None,
+                        help=f"vLLM release profile, by name (0.20) or release (0.20.0) "
+                             f"[default: {default}; see 'racesim list versions'].")
 
 
 def engine_option(default: str = "model") -> Decorator:
     """``--engine``; ``default`` says what this command does without it."""
     return click.option("--engine", type=click.Choice(list(ENGINES)), default=None,
                         help=f"Backend: 'model' (racesim's model of vLLM) or 'vllm' (vLLM's own "
-                             f"engine classes, vLLM 0.33.x installed; see README) [default: "
+                             f"engine classes, of the installed vLLM; see README) [default: "
                              f"{default}].")
 
 

@@ -53,6 +53,10 @@ ENGINES = ("model", "vllm")
 #: IDs with an 8-hex random suffix on 0.33 (#27987, ``v1/engine/input_processor.py:354-371``).
 LIFECYCLE: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "0.8": ("buggy", ()),
+    "0.10": ("buggy", ()),  # one ID end to end before 0.14 (v1/engine/processor.py)
+    "0.11": ("buggy", ()),
+    "0.14": ("internal-id", ()),  # InputProcessor.assign_request_id from 0.14
+    "0.20": ("internal-id", ()),
     "0.33": ("internal-id", ()),
 }
 
@@ -82,7 +86,9 @@ def model_only(scenario: Scenario, policy: str, options: Mapping[str, str],
     why = model_only_reason(scenario.workload)
     if why is not None:
         return why
-    why = unsupported_reason(scenario.workload, policy, options)
+    from racesim.engines import installed_vllm
+
+    why = unsupported_reason(scenario.workload, policy, options, installed_vllm())
     if why is not None:
         raise InputError(why)
     return None

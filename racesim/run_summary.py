@@ -18,3 +18,5 @@ class RunSummary:
     trace_hash: str
     violated: tuple[str, ...]
     schedule: tuple[Decision, ...]
+    #: the run shows the exploration's target (its invariant, with its symptom text if any)
+    hit: bool = False

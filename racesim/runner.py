@@ -13,7 +13,7 @@ from racesim.engine_model import POLICIES, RunResult, load_policy, run_workload
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import LifecyclePolicy, policy_spec
-from racesim.engines import check_engine, why_not_run
+from racesim.engines import check_engine, installed_vllm, why_not_run
 from racesim.reports.commands import replay_command, run_command
 from racesim.scenarios import Scenario
 from racesim.sim import Decider, Decision, DelayPlan, InputError, parse_point_key
@@ -113,7 +113,7 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
             if (why := why_not_run(scenario.workload, engine)) is not None:
                 raise InputError(f"{scenario.name}: {why}")
             why = unsupported_reason(scenario.workload, loaded.name if policy in POLICIES
-                                     else policy, options)
+                                     else policy, options, installed_vllm())
             if why is not None:
                 raise InputError(why)
         return run(scenario.workload, loaded, seed=seed, plan=plan, skip=skip_set,

@@ -147,7 +147,7 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
         viol.setdefault(v.event, []).append(v.invariant)
     violations = [{"invariant": v.invariant, "time": v.time, "request": v.request,
                    "event": v.event, "detail": model.relabel(v.detail),
-                   "meaning": INVARIANTS.get(v.invariant, ""),
+                   "meaning": INVARIANTS.get(v.invariant, ""), "where": v.where,
                    "what": (f"{by_seq[v.event].component}: "
                             f"{model.relabel(describe(by_seq[v.event]))}"
                             if v.event in by_seq else "end-of-run check")}

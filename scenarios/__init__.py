@@ -6,9 +6,10 @@ validated on load; every mistake is a one-line :class:`racesim.sim.errors.InputE
 
 from __future__ import annotations
 
-from racesim.scenarios.files import bundled_names, load_scenario
+from racesim.scenarios.files import bundled_names, corpus_names, load_scenario
 from racesim.scenarios.loader import (
     MAX_REQUEST_ID,
+    CorpusInfo,
     Scenario,
     parse_scenario,
     scenario_from_dict,
@@ -16,9 +17,11 @@ from racesim.scenarios.loader import (
 )
 
 __all__ = [
+    "CorpusInfo",
     "Scenario",
     "MAX_REQUEST_ID",
     "bundled_names",
+    "corpus_names",
     "load_scenario",
     "parse_scenario",
     "scenario_from_dict",

@@ -1,4 +1,5 @@
-"""Finding scenarios: a bundled name (``scenarios/bundled/NAME.toml``) or a path."""
+"""Finding scenarios: a bundled name (``scenarios/bundled/NAME.toml``), a corpus entry's name
+(``scenarios/corpus/NAME.toml``), or a path."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from racesim.scenarios.loader import Scenario, _show, parse_scenario
 from racesim.sim.errors import InputError
 
-__all__ = ["bundled_names", "load_scenario"]
+__all__ = ["bundled_names", "corpus_names", "load_scenario"]
 
 _MAX_FILE_BYTES = 16 * 2**20
 _BUNDLED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -20,13 +21,27 @@ def _bundled_dir() -> Any:
     return resources.files(__package__ or "scenarios").joinpath("bundled")
 
 
-def bundled_names() -> tuple[str, ...]:
-    """Sorted names of the bundled scenarios (``scenarios/bundled/*.toml``)."""
+def _corpus_dir() -> Any:
+    return resources.files(__package__ or "scenarios").joinpath("corpus")
+
+
+def _names(folder: Any) -> tuple[str, ...]:
     try:
-        return tuple(sorted(e.name[:-5] for e in _bundled_dir().iterdir()
+        return tuple(sorted(e.name[:-5] for e in folder().iterdir()
                             if e.name.endswith(".toml") and e.is_file()))
     except (OSError, ModuleNotFoundError):
         return ()
+
+
+def bundled_names() -> tuple[str, ...]:
+    """Sorted names of the bundled scenarios (``scenarios/bundled/*.toml``)."""
+    return _names(_bundled_dir)
+
+
+def corpus_names() -> tuple[str, ...]:
+    """Sorted names of the bundled corpus entries (``scenarios/corpus/<issue>-<slug>.toml``):
+    real vLLM bugs, each with its ``[corpus]`` table."""
+    return _names(_corpus_dir)
 
 
 def _read(path: Path, source: str) -> str:
@@ -57,21 +72,22 @@ def load_scenario(name_or_path: str) -> Scenario:
     """A bundled scenario by name, or a scenario file by path.
 
     A string containing ``/`` or ending in ``.toml`` is a path; any other is tried as a
-    bundled name first, then as a path.
+    bundled name first, then as a corpus entry's name, then as a path.
     """
     if not isinstance(name_or_path, str) or not name_or_path:
         raise InputError(f"scenario name or path must be a non-empty string "
                          f"(got {_show(name_or_path)})")
     is_path = "/" in name_or_path or name_or_path.endswith(".toml")
     if not is_path and _BUNDLED_NAME.fullmatch(name_or_path):
-        source = f"<bundled {name_or_path}>"
-        try:
-            entry = _bundled_dir().joinpath(f"{name_or_path}.toml")
-            raw = entry.read_bytes() if entry.is_file() else None
-        except (OSError, ModuleNotFoundError) as e:
-            raise InputError(f"{source}: cannot read: {e}") from None
-        if raw is not None:
-            return parse_scenario(_decode(raw, source), source)
+        for folder, where in (("bundled", _bundled_dir), ("corpus", _corpus_dir)):
+            source = f"<{folder} {name_or_path}>"
+            try:
+                entry = where().joinpath(f"{name_or_path}.toml")
+                raw = entry.read_bytes() if entry.is_file() else None
+            except (OSError, ModuleNotFoundError) as e:
+                raise InputError(f"{source}: cannot read: {e}") from None
+            if raw is not None:
+                return parse_scenario(_decode(raw, source), source)
     path = Path(name_or_path)
     if not is_path:
         try:
@@ -81,5 +97,6 @@ def load_scenario(name_or_path: str) -> Scenario:
         if not exists:
             known = ", ".join(bundled_names()) or "none"
             raise InputError(f"unknown scenario {name_or_path!r}: not a bundled name "
-                             f"(bundled: {known}) and no such file")
+                             f"(bundled: {known}; 'racesim list corpus' lists the corpus "
+                             f"entries) and no such file")
     return parse_scenario(_read(path, name_or_path), name_or_path)

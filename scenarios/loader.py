@@ -24,13 +24,16 @@ from racesim.engine_model.config import (
     RequestSpec,
     Workload,
 )
+from racesim.engine_model.invariants import INVARIANTS
 from racesim.engine_model.points import POINTS
-from racesim.engine_model.versions import PROFILES, get_profile
+from racesim.engine_model.policies import POLICIES
+from racesim.engine_model.versions import ALIASES, PROFILES, get_profile
 from racesim.scenarios._toml_writer import dumps, locate_key, toml_key
 from racesim.sim.errors import InputError
 from racesim.sim.points import plan_entries
 
 __all__ = [
+    "CorpusInfo",
     "Scenario",
     "MAX_REQUEST_ID",
     "parse_scenario",
@@ -44,7 +47,9 @@ KeyPath = tuple[object, ...]
 _TABLES: dict[str, type] = {"engine": EngineConfig, "ipc": IpcConfig, "frontend": FrontendConfig,
                             "pd": PDConfig}
 _TOP = ("name", "summary", "topology", "frontends", "horizon", *_TABLES, "request", "delays",
-        "witness")
+        "witness", "corpus")
+#: a vLLM release as pip names it: "0.20.0", "0.10.1.1"
+_RELEASE = re.compile(r"[0-9]+(\.[0-9]+){1,3}")
 #: Smallest allowed value per key, and whether it is excluded; other numbers must be >= 0.
 _MINIMUM: dict[str, tuple[float, bool]] = {
     "horizon": (0, True), "frontends": (1, False), "engine.step_time": (0, True),
@@ -55,7 +60,7 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
                                             "stop_string_at", "disconnect_after_tokens")},
 }
 _CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": ("client", "uuid"),
-                                        "engine.vllm": tuple(PROFILES),
+                                        "engine.vllm": (*PROFILES, *ALIASES),
                                         "engine.pause_mode": ("abort", "keep"),
                                         "engine.kv_load_failure_policy": ("fail", "recompute")}
 _REQUEST_ALWAYS = ("id", "at", "prompt_tokens", "max_tokens")  # written even when default
@@ -63,6 +68,27 @@ _INT_LIMIT = 2**63 - 1  # TOML integers are 64-bit
 #: The longest request ID a scenario may use (README "Scenario files").
 MAX_REQUEST_ID = 256
 _NO_VALUE = object()
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusInfo:
+    """A corpus entry's ``[corpus]`` table: the real vLLM bug the scenario reproduces."""
+
+    issue: int
+    fix_pr: int
+    title: str
+    #: the release the bug lived in, and the first one without it ("0.20.0")
+    buggy_release: str
+    fixed_release: str
+    #: the invariant whose violation shows the bug ("engine-alive")
+    invariant: str
+    #: what the issue and PR threads say, and how the scenario follows them
+    description: str
+    #: the lifecycle policy the entry runs under; "" is the one vLLM has on each release
+    policy: str = ""
+    #: text the violation must contain (vLLM's message or file), so that the same invariant
+    #: broken by another bug (say, the duplicate-ID assert) does not count; "" for any
+    symptom: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +103,8 @@ class Scenario:
     source: str = field(default="<dict>", compare=False)
     #: a ``[witness]`` table was given (it may be empty: a race that needs no delay)
     has_witness: bool = field(default=False, compare=False)
+    #: a corpus entry's ``[corpus]`` table (None for any other scenario)
+    corpus: CorpusInfo | None = None
 
     @property
     def vllm(self) -> str:
@@ -108,6 +136,9 @@ class Scenario:
         for key, entries in (("delays", self.delays), ("witness", self.witness)):
             if entries or (key == "witness" and self.has_witness):
                 out[key] = {p if k is None else f"{p}#{k}": d for p, k, d in entries}
+        if self.corpus is not None:
+            out["corpus"] = {k: v for k, v in _fields_of(self.corpus).items()
+                             if not (k in ("policy", "symptom") and not v)}
         return out
 
 
@@ -323,6 +354,33 @@ def _plan(data: object, name: str) -> tuple[PlanEntry, ...]:
     return tuple(out)
 
 
+def _corpus(data: object, has_plans: bool) -> CorpusInfo | None:
+    """A ``[corpus]`` table: the entry's bug, with no hint (no [witness], no [delays])."""
+    if data is None:
+        return None
+    if has_plans:
+        raise _Bad(("corpus",), "a corpus entry has no [witness] and no [delays]: racesim "
+                   "corpus explores it with no hint")
+    out = _table(data, ("corpus",), CorpusInfo, "corpus")
+    for key in ("issue", "fix_pr"):
+        if out[key] < 1:
+            raise _Bad(("corpus", key), "must be a vLLM issue or PR number (>= 1)", out[key])
+    for key in ("buggy_release", "fixed_release"):
+        if not _RELEASE.fullmatch(out[key]):
+            raise _Bad(("corpus", key), 'must be a vLLM release such as "0.20.0"', out[key])
+    if out["invariant"] not in INVARIANTS:
+        raise _Bad(("corpus", "invariant"), f"must be one of {', '.join(INVARIANTS)}",
+                   out["invariant"])
+    for key in ("title", "description"):
+        if not out[key].strip():
+            raise _Bad(("corpus", key), "must not be empty", out[key])
+    policy = out.get("policy", "")
+    if policy and policy not in POLICIES:
+        raise _Bad(("corpus", "policy"), f"must be a built-in policy "
+                   f"({', '.join(POLICIES)}) or left out", policy)
+    return CorpusInfo(**out)
+
+
 _TOP_KINDS = {"name": "str", "summary": "str", "topology": "str", "frontends": "int",
               "horizon": "float"}
 
@@ -348,7 +406,9 @@ def _build(data: object, source: str) -> Scenario:
     return Scenario(name=str(top["name"]), summary=str(top.get("summary", "")),
                     workload=workload, delays=_plan(data.get("delays"), "delays"),
                     witness=_plan(data.get("witness"), "witness"), source=source,
-                    has_witness="witness" in data)
+                    has_witness="witness" in data,
+                    corpus=_corpus(data.get("corpus"),
+                                   "witness" in data or "delays" in data))
 
 
 def _checked(data: object, source: str, text: str | None) -> Scenario:

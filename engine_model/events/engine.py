@@ -242,17 +242,21 @@ class KvHitAssert(EventRecord):
 
 
 class EngineFatalEvent(EventRecord):
-    """engine.fatal: the engine core dies (EngineDeadError for every request on it)."""
+    """engine.fatal: the engine core dies (EngineDeadError for every request on it). ``where``
+    is vLLM's ``file:line`` (relative to the vllm package) when vLLM's own code raised."""
 
     KIND = "engine.fatal"
     KEY = True
-    __slots__ = ("error",)
+    OPTIONAL = frozenset({"where"})
+    __slots__ = ("error", "where")
 
-    def __init__(self, error: str) -> None:
+    def __init__(self, error: str, where: str | None = None) -> None:
         self.error = error
+        self.where = where
 
     def describe(self, ev: TraceEvent) -> str:
-        return f"ENGINE DEAD: {self.error}"
+        at = f" (raised at vllm/{self.where})" if self.where else ""
+        return f"ENGINE DEAD: {self.error}{at}"
 
 
 class EngineReject(EventRecord):

@@ -24,8 +24,11 @@ class EngineAlive:
 
     def engine_fatal(self, ev: TraceEvent) -> None:
         engine = self.truth.engine_of(ev.component)
-        error = cast(EngineFatalEvent, ev.detail).error
+        fatal = cast(EngineFatalEvent, ev.detail)
+        error = fatal.error
         self.dead[engine] = error
+        # vLLM's own exception (the vllm backend) names the file:line that raised it
+        at = f" at vllm/{fatal.where}" if fatal.where else ""
         self.report.violate("engine-alive", engine, ev, None,
-                            f"{engine} died: {error} (EngineDeadError for every "
-                            f"request on it)")
+                            f"{engine} died: {error}{at} (EngineDeadError for every "
+                            f"request on it)", where=fatal.where)

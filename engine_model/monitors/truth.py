@@ -80,7 +80,8 @@ class Reporter:
         self._count: dict[str, int] = {}
 
     def violate(self, invariant: str, key: object, ev: TraceEvent | None, request: str | None,
-                detail: str, *, time: float | int | None = None) -> None:
+                detail: str, *, time: float | int | None = None,
+                where: str | None = None) -> None:
         if invariant in self.skip or (invariant, key) in self._reported:
             return
         n = self._count.get(invariant, 0)
@@ -92,7 +93,7 @@ class Reporter:
         t: float | int = ev.time if ev is not None else (
             time if time is not None else self.world.now)
         self.violations.append(Violation(invariant, t, request, detail,
-                                         ev.seq if ev is not None else -1))
+                                         ev.seq if ev is not None else -1, where))
 
 
 class GroundTruth:

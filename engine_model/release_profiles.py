@@ -1,0 +1,157 @@
+"""Version profiles of the releases between the seed's era (``0.8``) and the newest (``0.33``).
+
+Each is 0.33's profile with what that release does differently, every difference cited by
+file:line in that release's wheel (paths under ``vllm/``). A field not listed here was checked to
+be as in 0.33 where a citation says so, and is otherwise marked unverified in ``behaviours``.
+Releases whose frontend and IPC do not differ share their semantics: ``0.11`` is ``0.10`` under
+its own name (one profile per supported release name, so a counterexample names its release).
+
+Names: a profile is named by its release's major.minor (``0.20``); ``--vllm`` and ``[engine]
+vllm`` also take the full release (``0.20.0``), see :data:`RELEASES`.
+
+Features the model follows for 0.33 only (data parallelism's client, pause_generation's
+PauseState, and for some releases the input thread's preprocess ERROR and the KV load failure
+policy) are left out of an older profile's ``features`` unless checked there, so a scenario
+that needs one is refused on that release in one line (exit 2), as a model-only refusal is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from racesim.engine_model.profile_types import Behaviour, VllmProfile
+
+__all__ = ["RELEASES", "release_profiles"]
+
+#: profile name -> the vLLM release the vllm backend runs for it (the one supported patch).
+RELEASES: dict[str, str] = {"0.8": "0.8.5", "0.10": "0.10.1.1", "0.11": "0.11.0",
+                            "0.14": "0.14.0", "0.20": "0.20.0", "0.33": "0.33.0"}
+
+_SAME_WIDTHS = Behaviour(
+    "await widths as 0.33: the ADD/ABORT send is an eager pyzmq send on a ROUTER with "
+    "SNDHWM=0, and the output handler yields between chunks of "
+    "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE=128",
+    "0.10.1.1 utils/__init__.py:2849, envs.py:113; 0.14.0 utils/network_utils.py:288; "
+    "0.20.0 utils/network_utils.py:315")
+
+_NOT_MODELLED = Behaviour(
+    "not modelled for this release (a scenario needing it is refused): data parallelism "
+    "(its DP client and waves differ from 0.33's; unverified), pause_generation",
+    "0.14.0 v1/engine/__init__.py:204 (START_DP_WAVE); 0.14.0 v1/engine/async_llm.py:565")
+
+
+def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
+    """The profiles of 0.10, 0.11, 0.14 and 0.20, built from 0.33's."""
+    p010 = replace(
+        p033, name="0.10",
+        release="vLLM 0.10.1.1 (2025-08): one request ID end to end, sync scheduling, one "
+                "input queue",
+        duplicate_add="overwrite", frontend_duplicate="reject",
+        abort_unknown_external="as-internal", async_scheduling=False, eager_aborts=False,
+        idle_clears_aborts=False, pd_hold="timeout", hold_timeout=120.0,
+        remote_kv_abort="free-now", prefix_caching=True, free_order="append",
+        # #19223 (0.10.1.1 nixl_connector.py:386-395): an aborted, never-scheduled decode
+        # request still notifies P
+        features=frozenset({"pd-abort-notify"}), cancel_before_collector="abort",
+        fan_out="per-child",
+        pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}), external_abort_parent="drop",
+        behaviours=(
+            Behaviour("Scheduler.add_request overwrites requests[id] with no check; the old "
+                      "object stays in its queue", "0.10.1.1 v1/core/sched/scheduler.py:970-973 "
+                      "(0.11.0 the same)"),
+            Behaviour("OutputProcessor.add_request raises 'Request id ... already running' for "
+                      "a held ID", "0.10.1.1 v1/engine/output_processor.py:333-335"),
+            Behaviour("no external/internal ID split: Processor passes the caller's ID "
+                      "through; an abort names that ID (a parent's ID aborts its children and "
+                      "drops the parent)", "0.11.0 v1/engine/output_processor.py:325-353"),
+            Behaviour("synchronous scheduling by default", "0.10.1.1 config/scheduler.py:155"),
+            Behaviour("one input queue: an ABORT is applied only between steps (no "
+                      "aborts_queue)", "0.10.1.1 v1/engine/core.py (no aborts_queue)"),
+            Behaviour("a cancelled generate() aborts the request ID unconditionally",
+                      "0.11.0 v1/engine/async_llm.py:397-398"),
+            Behaviour("n > 1: each child is registered and its ADD sent before the next",
+                      "0.11.0 v1/engine/async_llm.py:292-318"),
+            Behaviour("prefix caching on by default for V1; freed blocks are appended to the "
+                      "free queue", "0.10.1.1 engine/arg_utils.py:1593-1594, "
+                      "v1/core/block_pool.py:240-255"),
+            Behaviour("P/D: the prefill side holds LENGTH_CAPPED requests' blocks for "
+                      "VLLM_NIXL_ABORT_REQUEST_TIMEOUT=120 s; an aborted request waiting for "
+                      "remote KV is freed at once", "0.10.1.1 envs.py:155, "
+                      "kv_connector/v1/nixl_connector.py:398, v1/core/sched/scheduler.py "
+                      "finish_requests"),
+            _NOT_MODELLED, _SAME_WIDTHS,
+        ))
+    p011 = replace(p010, name="0.11",
+                   release="vLLM 0.11.0 (2025-10): 0.10's lifecycle semantics")
+    p014 = replace(
+        p033, name="0.14",
+        release="vLLM 0.14.0 (2026-01): internal request IDs, async scheduling, aborts in two "
+                "queues; no streaming sessions yet",
+        duplicate_add="overwrite", frontend_duplicate="reject", pd_hold="timeout",
+        hold_timeout=480.0, remote_kv_abort="free-now", free_order="append",
+        features=frozenset({"preprocess-error", "pd-abort-notify"}), fan_out="per-child",
+        pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
+        behaviours=(
+            Behaviour("Scheduler.add_request overwrites requests[id] with no check",
+                      "0.14.0 v1/core/sched/scheduler.py:1446-1450"),
+            Behaviour("OutputProcessor.add_request raises 'Request id ... already running' "
+                      "for a held internal ID", "0.14.0 v1/engine/output_processor.py:467-468"),
+            Behaviour("internal IDs: InputProcessor.assign_request_id appends 8 random hex "
+                      "characters; an unknown external ID in an abort does nothing; an abort "
+                      "by external ID leaves an n > 1 parent in parent_requests",
+                      "0.14.0 v1/engine/input_processor.py:434-444, "
+                      "v1/engine/output_processor.py:393-452"),
+            Behaviour("async scheduling is on by default",
+                      "0.14.0 config/vllm.py:588-620"),
+            Behaviour("an ABORT goes to aborts_queue and input_queue; aborts_queue is cleared "
+                      "when the busy loop is idle",
+                      "0.14.0 v1/engine/core.py:211, 530-531, 966-971, 1139-1144"),
+            Behaviour("a caller cancelled before add_request returned is not aborted "
+                      "(q is None)", "0.14.0 v1/engine/async_llm.py:417, 448-449"),
+            Behaviour("n > 1: each child is registered and its ADD sent before the next",
+                      "0.14.0 v1/engine/async_llm.py:355-376"),
+            Behaviour("freed blocks are appended to the free queue",
+                      "0.14.0 v1/core/block_pool.py:400"),
+            Behaviour("P/D: LENGTH_CAPPED requests' blocks held for "
+                      "VLLM_NIXL_ABORT_REQUEST_TIMEOUT=480 s; an aborted request waiting for "
+                      "remote KV is freed at once (no delay_free_blocks in finish_requests)",
+                      "0.14.0 envs.py:206, nixl_connector.py:770, "
+                      "v1/core/sched/scheduler.py:1452-1510"),
+            Behaviour("an exception preprocessing an ADD sends an ERROR output",
+                      "0.14.0 v1/engine/core.py:1134"),
+            Behaviour("not modelled for 0.14: kv_load_failure_policy (its default is "
+                      "'recompute', 0.33's 'fail')", "0.14.0 config/kv_transfer.py:67"),
+            _NOT_MODELLED, _SAME_WIDTHS,
+        ))
+    p020 = replace(
+        p033, name="0.20",
+        release="vLLM 0.20.0 (2026-04): streaming-input sessions and the duplicate-ID assert",
+        pd_hold="timeout", hold_timeout=480.0, free_order="append",
+        features=frozenset({"preprocess-error", "kv-load-failure", "streaming-input",
+                            "pd-abort-notify"}),
+        fan_out="per-child", pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
+        behaviours=(
+            Behaviour("Scheduler.add_request asserts 'duplicate request id' for a held ID that "
+                      "is not a streaming session", "0.20.0 v1/core/sched/scheduler.py:1741-1755"),
+            Behaviour("OutputProcessor.add_request of a held internal ID is a streaming "
+                      "update (the old stream ends)",
+                      "0.20.0 v1/engine/output_processor.py:517-520"),
+            Behaviour("async scheduling on by default; aborts in two queues, cleared when "
+                      "idle", "0.20.0 config/vllm.py:798-820; v1/engine/core.py:218, 564-565, "
+                      "1184"),
+            Behaviour("n > 1: each child is registered and its ADD sent before the next",
+                      "0.20.0 v1/engine/async_llm.py:385-406"),
+            Behaviour("a caller cancelled before add_request returned is not aborted",
+                      "0.20.0 v1/engine/async_llm.py:553, 586-587"),
+            Behaviour("freed blocks are appended to the free queue",
+                      "0.20.0 v1/core/block_pool.py:420"),
+            Behaviour("P/D: LENGTH_CAPPED requests' blocks held for "
+                      "VLLM_NIXL_ABORT_REQUEST_TIMEOUT=480 s; an aborted request waiting for "
+                      "remote KV keeps its blocks until the read completes",
+                      "0.20.0 envs.py:205, kv_connector/v1/nixl/scheduler.py:466, "
+                      "v1/core/sched/scheduler.py:1812-1822"),
+            Behaviour("kv_load_failure_policy defaults to 'fail'",
+                      "0.20.0 config/kv_transfer.py:70"),
+            _NOT_MODELLED, _SAME_WIDTHS,
+        ))
+    return {"0.10": p010, "0.11": p011, "0.14": p014, "0.20": p020}

