@@ -52,7 +52,9 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         remote_kv_abort="free-now", prefix_caching=True, free_order="append",
         # #19223 (0.10.1.1 nixl_connector.py:386-395): an aborted, never-scheduled decode
         # request still notifies P
-        features=frozenset({"pd-abort-notify"}), cancel_before_collector="abort",
+        # #25067 came after 0.11.0: an ABORT re-finishes a finished, held request
+        features=frozenset({"pd-abort-notify", "reabort-held"}),
+        cancel_before_collector="abort",
         fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}), external_abort_parent="drop",
         behaviours=(
@@ -82,7 +84,10 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
             _NOT_MODELLED, _SAME_WIDTHS,
         ))
     p011 = replace(p010, name="0.11",
-                   release="vLLM 0.11.0 (2025-10): 0.10's lifecycle semantics")
+                   release="vLLM 0.11.0 (2025-10): 0.10's lifecycle semantics",
+                   # #25844: finished_sending for a freed request is a warning
+                   # (0.11.0 v1/core/sched/scheduler.py:1291-1294)
+                   features=p010.features | {"xfer-unknown-warns"})
     p014 = replace(
         p033, name="0.14",
         release="vLLM 0.14.0 (2026-01): internal request IDs, async scheduling, aborts in two "

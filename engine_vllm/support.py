@@ -46,8 +46,16 @@ def unsupported_reason(workload: Workload, policy: str,
 def model_only_reason(workload: Workload) -> str | None:
     """Why this scenario's deployment is model-only on the vllm backend (one line), or None.
 
-    None now: P/D runs vLLM's own NixlConnector scheduler side with a simulated transport
-    (:mod:`racesim.engine_vllm.nixl`); data parallelism runs (one vLLM Scheduler per DP rank;
-    the DP client and coordinator are asyncio and socket code, modelled on both backends), and
-    so do streaming-input sessions."""
+    P/D runs vLLM's own NixlConnector scheduler side with a simulated transport
+    (:mod:`racesim.engine_vllm.nixl`), written against 0.33's ``v1/nixl/`` package (pull
+    scheduler and pull worker); older releases have another NIXL module and API
+    (``v1/nixl_connector.py`` before 0.20), so P/D on them is model-only. Data parallelism runs
+    (one vLLM Scheduler per DP rank; the DP client and coordinator are asyncio and socket
+    code, modelled on both backends), and so do streaming-input sessions."""
+    from racesim.engine_model.versions import DEFAULT_VLLM
+
+    release = workload.engine.vllm or DEFAULT_VLLM
+    if workload.topology == "pd" and release != "0.33":
+        return (f"P/D on the vllm backend runs vLLM 0.33's NIXL connector only, not "
+                f"{release}'s")
     return None

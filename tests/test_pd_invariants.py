@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from racesim.engine_model.invariants import ACCOUNTING_INVARIANTS, SAFETY_INVARIANTS
 from racesim.reports.verdict import exit_status
 from racesim.runner import run_scenario
@@ -83,3 +85,24 @@ def test_a_disconnect_right_after_prefill_holds_p_until_the_lease() -> None:
     assert result.trace[bad[0].event].kind == "client.done"
     # without the disconnect the decode side reads and notifies: nothing stranded
     assert "stranded-hold" not in run_scenario(_pd("0.33", [_x()]), "internal-id").violated
+
+
+def test_before_25067_an_abort_frees_the_held_blocks_and_the_timeout_crashes_010() -> None:
+    """0.10.1.1: the ABORT of a finished, held X re-finishes it (scheduler.py:999) and frees its
+    blocks; the hold's end then does self.requests[X] and raises KeyError (:1161). 0.11 warns
+    instead (#25844); 0.14 ignores the ABORT (#25067) and holds X until the timeout."""
+    reqs = [{"id": "X", "prompt_tokens": 40, "max_tokens": 20, "abort_at": 0.0107}]
+
+    def run(vllm: str) -> Any:
+        scen = scenario_from_dict({"name": "pd", "topology": "pd", "horizon": 200.0,
+                                   "engine": {"vllm": vllm}, "request": reqs,
+                                   "pd": {"hold_timeout": 120.0}})
+        return run_scenario(scen, "buggy")
+
+    crash = run("0.10")
+    (dead,) = [v for v in crash.violations if v.invariant == "engine-alive"]
+    assert "KeyError: 'X'" in dead.detail and dead.time == pytest.approx(120.0105)
+    assert [e.detail.cause for e in crash.trace if e.kind == "pd.release"] == ["abort"]
+    assert "engine-alive" not in run("0.11").violated
+    fixed = run("0.14")
+    assert "engine-alive" not in fixed.violated and "stranded-hold" in fixed.violated

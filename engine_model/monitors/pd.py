@@ -117,8 +117,10 @@ class PdTransfers:
         if h is None or h.stranded is None:
             return
         cause = cast(PdRelease, ev.detail).cause
-        if cause == "notify":
-            return  # a transfer-done notice (vLLM's abort path sends one) ended it in time
+        if cause in ("notify", "abort"):
+            # a transfer-done notice (vLLM's abort path sends one) ended it in time, or (before
+            # #25067) an ABORT freed the held blocks at once
+            return
         self._report(h, float(ev.time), f"until its release ({cause}) at t={float(ev.time):.6g}")
 
     def maybe_gone(self, ev: TraceEvent) -> None:
