@@ -21,6 +21,7 @@ from racesim.engine_model.monitors.kv import KvOwnership
 from racesim.engine_model.monitors.leaks import LeakAudit
 from racesim.engine_model.monitors.liveness import IdLiveness
 from racesim.engine_model.monitors.metrics import Metrics
+from racesim.engine_model.monitors.pd import PdTransfers
 from racesim.engine_model.monitors.truth import GroundTruth, Handler, Reporter
 from racesim.sim.trace import TraceEvent, TraceListener
 from racesim.sim.world import World
@@ -46,13 +47,16 @@ class Checker(TraceListener):
         self._metrics = Metrics(self._truth, self._report)
         self._alive = EngineAlive(self._truth, self._report)
         self._leaks = LeakAudit(self._truth, self._report)
+        self._pd = PdTransfers(self._truth, self._report, self._kv)
         self._system: SystemView | None = None
         # The monitors' order is the order they see an event both read (pd.release: liveness,
-        # then KV; pd.read: KV, then crosstalk), and so the order of its violations.
+        # then KV; pd.read: KV, then crosstalk), and so the order of its violations. The P/D
+        # monitor comes after the ones that keep the ground truth it reads (a client's terminal
+        # output, an incarnation's end).
         table: dict[str, list[Handler]] = {}
         for handlers in (self._liveness.handlers(), self._kv.handlers(),
                          self._clients.handlers(), self._metrics.handlers(),
-                         self._alive.handlers()):
+                         self._alive.handlers(), self._pd.handlers()):
             for kind, handler in handlers:
                 table.setdefault(kind, []).append(handler)
         self._table: dict[str, tuple[Handler, ...]] = {k: tuple(v) for k, v in table.items()}
@@ -75,4 +79,7 @@ class Checker(TraceListener):
         self._metrics.finish(now)
         if self._system is not None and "no-leak" not in self.skip:
             self._leaks.finish(self._system, now)
+        if self._system is not None:
+            dead = frozenset(e.name for e in self._system.engines if e.dead is not None)
+            self._pd.finish(now, dead)
         return tuple(self.violations)

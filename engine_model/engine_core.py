@@ -43,6 +43,7 @@ from racesim.engine_model.messages import (
     KVPullRequest,
     KVPullResult,
     KVPushRegistration,
+    KVTransferParams,
     Token,
     UtilityMessage,
 )
@@ -58,6 +59,8 @@ if TYPE_CHECKING:
 __all__ = ["EngineCore"]
 
 _Batch = tuple[simpy.Event, SchedulerOutput]
+#: a step's transfer results: failed reads, reads done, sends done (ID, cause)
+_KvResults = tuple[list[str], list[str], list[tuple[str, str]]]
 
 
 class EngineCore(EngineShell):
@@ -76,7 +79,7 @@ class EngineCore(EngineShell):
         if hold_timeout is not None:
             self.connector = ConnectorScheduler(world, f"{name}.connector", index, self.kv,
                                                 hold_timeout, self._start_kv_read, profile,
-                                                self._send_heartbeat)
+                                                self._send_heartbeat, self._send_notice)
             self.scheduler.connector = self.connector
             if kv_connector == "nixl-push":
                 self.connector.push = PushMatcher(self._start_push)
@@ -130,16 +133,41 @@ class EngineCore(EngineShell):
         self.outputs.reject(rid, inc, client, why)
 
     def _has_work(self) -> bool:
-        return self.scheduler.has_requests() or bool(self._batch_queue)
+        return self.scheduler.has_requests() or bool(self._batch_queue) or self._kv_pending()
 
-    def _process_kv_finished(self) -> None:
-        if self.connector is None:
-            return
-        if self.connector.failed_recving:
-            self._kv_load_failed(self.connector.take_failed_recving())
-        done = self.connector.get_finished()
+    def _kv_pending(self) -> bool:
+        """The connector's worker has a transfer result to report (vLLM's busy loop keeps
+        stepping while requests are held or wait for KV, so the next step reports it)."""
+        c = self.connector
+        return c is not None and c.has_finished()
+
+    def _collect_kv_finished(self) -> _KvResults:
+        """The worker's get_transfer_results, at the end of execute_model: failed reads, reads
+        done, and sends done (update_from_output applies them later)."""
+        c = self.connector
+        if c is None:
+            return [], [], []
+        failed = c.take_failed_recving() if c.failed_recving else []
+        done = c.get_finished()
+        return failed, c.take_recved(), done
+
+    def _apply_kv_finished(self, kv: _KvResults) -> None:
+        """update_from_output's order: failed loads (scheduler.py:2292-2303, 2552-2579), then
+        finished_recving and finished_sending (:3569-3582)."""
+        failed, recved, done = kv
+        if failed:
+            self._kv_load_failed(failed)
+        connector = self.connector
+        sched = self.scheduler
+        for rid in recved:
+            assert connector is not None
+            req = sched.requests.get(rid)
+            if req is not None and req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                connector.recv_ready[rid] = None  # finished_recving_kv_req_ids
+            elif connector.recv_freed(rid):
+                sched.finish_kv_transfers([rid], "recv-done")  # aborted while reading
         for rid, cause in done:
-            self.scheduler.finish_kv_transfers([rid], cause)
+            sched.finish_kv_transfers([rid], cause)
 
     def _kv_load_failed(self, request_ids: list[str]) -> None:
         """Failed remote KV reads (scheduler.py:3682-3694, 2556-2575): policy "fail" finishes
@@ -159,8 +187,6 @@ class EngineCore(EngineShell):
                 self.outputs.note_finished(finished)
                 self.outputs.finish(finished, "error")
                 continue
-            assert self.connector is not None
-            self.connector.finished_recving.pop(rid, None)
             self.kv.free(req)
             req.num_computed_tokens = 0
             req.remote_kv_ready = True
@@ -215,9 +241,12 @@ class EngineCore(EngineShell):
         sched = self.scheduler
         queue = self._batch_queue
         executed = False
-        if sched.has_requests():
+        pending = self._kv_pending()
+        if sched.has_requests() or pending:
             out = sched.schedule()
-            if out.num_scheduled_tokens or out.finished_req_ids:
+            # with nothing to compute, execute_model still reports the connector's transfers
+            # (kv_connector_no_forward, gpu_model_runner.py:3970-3971)
+            if out.num_scheduled_tokens or out.finished_req_ids or pending:
                 executed = out.total_num_scheduled_tokens > 0
                 queue.append((self._submit(out, executed), out))
                 if executed and len(queue) < self._max_batches:
@@ -230,13 +259,16 @@ class EngineCore(EngineShell):
         if not future.processed:
             yield future
         sampled: dict[str, Token] = future.value or {}
+        # the KV connector's output rides with the step's ModelRunnerOutput (gpu_model_runner
+        # get_kv_connector_output): what finished by the end of execute_model
+        kv = self._collect_kv_finished()
         if self.aborts_queue:
             # vLLM #29987: aborts are also applied just before update_from_output.
             self._process_aborts_queue()
         ev = world.sleep("engine.step:update_from_output", 0.0, self.c_core)
         if ev is not None:
             yield ev
-        self._process_kv_finished()
+        self._apply_kv_finished(kv)
         results = sched.update_from_output(out, sampled)
         self.outputs.step_outputs(results)
         return True
@@ -282,6 +314,13 @@ class EngineCore(EngineShell):
         assert self.connector is not None
         self.connector.finished_recving[request.request_id] = None
         self._wake_loop()
+        channel = self.notify_channels.get(params.remote_engine)
+        if channel is not None:
+            channel.send(KVDoneNotice(params.remote_request_id, params.remote_inc),
+                         [params.remote_request_id], remote_inc=params.remote_inc)
+
+    def _send_notice(self, params: KVTransferParams) -> None:
+        """D: the transfer-done notice of a request that ended before its read (#19223)."""
         channel = self.notify_channels.get(params.remote_engine)
         if channel is not None:
             channel.send(KVDoneNotice(params.remote_request_id, params.remote_inc),

@@ -112,9 +112,6 @@ class EngineShell:
         """One pass of step / step_with_batch_queue; returns whether anything ran."""
         raise NotImplementedError
 
-    def _process_kv_finished(self) -> None:
-        """Transfers the connector finished, before each pass (no connector: nothing)."""
-
     # -- sockets --------------------------------------------------------------------------------
 
     def deliver(self, msg: Any) -> None:
@@ -166,12 +163,14 @@ class EngineShell:
     def _busy_loop(self) -> Generator[simpy.Event, Any, None]:
         try:
             while self.dead is None:
-                self._process_kv_finished()
+                # A transfer's end reaches the scheduler only through a step: the worker
+                # reports it in that step's KVConnectorOutput, which update_from_output applies
+                # (0.33 scheduler.py:2581-2582, 3556-3582), after the loop applied the queued
+                # inputs (core.py:1621-1690). A backend's _has_work counts such a report.
                 while not self.input_queue and not self._has_work():
                     if self._idle_clears_aborts:
                         self.aborts_queue.clear()
                     yield from self._idle_wait()
-                    self._process_kv_finished()
                 while self.input_queue:
                     self._apply_input(*self.input_queue.popleft())
                 progressed = yield from self._step()

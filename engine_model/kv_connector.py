@@ -42,19 +42,23 @@ class ConnectorScheduler:
                  "finished_recving", "done_sending", "_start_read", "_lease", "_hb_interval",
                  "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat", "_handshaken",
                  "_free_on_recv", "failed_recving", "_held_finishes", "push", "mooncake",
-                 "decoder_ttl")
+                 "decoder_ttl", "_abort_notify", "_recving", "_notify_pending", "_send_notice",
+                 "recv_ready")
 
     def __init__(self, world: World, component: str, engine_index: int, kv: KVCacheManager,
                  hold_timeout: float, start_read: Callable[[Request], None],
                  profile: VllmProfile,
-                 send_heartbeat: Callable[[int, list[str]], None] | None = None) -> None:
+                 send_heartbeat: Callable[[int, list[str]], None] | None = None,
+                 send_notice: Callable[[KVTransferParams], None] | None = None) -> None:
         self.world = world
         self.component = component
         self.engine_index = engine_index
         self.kv = kv
         self.hold_timeout = hold_timeout
         self.reqs_need_send: dict[str, float] = {}      # P: ID -> expiry time
-        self.finished_recving: dict[str, None] = {}     # D: IDs whose blocks arrived
+        self.finished_recving: dict[str, None] = {}     # D: IDs whose read the worker ended
+        #: D: reads the scheduler has been told of (finished_recving_kv_req_ids)
+        self.recv_ready: dict[str, None] = {}
         self.failed_recving: dict[str, None] = {}       # D: IDs whose read failed
         self.done_sending: dict[str, str] = {}          # P: IDs to release -> cause
         self._start_read = start_read
@@ -80,6 +84,14 @@ class ConnectorScheduler:
         #: D with bidirectional_kv_xfer: how long a finished request is kept (None: not kept).
         self.decoder_ttl: float | None = None
 
+        #: D (#19223): a request that ends before its read started still notifies P, with no
+        #: blocks to read, at the next schedule() (nixl/pull_scheduler.py:219-230 in 0.33).
+        self._abort_notify = "pd-abort-notify" in profile.features
+        self._send_notice = send_notice
+        #: D: the requests whose read has started, by ID (the object tells incarnations apart)
+        self._recving: dict[str, Request] = {}
+        self._notify_pending: list[KVTransferParams] = []
+
     def use_mooncake(self, sender: MooncakeSender | None) -> None:
         """MooncakeConnector on this engine (``sender``: P's): no lease, no heartbeats."""
         self._lease = False
@@ -92,7 +104,12 @@ class ConnectorScheduler:
             return self._mooncake_finished(request, self.mooncake), None
         if not request.do_remote_decode:
             self._heartbeat.pop(request.request_id, None)
-            if self.decoder_ttl is None or request.kv_transfer_params is None:
+            started = self._recving.pop(request.request_id, None) is request
+            params = request.kv_transfer_params
+            if (self._abort_notify and params is not None and params.do_remote_prefill
+                    and not started and not request.remote_kv_ready):
+                self._notify_pending.append(params)
+            if self.decoder_ttl is None or params is None:
                 return False, None
             return self._decoder_hold(request, self.decoder_ttl), None
         if request.status not in self._held_finishes:
@@ -176,9 +193,29 @@ class ConnectorScheduler:
             return self.mooncake.next_expiry()
         return min(self.reqs_need_send.values(), default=None)
 
+    def has_finished(self) -> bool:
+        """Whether the worker has a transfer result to report now: a notice, a read done or
+        failed, or a hold whose time is up."""
+        if self.done_sending or self.failed_recving or self.finished_recving:
+            return True
+        if self.mooncake is not None and self.mooncake.finished:
+            return True
+        expiry = self.next_expiry()
+        return expiry is not None and expiry <= self.world.now
+
+    def take_recved(self) -> list[str]:
+        """D: the reads the worker ended since the last step (finished_recving)."""
+        done = list(self.finished_recving)
+        self.finished_recving.clear()
+        return done
+
+    def recv_freed(self, request_id: str) -> bool:
+        """D: a request aborted while its read was in flight: its blocks go now."""
+        return self._free_on_recv.pop(request_id, None) is not None
+
     def get_finished(self) -> list[tuple[str, str]]:
-        """IDs whose hold ends now: notified ones, then expired ones (with a warning in vLLM);
-        on D, aborted requests whose read has completed."""
+        """IDs whose hold ends now: notified ones, then expired ones (with a warning in
+        vLLM)."""
         now = self.world.now
         for rid, expiry in list(self.reqs_need_send.items()):
             if expiry <= now:
@@ -186,11 +223,6 @@ class ConnectorScheduler:
                 self.done_sending[rid] = "timeout"
                 if self.push is not None:
                     self.push.evict(rid)
-        for rid in list(self._free_on_recv):
-            if rid in self.finished_recving:
-                del self.finished_recving[rid]
-                del self._free_on_recv[rid]
-                self.done_sending[rid] = "recv-done"
         if self.mooncake is not None:
             self.mooncake.expire()
             self.done_sending.update(self.mooncake.take_finished())
@@ -216,10 +248,17 @@ class ConnectorScheduler:
         return self._last_heartbeat + self._hb_interval
 
     def build_meta(self) -> None:
-        """Each schedule(): send the heartbeats that are due, throttled to one per interval;
-        with Mooncake, hand this schedule's metadata to P's sender loop."""
+        """Each schedule(): with Mooncake, hand this schedule's metadata to P's sender loop;
+        the notices of requests that ended before their read (the worker sends them as a read
+        with no blocks, pull_worker.py:49-75), then the heartbeats that are due, throttled to
+        one per interval."""
         if self.mooncake is not None:
             self.mooncake.flush()
+        if self._notify_pending:
+            pending, self._notify_pending = self._notify_pending, []
+            if self._send_notice is not None:
+                for params in pending:
+                    self._send_notice(params)
         due, send = self.next_heartbeat(), self._send_heartbeat
         now = self.world.now
         # The loop wakes at ``due`` computed as now + (due - now), which floating point may
@@ -237,14 +276,16 @@ class ConnectorScheduler:
             send(engine, by_engine[engine])
 
     def recv_done(self, request: Request) -> bool:
-        """Whether the read into ``request``'s blocks has completed (and forget that it has)."""
-        return self.finished_recving.pop(request.request_id, 0) is None
+        """Whether the scheduler knows the read into ``request``'s blocks has completed (and
+        forget that it has; scheduler.py:3017-3024)."""
+        return self.recv_ready.pop(request.request_id, 0) is None
 
     def free_when_received(self, request: Request) -> None:
         self._heartbeat.pop(request.request_id, None)
         self._free_on_recv[request.request_id] = request
 
     def start_recv(self, request: Request) -> None:
+        self._recving[request.request_id] = request
         self.world.emit(self.component, request.request_id, request.inc, PdRecvStart())
         self._start_read(request)
 
@@ -258,9 +299,9 @@ class ConnectorScheduler:
 
     def take_finished_recving(self, request: Request) -> bool:
         rid = request.request_id
-        if rid not in self.finished_recving:
+        if rid not in self.recv_ready:
             return False
-        del self.finished_recving[rid]
+        del self.recv_ready[rid]
         self._heartbeat.pop(rid, None)
         request.remote_kv_ready = True
         request.status = RequestStatus.WAITING

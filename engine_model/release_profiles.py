@@ -51,7 +51,12 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         abort_unknown_external="as-internal", async_scheduling=False, eager_aborts=False,
         idle_clears_aborts=False, pd_hold="timeout", hold_timeout=120.0,
         remote_kv_abort="free-now", prefix_caching=True, free_order="append",
-        features=frozenset(), cancel_before_collector="abort", fan_out="per-child",
+        # #19223 (0.10.1.1 nixl_connector.py:386-395): an aborted, never-scheduled decode
+        # request still notifies P
+        # #25067 came after 0.11.0: an ABORT re-finishes a finished, held request
+        features=frozenset({"pd-abort-notify", "reabort-held"}),
+        cancel_before_collector="abort",
+        fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}), external_abort_parent="drop",
         behaviours=(
             Behaviour("Scheduler.add_request overwrites requests[id] with no check; the old "
@@ -80,10 +85,15 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
             _NOT_MODELLED, _SAME_WIDTHS,
         ))
     p011 = replace(p010, name="0.11",
-                   release="vLLM 0.11.0 (2025-10): 0.10's lifecycle semantics")
+                   release="vLLM 0.11.0 (2025-10): 0.10's lifecycle semantics",
+                   # #25844: finished_sending for a freed request is a warning
+                   # (0.11.0 v1/core/sched/scheduler.py:1291-1294)
+                   features=p010.features | {"xfer-unknown-warns"})
+
     p09 = replace(
         p010, name="0.9",
         release="vLLM 0.9.2 (2025-07): 0.10's lifecycle semantics, no async scheduling",
+        pd_unverified="0.9.2's NIXL connector is not modelled: this profile keeps 0.10's hold",
         behaviours=(
             Behaviour("as 0.10: add_request overwrites requests[id]; the OutputProcessor "
                       "raises 'already running'; one ID end to end; a cancelled generate() "
@@ -106,7 +116,7 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                 "queues; no streaming sessions yet",
         duplicate_add="overwrite", frontend_duplicate="reject", pd_hold="timeout",
         hold_timeout=480.0, remote_kv_abort="free-now", free_order="append",
-        features=frozenset({"preprocess-error"}), fan_out="per-child",
+        features=frozenset({"preprocess-error", "pd-abort-notify"}), fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
         behaviours=(
             Behaviour("Scheduler.add_request overwrites requests[id] with no check",
@@ -144,7 +154,8 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         p033, name="0.20",
         release="vLLM 0.20.0 (2026-04): streaming-input sessions and the duplicate-ID assert",
         pd_hold="timeout", hold_timeout=480.0, free_order="append",
-        features=frozenset({"preprocess-error", "kv-load-failure", "streaming-input"}),
+        features=frozenset({"preprocess-error", "kv-load-failure", "streaming-input",
+                            "pd-abort-notify"}),
         fan_out="per-child", pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
         behaviours=(
             Behaviour("Scheduler.add_request asserts 'duplicate request id' for a held ID that "

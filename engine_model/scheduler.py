@@ -49,7 +49,8 @@ class Scheduler:
 
     __slots__ = ("world", "component", "config", "kv", "requests", "waiting", "running",
                  "finished_req_ids", "connector", "pause_state", "_step", "_async",
-                 "_assert_duplicate", "_free_after_recv", "num_waiting_for_streaming_input")
+                 "_assert_duplicate", "_free_after_recv", "num_waiting_for_streaming_input",
+                 "_reabort_held", "_xfer_unknown_warns")
 
     def __init__(self, world: World, component: str, config: EngineConfig,
                  kv: KVCacheManager, profile: VllmProfile | None = None) -> None:
@@ -75,6 +76,10 @@ class Scheduler:
         self._async = bool(config.async_scheduling)
         self._assert_duplicate = profile.duplicate_add == "assert"
         self._free_after_recv = profile.remote_kv_abort == "free-after-recv"
+        #: before #25067: an ABORT re-finishes a finished request held for transfer
+        self._reabort_held = "reabort-held" in profile.features
+        #: #25844 (0.11 only): finished_sending for an unknown ID is a warning, not a crash
+        self._xfer_unknown_warns = "xfer-unknown-warns" in profile.features
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -104,12 +109,17 @@ class Scheduler:
         finished = []
         for rid in request_ids:
             req = self.requests.get(rid)
-            if req is None or req.is_finished():
+            if req is None or (req.is_finished() and not self._reabort_held):
                 # vLLM #25067: an ABORT for a finished request held for transfer is ignored.
+                # Before it (0.10.1.1 v1/core/sched/scheduler.py:999, 0.11.0 :1126), only an
+                # unknown ID was: the held request was finished again as ABORTED, and
+                # _free_request, asking the connector again, freed its blocks at once.
                 self.world.emit(self.component, rid, req.inc if req is not None else 0,
                                 SchedAbortMiss(cause, tag))
                 continue
-            if req.status == RequestStatus.RUNNING:
+            if req.is_finished():  # before #25067: the hold ends here, its blocks freed below
+                self.world.emit(self.component, rid, req.inc, PdRelease("abort", req.status))
+            elif req.status == RequestStatus.RUNNING:
                 self._remove_running(req)
             elif req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
                 self.num_waiting_for_streaming_input -= 1  # in no queue (scheduler.py:3002)
@@ -191,6 +201,10 @@ class Scheduler:
         """_update_from_kv_xfer_finished on the prefill side: the held blocks can go."""
         for rid in request_ids:
             if rid not in self.requests:
+                if self._xfer_unknown_warns:
+                    continue  # 0.11.0 scheduler.py:1291-1294 logs a warning
+                if self._reabort_held:  # 0.10.1.1 scheduler.py:1161: self.requests[req_id]
+                    raise EngineFatal(f"KeyError: {rid!r}")
                 raise EngineFatal(f"AssertionError: finished_sending {rid!r} not in requests")
             req = self.requests[rid]
             self.world.emit(self.component, rid, req.inc, PdRelease(cause, req.status))

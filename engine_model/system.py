@@ -132,15 +132,8 @@ class System:
         if workload.topology == "pd":
             pd = workload.pd
             push = pd.connector in ("nixl-push", "mooncake")
-            # In push mode and with Mooncake P drives the transfer (a WRITE), so P has the
-            # transfer time.
-            prefill = EngineCore(world, 0, "prefill", workload.engine, policy, profile,
-                                 hold_timeout=pd.hold_timeout,
-                                 transfer_time=pd.transfer_time if push else 0.0,
-                                 kv_connector=pd.connector)
-            decode = EngineCore(world, 1, "decode", workload.engine, policy, profile,
-                                hold_timeout=pd.hold_timeout, transfer_time=pd.transfer_time,
-                                kv_connector=pd.connector)
+            prefill = self.new_pd_engine(0, "prefill")
+            decode = self.new_pd_engine(1, "decode")
             if pd.bidirectional_kv_xfer and decode.connector is not None:
                 decode.connector.decoder_ttl = pd.decoder_kv_blocks_ttl
             self.engines = [prefill, decode]
@@ -154,7 +147,7 @@ class System:
             p_fes = [self._frontend(i, f"P.frontend{i}", prefill) for i in range(n)]
             d_fes = [self._frontend(i, f"D.frontend{i}", decode) for i in range(n)]
             self.frontends = p_fes + d_fes
-            proxy_list = [Proxy(world, i, p_fes[spec.frontend], d_fes[spec.frontend], pd)
+            proxy_list = [Proxy(world, i, p_fes[spec.frontend], d_fes[spec.frontend], workload.pd)
                           for i, spec in enumerate(workload.requests)]
             proxies = [p.name for p in proxy_list]
             gateways: list[Gateway] = list(proxy_list)
@@ -201,6 +194,18 @@ class System:
         """The engine of a single-engine topology (a backend swaps its engine-side state here)."""
         return EngineCore(self.world, index, name, self.workload.engine, self.policy,
                           self.profile)
+
+    def new_pd_engine(self, index: int, role: str) -> EngineCore:
+        """The prefill (index 0) or decode (index 1) engine of P/D, with its KV connector (a
+        backend builds its own here)."""
+        pd = self.workload.pd
+        # In push mode and with Mooncake P drives the transfer (a WRITE), so P has the
+        # transfer time; in pull mode D reads.
+        push = pd.connector in ("nixl-push", "mooncake")
+        return EngineCore(self.world, index, role, self.workload.engine, self.policy,
+                          self.profile, hold_timeout=pd.hold_timeout,
+                          transfer_time=pd.transfer_time if role == "decode" or push else 0.0,
+                          kv_connector=pd.connector)
 
     def new_output_processor(self, index: int, name: str,
                              engine: Any) -> FrontendState | None:

@@ -124,7 +124,7 @@ PROFILES: dict[str, VllmProfile] = {
         free_order="lifo-uncached",
         features=frozenset({"dp", "pause", "preprocess-error", "kv-load-failure",
                             "streaming-input", "nixl-push", "pd-proxy-http", "mooncake",
-                            "nixl-bidirectional"}),
+                            "nixl-bidirectional", "pd-abort-notify"}),
         cancel_before_collector="nothing",
         fan_out="register-first",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED"}),

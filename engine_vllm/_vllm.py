@@ -29,7 +29,7 @@ __all__ = ["vllm", "VllmEngineShape", "new_scheduler", "new_request", "assign_re
 BLOCK_SIZE_ATTR = "block_size"
 
 _ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "ERROR", "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "CRITICAL", "TRANSFORMERS_OFFLINE": "1",
         # before 0.33 vLLM installs its stdout log handler at import: a --json document on
         # stdout must stay JSON (its errors then reach stderr)
         "VLLM_CONFIGURE_LOGGING": "0"}
@@ -67,7 +67,7 @@ class _Vllm:
         from vllm.v1.engine.output_processor import OutputProcessor
         from vllm.v1.engine.parallel_sampling import ParentRequest
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
         from vllm.v1.request import Request, RequestStatus
         from vllm.v1.structured_output import StructuredOutputManager
 
@@ -92,6 +92,7 @@ class _Vllm:
         self.FullAttentionSpec, self.KVCacheConfig = FullAttentionSpec, KVCacheConfig
         self.KVCacheGroupSpec = KVCacheGroupSpec
         self.ModelRunnerOutput = ModelRunnerOutput
+        self.KVConnectorOutput = KVConnectorOutput
         self.Request, self.RequestStatus = Request, RequestStatus
         self.StructuredOutputManager = StructuredOutputManager
         self._hashers: dict[int, Any] = {}
@@ -131,6 +132,9 @@ class VllmEngineShape:
     max_model_len: int
     async_scheduling: bool
     prefix_caching: bool
+    #: P/D: (kv_role, engine_id, kv_lease_duration, kv_load_failure_policy) of the engine's
+    #: NixlConnector, or None for no KV connector
+    kv_transfer: tuple[str, str, int, str] | None = None
 
 
 @cache
@@ -151,6 +155,16 @@ def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
     # num_blocks usable blocks, as the model has. EngineCore sets num_gpu_blocks from the KV
     # memory; the Scheduler asserts it is set.
     vc.cache_config.num_gpu_blocks = shape.num_blocks + 1
+    if shape.kv_transfer is not None:
+        # what `vllm serve --kv-transfer-config '{"kv_connector":"NixlConnector",...}'` sets;
+        # the Scheduler then builds vLLM's own connector (scheduler.py:174-203)
+        role, engine_id, lease, on_failure = shape.kv_transfer
+        from vllm.config import KVTransferConfig
+
+        vc.kv_transfer_config = KVTransferConfig(
+            kv_connector="NixlConnector", kv_role=role, engine_id=engine_id,
+            kv_load_failure_policy=on_failure,
+            kv_connector_extra_config={"kv_lease_duration": lease})
     spec = v.api.attention_spec(v.FullAttentionSpec, block_size=shape.block_size,
                                 num_kv_heads=1, head_size=1, dtype=v.torch.float32)
     return vc, spec
@@ -172,7 +186,7 @@ def new_scheduler(shape: VllmEngineShape, include_finished_set: bool = False) ->
 
 def new_request(request_id: str, prompt_token_ids: list[int], max_tokens: int, client_index: int,
                 arrival_time: float, block_size: int, stop_ids: Any,
-                resumable: bool = False) -> Any:
+                resumable: bool = False, kv_transfer_params: dict[str, Any] | None = None) -> Any:
     """A vLLM ``Request`` as ``EngineCoreProc.preprocess_add_request`` builds it
     (``Request.from_engine_core_request``, vllm/v1/request.py:244); ``resumable``: a
     streaming-input session's chunk (:264)."""
@@ -180,6 +194,9 @@ def new_request(request_id: str, prompt_token_ids: list[int], max_tokens: int, c
     sp = v.SamplingParams(max_tokens=max_tokens, detokenize=False,
                           output_kind=v.RequestOutputKind.DELTA)
     sp.stop_token_ids = stop_ids  # the fake vocabulary's end-of-sequence tokens
+    if kv_transfer_params is not None:
+        # the OpenAI server puts the request body's kv_transfer_params here (request.py:118-122)
+        sp.extra_args = {"kv_transfer_params": kv_transfer_params}
     ecr = v.api.engine_core_request(
         v.EngineCoreRequest, request_id=request_id, prompt_token_ids=prompt_token_ids,
         mm_features=None, sampling_params=sp, pooling_params=None, arrival_time=arrival_time,

@@ -33,13 +33,16 @@ from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.messages import (
     AbortMessage,
     EngineCoreRequest,
+    KVDoneNotice,
+    KVHeartbeat,
 )
 from racesim.engine_model.runner import ModelRunner
 from racesim.engine_model.scheduler import NewRequestData, SchedulerOutput
 from racesim.engine_model.versions import VllmProfile
-from racesim.engine_vllm import _vllm, sessions
+from racesim.engine_vllm import _vllm, pd, sessions
 from racesim.engine_vllm import engine_finishes as finishes
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
+from racesim.engine_vllm.nixl import NixlFabric, NixlTransport
 from racesim.engine_vllm.oracle import vllm_raise
 from racesim.engine_vllm.views import EosIds, KvShadow, PromptTokens, SchedulerView, Vocabulary
 from racesim.sim.world import World
@@ -71,13 +74,19 @@ class VllmEngineCore(EngineShell):
 
     def __init__(self, world: World, index: int, name: str, config: EngineConfig,
                  policy: Any, profile: VllmProfile, *, max_model_len: int,
-                 vocab: Vocabulary | None = None, dp: bool = False) -> None:
+                 vocab: Vocabulary | None = None, dp: bool = False,
+                 pd: tuple[str, NixlFabric, int, float] | None = None) -> None:
         super().__init__(world, index, name, config, profile, _Fatal)
         self.policy = policy
         self.v = _vllm.vllm()
+        kv_transfer = None
+        if pd is not None:  # P/D: "prefill" or "decode", the fabric, the lease, the read time
+            kv_transfer = ("kv_producer" if pd[0] == "prefill" else "kv_consumer", pd[0], pd[2],
+                           config.kv_load_failure_policy or "fail")
         shape = _vllm.VllmEngineShape(config.num_blocks, config.block_size, config.max_num_seqs,
                                       config.max_num_batched_tokens, max_model_len,
-                                      bool(config.async_scheduling), bool(config.prefix_caching))
+                                      bool(config.async_scheduling), bool(config.prefix_caching),
+                                      kv_transfer)
         self.sched = _vllm.new_scheduler(shape, include_finished_set=dp)
         #: ground truth by object: id(Request) -> (the Request, its incarnation); id of its
         #: SamplingParams -> (them, eos_at): a session's chunk brings its own (scheduler.py:1913)
@@ -96,6 +105,16 @@ class VllmEngineCore(EngineShell):
         self._snapshot_running = not self.v.api.lists_preemptions
         self._sessions = self.v.api.streaming  # Request.streaming_queue: 0.20+
         self.c_sched = f"{name}.scheduler"
+        #: P/D: the simulated NIXL worker (also what wakes an idle busy loop for leases and
+        #: heartbeats, as the model's connector does); id(Request) -> (it, the prefill
+        #: incarnation its kv_transfer_params came from, its scripted fault)
+        self.transport: NixlTransport | None = None
+        self._remote: dict[int, tuple[Any, int, str]] = {}
+        self.fabric: NixlFabric | None = None
+        if pd is not None:
+            self.fabric = pd[1]
+            self.transport = NixlTransport(self, pd[0], pd[2], pd[3], pd[1])
+            self.connector = self.transport  # type: ignore[assignment]
         self.start()
 
     # -- ground truth ---------------------------------------------------------------------------
@@ -112,10 +131,13 @@ class VllmEngineCore(EngineShell):
 
     def _preprocess(self, msg: EngineCoreRequest) -> Any:
         """preprocess_add_request: the vLLM Request, its incarnation kept by the object."""
+        params = self.fabric.to_decode(msg.kv_transfer_params) if self.fabric else None
         req = _vllm.new_request(msg.request_id, self._prompts.ids(msg), msg.max_tokens,
                                 msg.client_index, float(self.world.now), self.config.block_size,
-                                _EOS, msg.resumable)
+                                _EOS, msg.resumable, params)
         self._truth[id(req)] = (req, msg.inc)
+        if params is not None and msg.kv_transfer_params is not None:
+            self._remote[id(req)] = (req, msg.kv_transfer_params.remote_inc, msg.fault)
         self._eos[id(req.sampling_params)] = (req.sampling_params, msg.eos_at)
         return req
 
@@ -182,12 +204,19 @@ class VllmEngineCore(EngineShell):
         sched = self.sched
         queue = self._batch_queue
         if sched.has_requests():
+            transport = self.transport
+            if transport is not None:
+                transport.before_schedule()
             running = list(sched.running) if self._snapshot_running else []
             so = self.call(sched.schedule)
             self._step_no += 1
             self._synced_schedule(so, running)
             executed = so.total_num_scheduled_tokens > 0
-            if executed or so.finished_req_ids:
+            if transport is not None:
+                # execute_model starts this step's loads, with or without a forward pass
+                self.call(transport.start_load_kv, so.kv_connector_metadata)
+            if executed or so.finished_req_ids or (
+                    transport is not None and transport.has_results()):
                 self._record_step(so)
                 queue.append((self._submit(so, executed), so, self._step_no))
                 if executed and len(queue) < self._max_batches:
@@ -200,6 +229,9 @@ class VllmEngineCore(EngineShell):
         if not future.processed:
             yield future
         mro = future.value
+        if self.transport is not None:
+            # the worker's get_transfer_results at the end of execute_model
+            mro.kv_connector_output = self.call(self.transport.transfer_results, self.v)
         if self.aborts_queue:
             self._process_aborts_queue()  # core.py: just before update_from_output
         ev = self.world.sleep("engine.step:update_from_output", 0.0, self.c_core)
@@ -276,6 +308,15 @@ class VllmEngineCore(EngineShell):
         objects = {rid: requests.get(rid) for rid in so.num_scheduled_tokens}
         before = {rid: (len(r.output_token_ids) if r is not None else 0)
                   for rid, r in objects.items()}
+        released: dict[str, int] = {}
+        watch: dict[str, Any] = {}
+        was_finished: dict[str, bool] = {}
+        if self.transport is not None:
+            released = pd.releases(self, mro.kv_connector_output)
+            # a failed load finishes an unscheduled request (scheduler.py:2552-2579)
+            watch = {rid: r for rid, r in requests.items()
+                     if rid not in objects and not r.is_finished()}
+            was_finished = {rid: r.is_finished() for rid, r in objects.items() if r is not None}
         outs = self.call(self.sched.update_from_output, so, mro)
         by_session = sessions.session_outputs(objects, outs) if self._sessions else {}
         vocab = self.vocab
@@ -291,12 +332,16 @@ class VllmEngineCore(EngineShell):
                 applied.append([rid, inc, token.inc, token.ctx])
             if out is not None and out.finish_reason is not None and not req.is_finished():
                 sessions.chunk_stopped(self, req, inc)
-            if req.is_finished() and requests.get(rid) is not req:
+            if req.is_finished() and (requests.get(rid) is not req or (
+                    rid in was_finished and not was_finished[rid])):  # P/D: held on finish
                 finished[rid] = inc
                 reason = _REASON.get(req.get_finished_reason().name, "stop")
                 self.world.emit(self.c_sched, rid, inc, SchedFinish(req.status.name, reason))
-        if finished:  # update_from_output frees only the blocks of requests it finished
-            self.kv.sync(finished)
+        if watch:
+            pd.unscheduled_finishes(self, watch, finished)
+        if finished or released:  # update_from_output frees only the blocks of requests it
+            # finished, and of held ones whose transfer ended
+            self.kv.sync({**released, **finished})
         if objects:
             self.world.emit(self.c_sched, None, 0, SchedUpdate(step, applied))
         for client in sorted(outs or {}):
@@ -316,3 +361,34 @@ class VllmEngineCore(EngineShell):
                          finished=done or None)
         if self.coordinator is not None:
             self.coordinator.note_change()
+
+    # -- P/D (racesim.engine_vllm.nixl drives these) --------------------------------------------
+
+    def remote_inc(self, req: Any) -> int:
+        """The prefill incarnation whose blocks ``req``'s kv_transfer_params name."""
+        entry = self._remote.get(id(req))
+        return entry[1] if entry is not None and entry[0] is req else 0
+
+    def read_fails(self, req: Any) -> bool:
+        entry = self._remote.get(id(req))
+        return entry is not None and entry[0] is req and entry[2] == "kv-load"
+
+    def send_kv_notice(self, engine: int, notice: KVDoneNotice) -> None:
+        channel = self.notify_channels.get(engine)
+        if channel is not None:
+            channel.send(notice, [notice.request_id], remote_inc=notice.remote_inc)
+
+    def send_kv_heartbeat(self, engine: int, request_ids: tuple[str, ...]) -> None:
+        channel = self.notify_channels.get(engine)
+        if channel is not None:
+            channel.send(KVHeartbeat(request_ids), list(request_ids))
+
+    def deliver_kv_notice(self, notice: KVDoneNotice | KVHeartbeat) -> None:
+        """Prefill side: a transfer-done notice or heartbeat from the decode side."""
+        if self.dead is not None or self.transport is None:
+            return
+        self.transport.deliver(notice)
+        self._wake_loop()
+
+    def wake(self) -> None:
+        self._wake_loop()

@@ -153,6 +153,7 @@ class _Queue:
             self.collector.put(RequestOutput(self.external, [], True, None, error))
             op.world.emit(op.component, self.rid, self.inc, FeError(self.uid, self.top))
             return
+        kv = None
         if output is op.v.STREAM_FINISHED:
             # vLLM's sentinel (outputs=[], finished=True): the model's marker for a stream that
             # ended with no finish reason
@@ -163,7 +164,10 @@ class _Queue:
             completions = [CompletionOutput(c.index, [decode(t) for t in c.token_ids],
                                             c.finish_reason) for c in output.outputs]
             finished = bool(output.finished)
-        self.collector.put(RequestOutput(self.external, completions, finished))
+            if op.fabric is not None and output.kv_transfer_params:
+                # P/D: a prefill's params, which the proxy forwards to the decode engine
+                kv = op.fabric.from_prefill(output.kv_transfer_params, self.inc)
+        self.collector.put(RequestOutput(self.external, completions, finished, kv))
         trace = op.world.trace
         if trace.reads(FeOutput.KIND):
             for c in completions:
@@ -199,6 +203,8 @@ class VllmOutputProcessor:
         self._aborted: dict[str, _Queue] = {}
         #: why the engine died (vLLM's EngineDeadError carries a fixed message)
         self.dead_reason = ""
+        #: P/D: turns a prefill's kv_transfer_params into the model's (set by the System)
+        self.fabric: Any = None
 
     # -- ground truth ---------------------------------------------------------------------------
 

@@ -15,11 +15,10 @@ from collections.abc import Mapping
 
 from racesim.engine_model.config import Workload
 
-__all__ = ["SUPPORTED_POLICIES", "PD_MODEL_ONLY", "unsupported_reason", "model_only_reason"]
+__all__ = ["SUPPORTED_POLICIES", "unsupported_reason", "model_only_reason"]
 
 #: policy -> the ``suffix_hex`` values the real ``assign_request_id`` can give.
 SUPPORTED_POLICIES: dict[str, tuple[str, ...]] = {"buggy": (), "internal-id": ("8", "0")}
-PD_MODEL_ONLY = "P/D is model-only on the vllm backend"
 
 
 def unsupported_reason(workload: Workload, policy: str,
@@ -51,10 +50,24 @@ def unsupported_reason(workload: Workload, policy: str,
 def model_only_reason(workload: Workload) -> str | None:
     """Why this scenario's deployment is model-only on the vllm backend (one line), or None.
 
-    Only P/D: faking vLLM's KV connector would replace the code whose lease, release and load
-    failure the P/D scenarios check. Data parallelism runs (one vLLM Scheduler per DP rank; the
-    DP client and coordinator are asyncio and socket code, modelled on both backends), and so
-    do streaming-input sessions."""
-    if workload.topology == "pd":
-        return PD_MODEL_ONLY
+    P/D runs vLLM's own NixlConnector scheduler side with a simulated transport
+    (:mod:`racesim.engine_vllm.nixl`), written against 0.33's ``v1/nixl/`` package (pull
+    scheduler and pull worker); older releases have another NIXL module and API
+    (``v1/nixl_connector.py`` before 0.20), so P/D on them is model-only. Data parallelism runs
+    (one vLLM Scheduler per DP rank; the DP client and coordinator are asyncio and socket
+    code, modelled on both backends), and so do streaming-input sessions."""
+    from racesim.engine_model.versions import DEFAULT_VLLM
+
+    release = workload.engine.vllm or DEFAULT_VLLM
+    if workload.topology == "pd" and release != "0.33":
+        return (f"P/D on the vllm backend runs vLLM 0.33's NIXL connector only, not "
+                f"{release}'s")
+    if workload.topology == "pd" and workload.pd.connector != "nixl-pull":
+        # push mode and Mooncake are checked on vLLM's own code by their vllm-marked tests
+        # (test_push_vllm.py, test_mooncake_vllm.py), not wired into the backend's engines
+        return (f"pd.connector = {workload.pd.connector!r} is model-only on the vllm backend, "
+                f"which wires in NIXL's pull mode")
+    if workload.topology == "pd" and workload.pd.bidirectional_kv_xfer:
+        return ("pd.bidirectional_kv_xfer is model-only on the vllm backend (its NixlConnector "
+                "is built without kv_connector_extra_config.bidirectional_kv_xfer)")
     return None

@@ -30,6 +30,7 @@ from racesim.engine_model.system import run_workload as _run_model
 from racesim.engine_vllm import _vllm
 from racesim.engine_vllm.engine_core import VllmEngineCore
 from racesim.engine_vllm.frontend import VllmOutputProcessor
+from racesim.engine_vllm.nixl import NixlFabric, install_clock
 from racesim.engine_vllm.views import Vocabulary
 from racesim.sim.points import DelayPlan
 
@@ -66,22 +67,44 @@ class VllmSystem(System):
             policy = _RealIds(policy)
         #: one fake vocabulary for every engine: a frontend decodes the tokens of any DP rank
         self.vocab = Vocabulary()
+        #: P/D: the engines' NIXL IDs and the params the proxy forwards (None otherwise)
+        self.fabric = NixlFabric() if workload.topology == "pd" else None
+        if self.fabric is not None:
+            install_clock(lambda: float(world.now))
         super().__init__(world, workload, policy, profile)
 
     def new_output_processor(self, index: int, name: str, engine: Any) -> Any:
         """vLLM's own OutputProcessor, behind the adapter AsyncLLM calls."""
-        return VllmOutputProcessor(self.world, name, engine.index, self.vocab, index)
+        op = VllmOutputProcessor(self.world, name, engine.index, self.vocab, index)
+        op.fabric = self.fabric
+        return op
 
-    def new_engine(self, index: int, name: str) -> Any:
+    def _max_model_len(self) -> int:
         wl = self.workload
         # a streaming-input session's prompt grows by each chunk and all but one of its tokens
         longest = max(((r.prompt_tokens + r.max_tokens) * (r.input_chunks + 1)
                        for r in wl.requests), default=1)
         # the model has no length cap: a length that never binds, in whole 256-token steps
-        max_model_len = max(256, -(-(longest + 1) // 256) * 256)
+        return max(256, -(-(longest + 1) // 256) * 256)
+
+    def new_engine(self, index: int, name: str) -> Any:
+        wl = self.workload
         return VllmEngineCore(self.world, index, name, wl.engine, self.policy, self.profile,
-                              max_model_len=max_model_len, vocab=self.vocab,
+                              max_model_len=self._max_model_len(), vocab=self.vocab,
                               dp=wl.topology != "pd" and wl.engine.dp_size > 1)
+
+    def new_pd_engine(self, index: int, role: str) -> Any:
+        """A P/D engine whose Scheduler runs vLLM's own NixlConnector (kv_producer on the
+        prefill side, kv_consumer on the decode side), its worker simulated
+        (:mod:`racesim.engine_vllm.nixl`)."""
+        wl = self.workload
+        assert self.fabric is not None
+        self.fabric.engine_ids[role] = index
+        pd = wl.pd
+        return VllmEngineCore(self.world, index, role, wl.engine, self.policy, self.profile,
+                              max_model_len=self._max_model_len(), vocab=self.vocab,
+                              pd=(role, self.fabric, int(pd.hold_timeout),
+                                  pd.transfer_time if role == "decode" else 0.0))
 
     def dp_rank(self, engine: Any, coordinator: DPCoordinator) -> None:
         """The rank's Scheduler already lists finished IDs per client; its steps tell the

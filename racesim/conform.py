@@ -78,7 +78,7 @@ def check_backend(scenario: Scenario) -> None:
 
 def model_only(scenario: Scenario, policy: str, options: Mapping[str, str],
                engines: Sequence[str]) -> str | None:
-    """Why this cell runs on the model only (P/D on the vllm backend), else None. A policy the
+    """Why this cell runs on the model only (none bundled today), else None. A policy the
     vllm backend cannot express is bad input: one InputError line."""
     if "vllm" not in engines:
         return None

@@ -22,7 +22,8 @@ SAFE: Final = "safe"
 
 def verdict(invariants: Iterable[str]) -> Verdict:
     """``race`` when a safety or liveness invariant broke, ``accounting`` when only
-    bookkeeping ones did (``metrics-exact``: a stats gap vLLM still has), else ``safe``."""
+    bookkeeping ones did (``metrics-exact``: a stats gap vLLM still has; ``stranded-hold``:
+    capacity a lease gives back), else ``safe``."""
     names = set(invariants)
     if names & set(SAFETY_INVARIANTS):
         return RACE
@@ -43,8 +44,13 @@ def accounting_warning(invariants: Iterable[str]) -> str:
     """The one warning line for an accounting-only result."""
     names = [n for n in dict.fromkeys(invariants) if n in INVARIANTS
              and n not in SAFETY_INVARIANTS]
+    why = []
+    if "metrics-exact" in names or not names:
+        why.append("vLLM does not count frontend-initiated aborts in its stats")
+    if "stranded-hold" in names:
+        why.append("a prefill hold outlived its decode request until its lease or timeout")
     return (f"warning: accounting only, not a race: {', '.join(names)} violated "
-            f"(vLLM does not count frontend-initiated aborts in its stats; --strict fails on it,"
+            f"({'; '.join(why)}; --strict fails on it,"
             f" --skip {names[0] if names else 'metrics-exact'} hides it)")
 
 

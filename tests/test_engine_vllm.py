@@ -65,18 +65,11 @@ def test_what_the_vllm_backend_cannot_run_is_one_line_and_exit_2(
     assert status == 2 and words in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize(("scenario", "what"), [
-    ("pd-reuse", "P/D is"), ("pd-kv-load-failure", "P/D is"),
-])
-def test_what_stays_model_only_on_the_vllm_backend(
-        scenario: str, what: str, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(engines, "installed_vllm", lambda: "0.33.0")
-    monkeypatch.setattr(engines, "_import_error", lambda: None)
-    status, err = _main(["run", scenario, "--engine", "vllm"], capsys)
-    assert status == 2
-    assert err.strip() == (f"racesim: error: {scenario}: {what} model-only on the vllm "
-                           f"backend (run it with --engine model)")
+def test_no_bundled_scenario_stays_model_only_on_the_vllm_backend() -> None:
+    """P/D runs vLLM's own NixlConnector (tests/test_pd_vllm.py); nothing is refused."""
+    from racesim.engine_vllm import model_only_reason
+
+    assert [n for n in bundled_names() if model_only_reason(load_scenario(n).workload)] == []
 
 
 @pytest.mark.parametrize(("installed", "words"), [
@@ -94,12 +87,17 @@ def test_a_missing_or_other_vllm_names_the_install_script(
 def test_matrix_refuses_a_named_model_only_scenario_before_any_cell(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
+    import racesim.engine_vllm as backend
+
     monkeypatch.setattr(engines, "installed_vllm", lambda: "0.33.0")
     monkeypatch.setattr(engines, "_import_error", lambda: None)
+    # no bundled deployment is model-only today: stand one in
+    monkeypatch.setattr(backend, "model_only_reason", lambda w: (
+        "P/D is model-only here" if w.topology == "pd" else None))
     status, err = _main(["matrix", "-s", "abort-reuse", "-s", "pd-reuse", "--engine", "vllm",
                          "--out", str(tmp_path / "o")], capsys)
     assert status == 2 and len(err.splitlines()) == 1
-    assert "pd-reuse: P/D is model-only on the vllm backend (run it with --engine model)" in err
+    assert "pd-reuse: P/D is model-only here (run it with --engine model)" in err
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 

@@ -4,7 +4,7 @@ never reaches it, and that two monitors reading one event report in a fixed orde
 from __future__ import annotations
 
 from racesim.engine_model.checker import Checker
-from racesim.engine_model.events import FeAdd, PdRead, PdRecvStart
+from racesim.engine_model.events import FeAdd, PdHeartbeat, PdRead
 from racesim.sim.world import World
 
 #: Every kind some monitor reads; the recorder builds no other event in an exploration run.
@@ -14,6 +14,8 @@ READ = {
     "pd.notice", "pd.release", "pd.read", "pd.push_write", "client.send", "client.output",
     "client.done",
     "engine.fatal", "dp.abort_unrouted", "engine.reject",
+    # kv-destination's read start and failure (engine_model/monitors/pd.py)
+    "pd.recv_start", "pd.read_failed",
 }
 
 
@@ -30,7 +32,7 @@ def test_the_checker_subscribes_to_exactly_the_kinds_its_monitors_read() -> None
 def test_an_unread_kind_never_reaches_the_monitors() -> None:
     world = _world()
     checker = Checker(world)
-    world.emit("E0.scheduler", "X", 1, PdRecvStart())  # a kind no monitor reads
+    world.emit("E0.core", None, 0, PdHeartbeat(["X"]))  # a kind no monitor reads
     assert checker.finish() == ()
 
 

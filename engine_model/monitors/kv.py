@@ -30,6 +30,8 @@ class KvOwnership:
         #: who computed each block, and its position in that incarnation's table
         self._written: dict[str, dict[int, tuple[int, int]]] = {}
         self._notice: dict[tuple[str, str], int] = {}
+        #: the seq of the event that last freed each block (kv-destination names it)
+        self._freed: dict[str, dict[int, int]] = {}
 
     def handlers(self) -> list[tuple[str, Handler]]:
         return [(KvAlloc.KIND, self.kv_alloc), (KvFree.KIND, self.kv_free),
@@ -101,6 +103,7 @@ class KvOwnership:
         extra = self._extra.get(engine) if self.truth.caching else None
         d = cast(KvFree, ev.detail)
         kept = (d.kept or ()) if extra else ()
+        freed = self._freed.setdefault(engine, {})
         for b in d.blocks:
             others = extra.get(b) if extra else None
             if extra is not None and others is not None:
@@ -115,16 +118,37 @@ class KvOwnership:
                     continue
                 for o in [owners.get(b, 0), *others]:
                     self._freed_under(ev, engine, b, o)
+                freed[b] = ev.seq
                 extra.pop(b, None)
                 owners[b] = 0
                 continue
             o = owners.get(b, 0)
+            freed[b] = ev.seq
             if o == 0:
                 self.report.violate("kv-ownership", ("double", ev.inc, b), ev, ev.request,
                                     f"{engine}: block {b} freed twice (free of {ev.request!r})")
             elif o != ev.inc:
                 self._freed_under(ev, engine, b, o)
             owners[b] = 0
+
+    # -- queries (the P/D monitor's kv-destination) ----------------------------------------------
+
+    def blocks_of(self, engine: str, inc: int) -> list[int]:
+        """The blocks ``inc`` holds on ``engine`` now (owned or shared), in block order."""
+        extra = self._extra.get(engine, {})
+        return sorted(b for b, o in self._owners.get(engine, {}).items()
+                      if o == inc or inc in extra.get(b, ()))
+
+    def owns(self, engine: str, inc: int, b: int) -> bool:
+        return (self._owners.get(engine, {}).get(b, 0) == inc
+                or inc in self._extra.get(engine, {}).get(b, ()))
+
+    def owner(self, engine: str, b: int) -> int:
+        return self._owners.get(engine, {}).get(b, 0)
+
+    def freed_at(self, engine: str, b: int) -> int:
+        """The seq of the event that last freed block ``b`` (-1: never freed)."""
+        return self._freed.get(engine, {}).get(b, -1)
 
     def _freed_under(self, ev: TraceEvent, engine: str, b: int, o: int) -> None:
         truth = self.truth

@@ -107,6 +107,8 @@ class GroundTruth:
         self.channel_fe: dict[str, str] = {}
         self.channel_engine: dict[str, str] = {}
         self.engine_names: list[str] = []
+        #: the engines that run decode under P/D
+        self.decode_engines: frozenset[str] = frozenset()
         #: each engine's KV block size, by engine name
         self.block_sizes: dict[str, int] = {}
         #: whether any engine caches prefixes (only then can blocks be shared)
@@ -116,6 +118,7 @@ class GroundTruth:
     def attach(self, system: SystemView) -> None:
         topology = system.topology
         self.engine_names = [e.name for e in topology.engines]
+        self.decode_engines = frozenset(e.name for e in topology.engines if e.role == "decode")
         self.block_sizes = {e.name: e.config.block_size for e in system.engines}
         self.caching = any(e.kv.caching for e in system.engines)
         for fe in topology.frontends:
