@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import simpy
 
+from racesim.engine_model.api_server import ApiServer
 from racesim.engine_model.config import PDConfig, RequestSpec
 from racesim.engine_model.events.client import (
     ClientAbort,
@@ -66,8 +67,10 @@ class Client:
     """One scripted request (``uid`` is its hidden identity; the system only sees ``spec.id``)."""
 
     def __init__(self, world: World, index: int, uid: int, spec: RequestSpec,
-                 gateway: Gateway) -> None:
+                 gateway: Gateway, api: ApiServer | None = None) -> None:
         self.world = world
+        #: the API layer in front of ``gateway`` when ``spec.endpoint`` names an endpoint
+        self.api = api if spec.endpoint is not None else None
         self.index = index
         self.uid = uid
         self.spec = spec
@@ -81,6 +84,8 @@ class Client:
         self._accepted = False
         #: the internal ID generate() holds once add_request returned (``q.request_id``).
         self._collector_id: str | None = None
+        #: the ID AsyncLLM was given (the endpoint's, with the API layer)
+        self._served_id = spec.id
         # The cancellable wrapper only when a cancel is scripted: it adds a generator frame
         # to every resume of the client.
         self._proc = world.env.process(self._run() if spec.cancel_at is not None
@@ -139,6 +144,10 @@ class Client:
         world.emit(self.name, spec.id, 0, ClientSend(self.uid, spec.frontend, spec.n,
                                                      spec.prompt_tokens, spec.max_tokens,
                                                      spec.prompt))
+        # the ID AsyncLLM is given: the client's own, or the endpoint's (racesim.engine_model.
+        # api_server), which a bare-ID abort then misses
+        request_id = spec.id if self.api is None else self.api.request_id(spec, self.uid)
+        self._served_id = request_id
         if spec.input_chunks:
             gateway = self.gateway
             assert isinstance(gateway, AsyncLLM)  # the loader allows sessions on one API server
@@ -148,7 +157,7 @@ class Client:
                 interval=spec.chunk_interval)
         else:
             result = yield from self.gateway.add_request(
-                spec.id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
+                request_id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
                 max_tokens=spec.max_tokens, n=spec.n, eos_at=spec.eos_at,
                 stop_string_at=spec.stop_string_at,
                 prompt=spec.prompt if spec.prompt is not None else f"#{self.uid}",
@@ -189,8 +198,16 @@ class Client:
             yield env.timeout(at - env.now)
         if self.done or not self._accepted:
             return
-        self.world.emit(self.name, self.spec.id, 0, ClientAbort(self.uid))
-        yield from self.gateway.abort(self.spec.id)
+        spec = self.spec
+        self.world.emit(self.name, spec.id, 0, ClientAbort(self.uid))
+        if self.api is None:
+            yield from self.gateway.abort(spec.id)
+            return
+        # a router's /abort_requests: the client names its own ID or the served one
+        name = spec.id if spec.abort_names == "bare" else self._served_id
+        yield from self.api.router_abort([name], self.uid,
+                                         "scale-out" if spec.endpoint == "generate-tokens"
+                                         else "rl")
 
 
 class Proxy:

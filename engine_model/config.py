@@ -81,9 +81,16 @@ class IpcConfig:
 
 @dataclass(frozen=True, slots=True)
 class FrontendConfig:
-    """API-server settings: VLLM_V1_OUTPUT_PROC_CHUNK_SIZE."""
+    """API-server settings: VLLM_V1_OUTPUT_PROC_CHUNK_SIZE, and the RL router's abort-all."""
 
     output_chunk_size: int = 128
+    #: the RL router's ``POST /abort_requests`` with no ``request_ids`` on API server 0 at
+    #: this time (None: never): every request_states and parent_requests key is aborted by
+    #: internal ID (entrypoints/rl/online/api_router.py:117-131, vLLM 0.33.0).
+    abort_all_at: float | None = None
+
+    def __post_init__(self) -> None:
+        _float_times(self, "abort_all_at")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +144,16 @@ class RequestSpec:
     #: ``chunk_interval`` seconds; 0 is an ordinary request.
     input_chunks: int = 0
     chunk_interval: float = 0.05
+    #: the HTTP endpoint the client calls (racesim.engine_model.api_server): "chat",
+    #: "completions" or "generate-tokens", which prefix the ID; None: the client calls
+    #: AsyncLLM.generate() itself with ``id`` (no API layer).
+    endpoint: str | None = None
+    #: where the client puts ``id``: the ``X-Request-Id`` header, the body's ``request_id``,
+    #: or "none" (the endpoint makes a random_uuid()). Read only with an ``endpoint``.
+    id_via: str = "header"
+    #: what ``abort_at`` names in a router's ``/abort_requests``: "served" (the ID the
+    #: endpoint gave AsyncLLM, prefix included) or "bare" (the client's own ``id``).
+    abort_names: str = "served"
 
     def __post_init__(self) -> None:
         _float_times(self, "at", "abort_at", "cancel_at", "chunk_interval")

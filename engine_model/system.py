@@ -9,6 +9,7 @@ from typing import Any
 
 import simpy
 
+from racesim.engine_model.api_server import ApiServer
 from racesim.engine_model.checker import Checker, Violation
 from racesim.engine_model.client import Client, Gateway, Proxy
 from racesim.engine_model.config import Workload
@@ -142,10 +143,17 @@ class System:
             self.frontends = [self._frontend(i, f"frontend{i}", engine)
                               for i in range(workload.frontends)]
             gateways = [self.frontends[spec.frontend] for spec in workload.requests]
+        #: the HTTP layer of each API server (single engine and DP topologies)
+        self.api_servers: list[ApiServer] = (
+            [] if workload.topology == "pd" else [ApiServer(world, fe) for fe in self.frontends])
         for i, spec in enumerate(workload.requests):
-            self.clients.append(Client(world, i, self.next_inc(), spec, gateways[i]))
+            self.clients.append(Client(
+                world, i, self.next_inc(), spec, gateways[i],
+                self.api_servers[spec.frontend] if self.api_servers else None))
         if workload.engine.pause_at is not None:
             world.env.process(self._pause_and_resume())
+        if workload.frontend.abort_all_at is not None and self.api_servers:
+            world.env.process(self._router_abort_all(workload.frontend.abort_all_at))
         #: what each component is: the checker and the reports read this, never the names.
         self.topology = self._topology(proxies)
 
@@ -252,6 +260,11 @@ class System:
         if config.resume_at is not None:
             yield env.timeout(config.resume_at - env.now)
             self.frontends[0].pause_generation("resume_scheduler")
+
+    def _router_abort_all(self, at: float) -> Generator[simpy.Event, Any, None]:
+        """The RL router's abort-all on API server 0 (rl/online/api_router.py:117-131)."""
+        yield self.world.env.timeout(at)
+        yield from self.api_servers[0].router_abort_all()
 
     def outcomes(self) -> tuple[RequestOutcome, ...]:
         return tuple(RequestOutcome(c.spec.id, c.spec.frontend, c.tokens, c.finish_reason)

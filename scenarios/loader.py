@@ -57,7 +57,11 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
 _CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": ("client", "uuid"),
                                         "engine.vllm": tuple(PROFILES),
                                         "engine.pause_mode": ("abort", "keep"),
-                                        "engine.kv_load_failure_policy": ("fail", "recompute")}
+                                        "engine.kv_load_failure_policy": ("fail", "recompute"),
+                                        "request.endpoint": ("chat", "completions",
+                                                             "generate-tokens"),
+                                        "request.id_via": ("header", "body", "none"),
+                                        "request.abort_names": ("served", "bare")}
 _REQUEST_ALWAYS = ("id", "at", "prompt_tokens", "max_tokens")  # written even when default
 _INT_LIMIT = 2**63 - 1  # TOML integers are 64-bit
 #: The longest request ID a scenario may use (README "Scenario files").
@@ -286,6 +290,15 @@ def _consistent(workload: Workload) -> None:
         raise _Bad(("engine", "resume_at"), "needs engine.pause_at <= resume_at",
                    engine.resume_at)
     for i, spec in enumerate(workload.requests):
+        if spec.endpoint is None:
+            for key, default in (("id_via", "header"), ("abort_names", "served")):
+                if getattr(spec, key) != default:
+                    raise _Bad(("request", i, key), "needs request.endpoint (the API layer)",
+                               getattr(spec, key))
+        elif workload.topology != "single":
+            # the P/D proxy forwards IDs itself (its own helper models it)
+            raise _Bad(("request", i, "endpoint"), 'the API layer is modelled for topology = '
+                       '"single" only', spec.endpoint)
         if spec.kv_load_fails and workload.topology != "pd":
             raise _Bad(("request", i, "kv_load_fails"), 'needs topology = "pd"', True)
         if spec.input_chunks and (workload.topology != "single" or spec.n > 1

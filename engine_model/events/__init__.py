@@ -52,6 +52,7 @@ A kind whose detail is costly to build and that only reports read may be guarded
 
 from __future__ import annotations
 
+from racesim.engine_model.events.api import ApiRequest, ApiRouterAbort
 from racesim.engine_model.events.client import (
     ClientAbort,
     ClientCancel,
@@ -112,6 +113,7 @@ from racesim.sim.world import Delay
 
 __all__ = [
     "EventRecord", "TraceEvent", "Delay", "KINDS", "KEY_KINDS", "MESSAGE_NAMES",
+    "ApiRequest", "ApiRouterAbort",
     "ClientSend", "ClientAbort", "ClientCancel", "ClientDisconnect", "ClientOutput",
     "ClientDone", "PdPrefill", "PdDecode", "PdAbort",
     "FeAdd", "FeAddCancelled", "FeReject", "FeAbortNoop", "FeAbortIssue", "FeError", "FeDrop",

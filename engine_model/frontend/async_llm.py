@@ -284,6 +284,21 @@ class AsyncLLM:
                         FeAbortIssue(ids, "abort", engines))
         yield from self.policy.abort(self, ids)
 
+    def abort_many(self, request_ids: Sequence[str], internal: bool) -> Proc:
+        """AsyncLLM.abort with a list of IDs (async_llm.py:948-958): one OutputProcessor
+        abort for all of them, one ABORT send. An internal ID naming an n > 1 parent pops its
+        ``parent_requests`` entry even when no child is left (output_processor.py:653-659)."""
+        op = self.output_processor
+        ids = op.flatten_req_to_abort(list(request_ids), internal)
+        if internal:
+            op.drop_parents(list(request_ids))
+        if not ids:
+            self.world.emit(self.name, None, 0, FeAbortNoop())
+            return
+        engines = None if self.dp is None else [op.engine_of(r) for r in ids]
+        self.world.emit(self.name, None, 0, FeAbortIssue(ids, "abort", engines))
+        yield from self.policy.abort(self, ids)
+
     def send_abort(self, request_ids: Sequence[str], point: str) -> Proc:
         """Pass ``point`` (the await on the socket send), then put the ABORT on the wire."""
         ev = self.world.sleep(point, 0.0, self.name)
