@@ -14,7 +14,7 @@ request, and the routers' abort endpoints. Everything here follows vLLM 0.33.0
   serving.py:202-204). A client that later names its own ``base`` names nothing AsyncLLM knows.
 - **Routers' aborts.** The RL dev router's ``POST /abort_requests`` aborts its body's
   ``request_ids`` as external IDs, and with none aborts every ``request_states`` and
-  ``parent_requests`` key by internal ID (rl/online/api_router.py:97-131). The scale-out
+  ``parent_requests`` key by internal ID (rl/online/api_router.py:97-132). The scale-out
   router's (token_in_token_out/api_router.py:79-104, also served unauthenticated at
   ``/abort_requests``) aborts its ``request_ids`` as external IDs in a background task. Either
   way an external ID ends every internal ID registered under it
@@ -77,7 +77,7 @@ class ApiServer:
 
     def router_abort_all(self) -> Proc:
         """The RL router's ``POST /abort_requests`` with no IDs: every ``request_states`` and
-        ``parent_requests`` key, aborted by internal ID in one call (api_router.py:121-131)."""
+        ``parent_requests`` key, aborted by internal ID in one call (api_router.py:120-132)."""
         op = self.engine_client.output_processor
         ids = [rid for rid, _inc in op.live_ids()] + op.parent_ids()
         self.world.emit(self.name, None, 0, ApiRouterAbort("rl", ids, True, 0))

@@ -86,7 +86,7 @@ class FrontendConfig:
     output_chunk_size: int = 128
     #: the RL router's ``POST /abort_requests`` with no ``request_ids`` on API server 0 at
     #: this time (None: never): every request_states and parent_requests key is aborted by
-    #: internal ID (entrypoints/rl/online/api_router.py:117-131, vLLM 0.33.0).
+    #: internal ID (entrypoints/rl/online/api_router.py:120-132, vLLM 0.33.0).
     abort_all_at: float | None = None
 
     def __post_init__(self) -> None:

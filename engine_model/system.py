@@ -262,7 +262,7 @@ class System:
             self.frontends[0].pause_generation("resume_scheduler")
 
     def _router_abort_all(self, at: float) -> Generator[simpy.Event, Any, None]:
-        """The RL router's abort-all on API server 0 (rl/online/api_router.py:117-131)."""
+        """The RL router's abort-all on API server 0 (rl/online/api_router.py:120-132)."""
         yield self.world.env.timeout(at)
         yield from self.api_servers[0].router_abort_all()
 
