@@ -59,9 +59,20 @@ class EngineConfig:
     #: NIXL ``kv_load_failure_policy`` on the decode side: "fail" (vLLM's default) or
     #: "recompute". Only read when a request's remote KV read fails.
     kv_load_failure_policy: str | None = None
+    #: ``enable_fault_tolerance`` (vLLM 0.33 config/parallel.py:466, off by default): an
+    #: exception in the busy loop aborts every request and waits for a retry instead of
+    #: killing the engine (v1/fault_tolerance/engine_core_sentinel.py:207-231).
+    fault_tolerance: bool | None = None
+    #: seconds after a fault when the operator's retry instruction arrives (None: never;
+    #: the engine dies when ``engine_recovery_timeout_sec``, 120 s, ends).
+    ft_retry_after: float | None = None
+    #: the engine core starts listening at this time: an ADD sent to it before then is
+    #: dropped by the API server's ROUTER socket (no ROUTER_MANDATORY; None: from the start).
+    connect_at: float | None = None
 
     def __post_init__(self) -> None:
-        _float_times(self, "step_time", "preprocess_time", "pause_at", "resume_at")
+        _float_times(self, "step_time", "preprocess_time", "pause_at", "resume_at",
+                     "ft_retry_after", "connect_at")
 
     @property
     def dp_size(self) -> int:

@@ -143,6 +143,9 @@ class System:
             self.frontends = [self._frontend(i, f"frontend{i}", engine)
                               for i in range(workload.frontends)]
             gateways = [self.frontends[spec.frontend] for spec in workload.requests]
+        connect_at = workload.engine.connect_at
+        if connect_at is not None:
+            self._gate_inputs(connect_at)
         #: the HTTP layer of each API server (single engine and DP topologies)
         self.api_servers: list[ApiServer] = (
             [] if workload.topology == "pd" else [ApiServer(world, fe) for fe in self.frontends])
@@ -260,6 +263,21 @@ class System:
         if config.resume_at is not None:
             yield env.timeout(config.resume_at - env.now)
             self.frontends[0].pause_generation("resume_scheduler")
+
+    def _gate_inputs(self, connect_at: float) -> None:
+        """Every engine starts listening at ``connect_at``: until then the API servers'
+        ROUTER sockets drop what they send it (no ROUTER_MANDATORY: no error, no block;
+        vLLM 0.33 utils/network_utils.py:363-377, v1/engine/core_client.py:1293-1300)."""
+        env = self.world.env
+
+        def connected() -> bool:
+            return bool(env.now >= connect_at)
+
+        for fe in self.frontends:
+            channels = [fe.input_channel, *fe.input_channels.values()]
+            for channel in channels:
+                if channel is not None:
+                    channel.connected = connected
 
     def _router_abort_all(self, at: float) -> Generator[simpy.Event, Any, None]:
         """The RL router's abort-all on API server 0 (rl/online/api_router.py:120-132)."""

@@ -182,7 +182,7 @@ PROFILES: dict[str, VllmProfile] = {
         prefix_caching=True,
         free_order="lifo-uncached",
         features=frozenset({"dp", "pause", "preprocess-error", "kv-load-failure",
-                            "streaming-input"}),
+                            "streaming-input", "fault-tolerance"}),
         cancel_before_collector="nothing",
         fan_out="register-first",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED"}),
@@ -270,6 +270,23 @@ PROFILES: dict[str, VllmProfile] = {
                       "finishes the request with an ERROR output; 'recompute' recomputes the "
                       "prompt locally", "v1/core/sched/scheduler.py:2292-2305, 2556-2575, "
                       "3476-3497, 3682-3694; config/kv_transfer.py:88"),
+            Behaviour("fault tolerance (enable_fault_tolerance, off by default): an exception "
+                      "in the busy loop aborts every request with ABORT outputs and waits up "
+                      "to 120 s for a retry, which discards the batches in flight and resumes "
+                      "the loop; no retry, the engine dies",
+                      "config/parallel.py:466, 530-535; v1/fault_tolerance/"
+                      "engine_core_sentinel.py:82-169, 207-231; config/fault_tolerance.py:12"),
+            Behaviour("an ADD or ABORT sent to an engine core that is not connected is "
+                      "dropped (ROUTER socket, no ROUTER_MANDATORY)",
+                      "utils/network_utils.py:363-377; v1/engine/core_client.py:1293-1300"),
+            Behaviour("the HTTP layer names requests chatcmpl-{id}, cmpl-{id}-{i} or "
+                      "generate-tokens-{id} from X-Request-Id (else the body's request_id); "
+                      "the routers' /abort_requests abort by external ID, the RL router's "
+                      "abort-all by internal ID",
+                      "entrypoints/serve/engine/serving.py:133-142; openai/chat_completion/"
+                      "serving.py:320-322; openai/completion/serving.py:147, 183; scale_out/"
+                      "token_in_token_out/serving.py:202-204, api_router.py:79-104; "
+                      "rl/online/api_router.py:97-132"),
             _WIDTH_SOURCES,
         ),
     ),
@@ -330,6 +347,8 @@ def profile_gap(workload: Workload) -> str | None:
         used.append(("dp", "engine.data_parallel_size > 1"))
     if engine.pause_at is not None:
         used.append(("pause", "engine.pause_at"))
+    if engine.fault_tolerance:
+        used.append(("fault-tolerance", "engine.fault_tolerance"))
     preprocess = kv_load = chunks = False
     for r in workload.requests:  # one pass: this runs before every run of an exploration
         preprocess = preprocess or r.preprocess_error

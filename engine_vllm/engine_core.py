@@ -161,6 +161,16 @@ class VllmEngineCore(EngineShell):
                             SchedFinish("FINISHED_ABORTED", cause, msg.tag))
             self.kv.sync({rid: inc})
 
+    def _abort_all_for_fault(self) -> None:
+        finishes.abort_all(self, "fault")
+
+    def _drain_batches(self) -> list[int]:
+        """``_drain_batch_queue`` (engine_core_sentinel.py:109-140): without a KV connector
+        nothing of a batch in flight reaches the Scheduler."""
+        steps = [step for _future, _so, step in self._batch_queue]
+        self._batch_queue.clear()
+        return steps
+
     # -- steps ----------------------------------------------------------------------------------
 
     def _step(self) -> Generator[simpy.Event, Any, bool]:

@@ -289,6 +289,13 @@ def _consistent(workload: Workload) -> None:
                                          or engine.resume_at < engine.pause_at):
         raise _Bad(("engine", "resume_at"), "needs engine.pause_at <= resume_at",
                    engine.resume_at)
+    if engine.ft_retry_after is not None and not engine.fault_tolerance:
+        raise _Bad(("engine", "ft_retry_after"), "needs engine.fault_tolerance = true",
+                   engine.ft_retry_after)
+    if engine.fault_tolerance and workload.frontends > 1:
+        # config/parallel.py:530-535 (vLLM 0.33): one API server only
+        raise _Bad(("engine", "fault_tolerance"), "needs frontends = 1 (vLLM refuses fault "
+                   "tolerance with more than one API server)", True)
     for i, spec in enumerate(workload.requests):
         if spec.endpoint is None:
             for key, default in (("id_via", "header"), ("abort_names", "served")):

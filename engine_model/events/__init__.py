@@ -68,8 +68,11 @@ from racesim.engine_model.events.dp import DpAbortUnrouted, DpRoute
 from racesim.engine_model.events.engine import (
     MESSAGE_NAMES,
     EngineFatalEvent,
+    EngineFault,
     EngineReject,
+    EngineResume,
     EngineUtility,
+    IpcDropped,
     IpcSend,
     KvAlloc,
     KvFree,
@@ -120,7 +123,8 @@ __all__ = [
     "FeStats", "FeOutput", "FePop", "FeUtility", "DpRoute", "DpAbortUnrouted",
     "IpcSend", "SchedAdd", "SchedDuplicate", "SchedAbortMiss", "SchedFinish", "SchedPreempt",
     "SchedSession", "SchedStep", "SchedUpdate", "RunnerSample", "KvAlloc", "KvFree",
-    "KvHitAssert", "EngineFatalEvent", "EngineReject", "EngineUtility",
+    "KvHitAssert", "EngineFatalEvent", "EngineFault", "EngineResume", "IpcDropped",
+    "EngineReject", "EngineUtility",
     "PdHold", "PdRelease", "PdRead", "PdReadFailed", "PdLoadFailed", "PdNotice",
     "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart",
 ]
