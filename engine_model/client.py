@@ -46,7 +46,7 @@ class Gateway(Protocol):
                     max_tokens: int, n: int = 1, eos_at: int | None = None,
                     stop_string_at: int | None = None,
                     kv_transfer_params: KVTransferParams | None = None, prompt: str = "",
-                    fault: str = "",
+                    fault: str = "", dp_rank: int | None = None,
                     ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]: ...
 
     def abort(self, request_id: str, internal: bool = False) -> Proc: ...
@@ -162,7 +162,8 @@ class Client:
                 stop_string_at=spec.stop_string_at,
                 prompt=spec.prompt if spec.prompt is not None else f"#{self.uid}",
                 fault="preprocess" if spec.preprocess_error else
-                "kv-load" if spec.kv_load_fails else "")
+                "kv-load" if spec.kv_load_fails else
+                "encode" if spec.unserializable else "", dp_rank=spec.dp_rank)
         if isinstance(result, str):
             self._terminate(result)
             return
@@ -229,7 +230,7 @@ class Proxy:
                     max_tokens: int, n: int = 1, eos_at: int | None = None,
                     stop_string_at: int | None = None,
                     kv_transfer_params: KVTransferParams | None = None, prompt: str = "",
-                    fault: str = "",
+                    fault: str = "", dp_rank: int | None = None,
                     ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]:
         collector = RequestOutputCollector(self.world.env, request_id)
         self.world.env.process(self._run(collector, request_id, client_uid, prompt_tokens,

@@ -165,6 +165,12 @@ class RequestSpec:
     #: what ``abort_at`` names in a router's ``/abort_requests``: "served" (the ID the
     #: endpoint gave AsyncLLM, prefix included) or "bare" (the client's own ``id``).
     abort_names: str = "served"
+    #: the request carries an object msgpack cannot encode (say, in ``extra_args``) with
+    #: VLLM_ALLOW_INSECURE_SERIALIZATION off: encoding its ADD raises TypeError after the
+    #: OutputProcessor registered it (vLLM 0.33 v1/serial_utils.py:220-225).
+    unserializable: bool = False
+    #: the ``X-data-parallel-rank`` header: the DP rank the client pins (None: none).
+    dp_rank: int | None = None
 
     def __post_init__(self) -> None:
         _float_times(self, "at", "abort_at", "cancel_at", "chunk_interval")

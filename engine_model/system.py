@@ -78,15 +78,20 @@ class RunResult:
     topology: Topology | None = None
     #: the backend that ran: "model" (this package) or "vllm" (vLLM's own engine classes).
     engine: str = "model"
+    #: the ``(point, occurrence)`` passes whose width was "yield" in this run although their
+    #: point's is not (a stop-string ABORT after the sleep(0) between output chunks).
+    widened: tuple[tuple[str, int], ...] = ()
 
     def reach(self, violation: Violation | None = None) -> Reach:
         """Live or latent: judged from the delays taken up to the violation (all of them when
         ``violation`` is None), the scenario's fixed delays included."""
         profile = get_profile(self.vllm or None)
         until = violation.time if violation is not None else None
+        widened = frozenset(self.widened)
         delays = [(d.point, d.delay) for d, t in zip(self.schedule, self.decision_times,
                                                      strict=True)
-                  if until is None or t <= until]
+                  if (until is None or t <= until)
+                  and (not widened or (d.point, d.occurrence) not in widened)]
         return reach_of(profile, [*self.fixed_delays, *delays])
 
     @property
@@ -324,4 +329,4 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     return RunResult(seed, policy.name, world.trace.hexdigest(), world.trace.count,
                      float(world.env.now), world.schedule, violations, system.outcomes(),
                      world.occurrences, world.trace.events, steps, profile.name,
-                     world.decision_times, fixed, system.topology, engine)
+                     world.decision_times, fixed, system.topology, engine, world.widened)

@@ -25,8 +25,8 @@ from racesim.engine_model.config import Workload
 from racesim.engine_model.points import POINTS
 from racesim.sim.errors import InputError
 
-__all__ = ["Behaviour", "VllmProfile", "PROFILES", "DEFAULT_VLLM", "WIDTHS", "Reach",
-           "get_profile", "profile_gap", "reach_of", "resolve_workload"]
+__all__ = ["MID_STEP_WIDTHS", "Behaviour", "VllmProfile", "PROFILES", "DEFAULT_VLLM", "WIDTHS",
+           "Reach", "get_profile", "profile_gap", "reach_of", "resolve_workload"]
 
 WIDTHS = ("live", "yield", "latent")
 
@@ -121,12 +121,21 @@ _WIDTHS = {
     "dp.coordinator:publish": "live",
 }
 
+#: Points whose width in a step with more than ``output_chunk_size`` outputs is another one on
+#: every output chunk but the last: the output handler processes a chunk, sleeps(0) when more
+#: chunks follow, then sends that chunk's stop-string ABORTs (0.33 v1/engine/async_llm.py:
+#: 891-922, envs.py:1476; the same in 0.8.5's async_llm.py:363-386). A run records such passes
+#: (``World.widen_next``) and its reach does not count their delays as latent.
+MID_STEP_WIDTHS: dict[str, str] = {"frontend.output_handler:before_abort_send": "yield"}
+
 _WIDTH_SOURCES = Behaviour(
     "frontend.abort:after_pop, frontend.add_request:before_send and "
     "frontend.output_handler:before_abort_send are latent: the ADD/ABORT send is an eager pyzmq "
-    "send (ROUTER, SNDHWM=0) whose awaited future is already done",
+    "send (ROUTER, SNDHWM=0) whose awaited future is already done; the stop-string ABORT of "
+    "any output chunk but a step's last waits behind the sleep(0) between chunks: yield there",
     "0.33 v1/engine/core_client.py:1281-1300 (AsyncMPClient._send_input_message), "
-    "utils/network_utils.py:376 (SNDHWM=0)")
+    "utils/network_utils.py:376 (SNDHWM=0); async_llm.py:891-922, envs.py:1476 (chunks of "
+    "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE = 128)")
 
 PROFILES: dict[str, VllmProfile] = {
     "0.8": VllmProfile(
@@ -182,7 +191,8 @@ PROFILES: dict[str, VllmProfile] = {
         prefix_caching=True,
         free_order="lifo-uncached",
         features=frozenset({"dp", "pause", "preprocess-error", "kv-load-failure",
-                            "streaming-input", "fault-tolerance"}),
+                            "streaming-input", "fault-tolerance", "encode-error",
+                            "api-layer"}),
         cancel_before_collector="nothing",
         fan_out="register-first",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED"}),
@@ -349,17 +359,23 @@ def profile_gap(workload: Workload) -> str | None:
         used.append(("pause", "engine.pause_at"))
     if engine.fault_tolerance:
         used.append(("fault-tolerance", "engine.fault_tolerance"))
-    preprocess = kv_load = chunks = False
+    preprocess = kv_load = chunks = encode = api = False
     for r in workload.requests:  # one pass: this runs before every run of an exploration
         preprocess = preprocess or r.preprocess_error
         kv_load = kv_load or r.kv_load_fails
         chunks = chunks or r.input_chunks > 0
+        encode = encode or r.unserializable
+        api = api or r.endpoint is not None
     if preprocess:
         used.append(("preprocess-error", "request.preprocess_error"))
     if kv_load:
         used.append(("kv-load-failure", "request.kv_load_fails"))
     if chunks:
         used.append(("streaming-input", "request.input_chunks"))
+    if encode:
+        used.append(("encode-error", "request.unserializable"))
+    if api or workload.frontend.abort_all_at is not None:
+        used.append(("api-layer", "request.endpoint"))
     for feature, key in used:
         if feature not in profile.features:
             have = [p.name for p in PROFILES.values() if feature in p.features]

@@ -18,3 +18,5 @@ class RunSummary:
     trace_hash: str
     violated: tuple[str, ...]
     schedule: tuple[Decision, ...]
+    #: the run's ``(point, occurrence)`` passes whose width was "yield" (RunResult.widened)
+    widened: tuple[tuple[str, int], ...] = ()

@@ -306,6 +306,11 @@ def _consistent(workload: Workload) -> None:
             # the P/D proxy forwards IDs itself (its own helper models it)
             raise _Bad(("request", i, "endpoint"), 'the API layer is modelled for topology = '
                        '"single" only', spec.endpoint)
+        if spec.unserializable and workload.topology != "single":
+            raise _Bad(("request", i, "unserializable"), 'needs topology = "single"', True)
+        if spec.dp_rank is not None and not spec.dp_rank < engine.dp_size:
+            raise _Bad(("request", i, "dp_rank"), f"must be < engine.data_parallel_size "
+                       f"({engine.dp_size}); ranks are numbered from 0", spec.dp_rank)
         if spec.kv_load_fails and workload.topology != "pd":
             raise _Bad(("request", i, "kv_load_fails"), 'needs topology = "pd"', True)
         if spec.input_chunks and (workload.topology != "single" or spec.n > 1
