@@ -20,18 +20,29 @@ request, and the routers' abort endpoints. Everything here follows vLLM 0.33.0
   way an external ID ends every internal ID registered under it
   (v1/engine/output_processor.py:627), whichever client sent it.
 
+- **The Responses API** (background mode: ``background=True``, ``store=True`` with
+  ``VLLM_ENABLE_RESPONSES_API_STORE=1``, openai/responses/serving.py:265-277) reads only the
+  body's ``request_id`` (default ``resp_{random_uuid()}``, openai/responses/protocol.py:357-359;
+  no header, serving.py:386) and generates under ``{request_id}_0`` (serving.py:663-679). It
+  keys ``response_store`` and ``background_tasks`` by that ID (serving.py:544-593, response.id
+  is the request_id, protocol.py:989). A finished task overwrites the stored response unless
+  it is cancelled (serving.py:944-949) and its done-callback pops ``background_tasks[id]``
+  whoever's task it holds (:591-593); a failed one marks the stored response failed
+  (:1111-1120). ``cancel`` marks the stored response cancelled if it is queued or in progress
+  and cancels the task registered under the ID (:1177-1204).
+
 The layer is the same on both backends: vLLM's API layer is asyncio and HTTP code, modelled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import Any, Protocol
 
 import simpy
 
 from racesim.engine_model.config import RequestSpec
-from racesim.engine_model.events.api import ApiRequest, ApiRouterAbort
+from racesim.engine_model.events.api import ApiCancel, ApiRequest, ApiRouterAbort, ApiStore
 from racesim.engine_model.frontend.async_llm import AsyncLLM
 from racesim.sim.world import World
 
@@ -44,7 +55,26 @@ ENDPOINT_PREFIXES: dict[str, str] = {
     "chat": "chatcmpl-{}",
     "completions": "cmpl-{}-0",  # one prompt: item 0
     "generate-tokens": "generate-tokens-{}",
+    "responses": "{}_0",  # the first turn of _generate_with_builtin_tools
 }
+
+
+class _Cancellable(Protocol):
+    """A background task's handle: the client whose request it runs."""
+
+    uid: int
+
+    def cancel_task(self) -> None: ...
+
+
+class _Stored:
+    """One ``response_store`` entry: whose response it is, and its status."""
+
+    __slots__ = ("owner", "status")
+
+    def __init__(self, owner: int, status: str) -> None:
+        self.owner = owner
+        self.status = status
 
 
 class ApiServer:
@@ -54,15 +84,25 @@ class ApiServer:
         self.world = world
         self.engine_client = engine_client
         self.name = engine_client.name
+        #: the Responses API's stores, keyed by the body's request_id
+        self.response_store: dict[str, _Stored] = {}
+        self.background_tasks: dict[str, _Cancellable] = {}
 
-    def request_id(self, spec: RequestSpec, uid: int) -> str:
+    def base_id(self, spec: RequestSpec) -> str:
+        """The client's ID as the endpoint reads it: the header first, then the body's
+        ``request_id``, else a ``random_uuid()`` (the Responses API reads only the body)."""
+        responses = spec.endpoint == "responses"
+        if spec.id_via == "body" or (spec.id_via == "header" and not responses):
+            return spec.id
+        # random_uuid() (uuid4().hex), drawn from a seeded stream: runs stay deterministic
+        uuid = f"{self.world.rng.stream('api-uuid').getrandbits(128):032x}"
+        return f"resp_{uuid}" if responses else uuid
+
+    def request_id(self, spec: RequestSpec, uid: int, base: str | None = None) -> str:
         """The ID the endpoint ``spec.endpoint`` hands AsyncLLM.generate() for ``spec``."""
         assert spec.endpoint is not None
-        if spec.id_via == "none":
-            # random_uuid() (uuid4().hex), drawn from a seeded stream: runs stay deterministic
-            base = f"{self.world.rng.stream('api-uuid').getrandbits(128):032x}"
-        else:
-            base = spec.id  # header or body: honoured as given, the header first
+        if base is None:
+            base = self.base_id(spec)
         served = ENDPOINT_PREFIXES[spec.endpoint].format(base)
         self.world.emit(self.name, spec.id, 0, ApiRequest(uid, spec.endpoint, spec.id_via,
                                                           served))
@@ -83,3 +123,55 @@ class ApiServer:
         self.world.emit(self.name, None, 0, ApiRouterAbort("rl", ids, True, 0))
         if ids:
             yield from self.engine_client.abort_many(ids, internal=True)
+
+    def reject_kv_request(self, spec: RequestSpec, uid: int) -> Proc:
+        """The endpoint answered a decode-side request (``kv_transfer_params`` with
+        ``do_remote_prefill``) with an error before it reached the engine: the serving layer
+        calls ``notify_kv_transfer_request_rejected(request.request_id, ...)`` with the body's
+        raw ``request_id``, neither prefixed nor randomized
+        (entrypoints/generate/base/serving.py:268-300)."""
+        raw = spec.id if spec.id_via != "none" else self.base_id(spec)
+        self.world.emit(self.name, spec.id, 0, ApiRequest(uid, str(spec.endpoint),
+                                                          "kv-rejected", raw))
+        yield from self.engine_client.notify_kv_transfer_request_rejected(raw)
+
+    # -- the Responses API's background mode ---------------------------------------------------
+
+    def responses_create(self, response_id: str, task: _Cancellable) -> None:
+        """``create_responses`` in background mode: the queued response is stored and the task
+        registered, both under the body's ``request_id`` (serving.py:544-593)."""
+        self._store(response_id, task.uid, "queued")
+        self.background_tasks[response_id] = task
+
+    def responses_done(self, response_id: str, uid: int, outcome: str) -> None:
+        """Client ``uid``'s background task ended: "completed" overwrites the stored response
+        unless it is cancelled (serving.py:944-949), "failed" marks it failed unless it is
+        completed or cancelled (:1111-1120), "cancelled" leaves it; then the done-callback pops
+        ``background_tasks[response_id]``, whoever's task that is (:591-593)."""
+        stored = self.response_store.get(response_id)
+        if outcome == "completed":
+            if stored is None or stored.status != "cancelled":
+                self._store(response_id, uid, "completed")
+        elif outcome == "failed" and stored is not None \
+                and stored.status not in ("completed", "cancelled"):
+            self._store(response_id, stored.owner, "failed")
+        self.background_tasks.pop(response_id, None)
+
+    def responses_cancel(self, response_id: str, uid: int) -> None:
+        """``cancel_responses`` (serving.py:1177-1204) asked by client ``uid``."""
+        stored = self.response_store.get(response_id)
+        if stored is None or stored.status not in ("queued", "in_progress"):
+            outcome = "not-found" if stored is None else "refused"
+            self.world.emit(self.name, response_id, 0, ApiCancel(uid, outcome, 0, 0))
+            return
+        stored.status = "cancelled"
+        task = self.background_tasks.get(response_id)
+        self.world.emit(self.name, response_id, 0,
+                        ApiCancel(uid, "cancelled", stored.owner,
+                                  task.uid if task is not None else 0))
+        if task is not None:
+            task.cancel_task()
+
+    def _store(self, response_id: str, owner: int, status: str) -> None:
+        self.response_store[response_id] = _Stored(owner, status)
+        self.world.emit(self.name, response_id, 0, ApiStore(owner, status))

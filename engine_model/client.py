@@ -88,8 +88,11 @@ class Client:
         self._served_id = spec.id
         # The cancellable wrapper only when a cancel is scripted: it adds a generator frame
         # to every resume of the client.
+        #: the Responses API's response ID (its background task is this client's request)
+        self._response_id = ""
+        self._responses = self.api is not None and spec.endpoint == "responses"
         self._proc = world.env.process(self._run() if spec.cancel_at is not None
-                                       else self._generate())
+                                       or self._responses else self._generate())
         if spec.abort_at is not None:
             # Armed now, so that at equal times scenario order decides who acts first.
             world.env.process(self._abort_at(spec.abort_at))
@@ -100,9 +103,20 @@ class Client:
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    def _terminate(self, reason: str) -> None:
+    def _terminate(self, reason: str, cancelled: bool = False) -> None:
         self.finish_reason = reason
         self.world.emit(self.name, self.spec.id, 0, ClientDone(self.uid, reason, self.tokens))
+        if self._responses and self.api is not None and self._response_id:
+            outcome = ("cancelled" if cancelled else "failed" if reason == FinishReason.ERROR
+                       else "completed")
+            self.api.responses_done(self._response_id, self.uid, outcome)
+
+    def cancel_task(self) -> None:
+        """The Responses API cancels this client's background task (task.cancel()): its
+        generate() is cancelled, as a disconnect would (no client event: the client did not
+        ask)."""
+        if not self.done and self._proc.is_alive:
+            self._proc.interrupt("cancelled")
 
     def _run(self) -> Proc:
         try:
@@ -126,7 +140,7 @@ class Client:
         does there."""
         if self.done:
             return
-        self._terminate(FinishReason.ABORT)
+        self._terminate(FinishReason.ABORT, cancelled=True)
         if self._collector_id is not None:
             yield from self.gateway.abort(self._collector_id, internal=True)
 
@@ -146,7 +160,20 @@ class Client:
                                                      spec.prompt))
         # the ID AsyncLLM is given: the client's own, or the endpoint's (racesim.engine_model.
         # api_server), which a bare-ID abort then misses
-        request_id = spec.id if self.api is None else self.api.request_id(spec, self.uid)
+        api = self.api
+        if api is not None and spec.kv_rejected:
+            # the endpoint's ErrorResponse, then the raw-ID cleanup ADD
+            yield from api.reject_kv_request(spec, self.uid)
+            self._terminate(FinishReason.ERROR)
+            return
+        if api is None:
+            request_id = spec.id
+        elif self._responses:
+            self._response_id = api.base_id(spec)
+            request_id = api.request_id(spec, self.uid, self._response_id)
+            api.responses_create(self._response_id, self)
+        else:
+            request_id = api.request_id(spec, self.uid)
         self._served_id = request_id
         if spec.input_chunks:
             gateway = self.gateway
@@ -203,6 +230,11 @@ class Client:
         self.world.emit(self.name, spec.id, 0, ClientAbort(self.uid))
         if self.api is None:
             yield from self.gateway.abort(spec.id)
+            return
+        if self._responses:
+            # POST /v1/responses/{id}/cancel: by the response ID, which is the body's
+            # request_id (openai/responses/protocol.py:989)
+            self.api.responses_cancel(self._response_id, self.uid)
             return
         # a router's /abort_requests: the client names its own ID or the served one
         name = spec.id if spec.abort_names == "bare" else self._served_id

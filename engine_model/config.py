@@ -156,7 +156,8 @@ class RequestSpec:
     input_chunks: int = 0
     chunk_interval: float = 0.05
     #: the HTTP endpoint the client calls (racesim.engine_model.api_server): "chat",
-    #: "completions" or "generate-tokens", which prefix the ID; None: the client calls
+    #: "completions" or "generate-tokens", which prefix the ID, or "responses" (a background
+    #: Responses API request, cancelled by ``abort_at``); None: the client calls
     #: AsyncLLM.generate() itself with ``id`` (no API layer).
     endpoint: str | None = None
     #: where the client puts ``id``: the ``X-Request-Id`` header, the body's ``request_id``,
@@ -169,6 +170,10 @@ class RequestSpec:
     #: VLLM_ALLOW_INSECURE_SERIALIZATION off: encoding its ADD raises TypeError after the
     #: OutputProcessor registered it (vLLM 0.33 v1/serial_utils.py:220-225).
     unserializable: bool = False
+    #: a decode-side P/D request (``kv_transfer_params`` with ``do_remote_prefill``) the
+    #: endpoint rejects before it reaches the engine: the serving layer then sends a
+    #: pre-aborted ADD under the body's raw ``request_id`` (needs ``endpoint``).
+    kv_rejected: bool = False
     #: the ``X-data-parallel-rank`` header: the DP rank the client pins (None: none).
     dp_rank: int | None = None
 

@@ -146,6 +146,10 @@ class EngineCore(EngineShell):
                                       "engine-paused")
                 return
             self.scheduler.add_request(payload)
+            if payload.fault == "abort-immediately":
+                # core.py:558-562: added, then aborted at once so the KV connector's
+                # request_finished runs (notify_kv_transfer_request_rejected)
+                self._abort(AbortMessage((payload.request_id,), 0), "abort-immediately")
         elif kind == "abort":
             self._abort(payload, "abort")
         else:

@@ -106,6 +106,7 @@ class VllmEngineCore(EngineShell):
         req = _vllm.new_request(msg.request_id, self._prompts.ids(msg), msg.max_tokens,
                                 msg.client_index, float(self.world.now), self.config.block_size,
                                 _EOS, msg.resumable)
+        req.abort_immediately = msg.fault == "abort-immediately"
         self._truth[id(req)] = (req, msg.inc)
         self._eos[id(req.sampling_params)] = (req.sampling_params, msg.eos_at)
         return req
@@ -131,6 +132,9 @@ class VllmEngineCore(EngineShell):
                                 payload.client_index, "engine-paused")
                 return
             self._add(payload)
+            if payload.abort_immediately:
+                # core.py:558-562: added, then aborted at once
+                self._abort(AbortMessage((payload.request_id,), 0), "abort-immediately")
         elif kind == "abort":
             self._abort(payload, "abort")
         else:

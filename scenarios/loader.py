@@ -59,7 +59,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": 
                                         "engine.pause_mode": ("abort", "keep"),
                                         "engine.kv_load_failure_policy": ("fail", "recompute"),
                                         "request.endpoint": ("chat", "completions",
-                                                             "generate-tokens"),
+                                                             "generate-tokens", "responses"),
                                         "request.id_via": ("header", "body", "none"),
                                         "request.abort_names": ("served", "bare")}
 _REQUEST_ALWAYS = ("id", "at", "prompt_tokens", "max_tokens")  # written even when default
@@ -298,7 +298,8 @@ def _consistent(workload: Workload) -> None:
                    "tolerance with more than one API server)", True)
     for i, spec in enumerate(workload.requests):
         if spec.endpoint is None:
-            for key, default in (("id_via", "header"), ("abort_names", "served")):
+            for key, default in (("id_via", "header"), ("abort_names", "served"),
+                                 ("kv_rejected", False)):
                 if getattr(spec, key) != default:
                     raise _Bad(("request", i, key), "needs request.endpoint (the API layer)",
                                getattr(spec, key))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from racesim.engine_model.events import ApiRequest, FeAdd
+from racesim.engine_model.events import ApiCancel, ApiRequest, ApiStore, FeAdd, SchedFinish
 from racesim.runner import run_scenario
 from racesim.scenarios import load_scenario
 from racesim.scenarios.loader import Scenario, scenario_from_dict
@@ -98,3 +98,85 @@ def test_the_api_keys_need_an_endpoint_and_a_single_topology() -> None:
         _scenario({"endpoint": "responses-v2"})
     with pytest.raises(InputError, match='topology = "single" only'):
         _scenario({"endpoint": "chat"}, topology="pd")
+
+
+# -- the Responses API's background mode (openai/responses/serving.py) --------------------------
+
+def _cancels(result: Any) -> list[tuple[int, str, int, int]]:
+    return [(ev.detail.uid, ev.detail.outcome, ev.detail.owner, ev.detail.task)
+            for ev in result.trace if isinstance(ev.detail, ApiCancel)]
+
+
+def test_a_cancel_of_a_reused_response_id_stops_the_other_clients_task() -> None:
+    r = run_scenario(load_scenario("responses-cancel-reused-id"), "internal-id",
+                     skip=["metrics-exact"])
+    assert set(r.violated) == {"abort-isolation", "orphan-run"}
+    assert _cancels(r) == [(1, "cancelled", 2, 2)]  # A's cancel: B's entry, B's task
+    assert [q.finish_reason for q in r.requests] == ["length", "abort"]
+    assert all(r.reach(v).reach == "live" for v in r.violations)
+
+
+def test_after_the_first_finishes_the_second_cannot_cancel_its_own() -> None:
+    first = {"id": "R", "endpoint": "responses", "id_via": "body", "max_tokens": 8}
+    second = {"id": "R", "at": 0.02, "endpoint": "responses", "id_via": "body",
+              "abort_at": 0.3}
+    r = run_scenario(_scenario(first, second), "internal-id", skip=["metrics-exact"])
+    stores = [(ev.detail.owner, ev.detail.status) for ev in r.trace
+              if isinstance(ev.detail, ApiStore)]
+    # A's finish overwrites B's queued entry (serving.py:944-949) and pops B's task entry
+    assert stores == [(1, "queued"), (2, "queued"), (1, "completed"), (2, "completed")]
+    assert _cancels(r) == [(2, "refused", 0, 0)]
+    assert r.violated == ("orphan-run",)
+    assert [q.finish_reason for q in r.requests] == ["length", "length"]
+
+
+def test_a_cancel_of_an_own_response_id_stops_only_its_own_task() -> None:
+    mine = {"id": "R1", "endpoint": "responses", "id_via": "body", "abort_at": 0.05}
+    other = {"id": "R2", "at": 0.01, "endpoint": "responses", "id_via": "body"}
+    r = run_scenario(_scenario(mine, other), "internal-id", skip=["metrics-exact"])
+    assert r.violations == ()
+    assert _cancels(r) == [(1, "cancelled", 1, 1)]
+    assert [q.finish_reason for q in r.requests] == ["abort", "length"]
+
+
+def test_the_responses_api_ignores_the_header() -> None:
+    r = run_scenario(_scenario({"endpoint": "responses", "id_via": "header"}), "buggy")
+    (served,) = _served(r)
+    assert served.startswith("resp_") and served.endswith("_0")
+
+
+# -- notify_kv_transfer_request_rejected's raw-ID ADD (async_llm.py:961-987) --------------------
+
+def test_a_rejected_decode_request_adds_its_raw_id_and_can_kill_the_engine() -> None:
+    scen = load_scenario("kv-reject-raw-id")
+    r = run_scenario(scen, "buggy")
+    assert r.violated == ("engine-alive",)  # the raw ID equals the running chatcmpl-X
+    assert [q.finish_reason for q in r.requests] == ["error", "error"]
+    raw = [ev.detail.served for ev in r.trace
+           if isinstance(ev.detail, ApiRequest) and ev.detail.via == "kv-rejected"]
+    assert raw == ["chatcmpl-X"]  # neither prefixed nor randomized
+
+
+def test_the_raw_id_misses_a_randomized_request_and_is_aborted_at_once() -> None:
+    r = run_scenario(load_scenario("kv-reject-raw-id"), "internal-id")
+    assert r.violations == ()
+    finishes = [(ev.request, ev.detail.cause) for ev in r.trace
+                if isinstance(ev.detail, SchedFinish)]
+    assert ("chatcmpl-X", "abort-immediately") in finishes
+    assert [q.finish_reason for q in r.requests] == ["length", "error"]
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("api-cross-client-abort", {"abort-isolation"}),
+    ("api-bare-id-abort", {"orphan-run"}),
+    ("responses-cancel-reused-id", {"abort-isolation", "orphan-run"}),
+])
+def test_explore_under_internal_id_reports_the_api_layer_invariants(
+        name: str, expected: set[str], tmp_path: Any) -> None:
+    from racesim.explore import explore
+    res = explore(load_scenario(name), "internal-id", budget=20, workers=1,
+                  skip=("metrics-exact",), out_dir=tmp_path)
+    assert expected <= set(res.invariants) | set(res.baseline_violations)
+    assert res.counterexample is not None
+    assert expected <= {v["invariant"] for v in res.counterexample.violations}
+    assert res.counterexample.reach == "live"

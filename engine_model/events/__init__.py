@@ -52,7 +52,7 @@ A kind whose detail is costly to build and that only reports read may be guarded
 
 from __future__ import annotations
 
-from racesim.engine_model.events.api import ApiRequest, ApiRouterAbort
+from racesim.engine_model.events.api import ApiCancel, ApiRequest, ApiRouterAbort, ApiStore
 from racesim.engine_model.events.client import (
     ClientAbort,
     ClientCancel,
@@ -117,7 +117,7 @@ from racesim.sim.world import Delay
 
 __all__ = [
     "EventRecord", "TraceEvent", "Delay", "KINDS", "KEY_KINDS", "MESSAGE_NAMES",
-    "ApiRequest", "ApiRouterAbort",
+    "ApiCancel", "ApiRequest", "ApiRouterAbort", "ApiStore",
     "ClientSend", "ClientAbort", "ClientCancel", "ClientDisconnect", "ClientOutput",
     "ClientDone", "PdPrefill", "PdDecode", "PdAbort",
     "FeAdd", "FeAddCancelled", "FeEncodeError", "FeReject", "FeAbortNoop", "FeAbortIssue",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from racesim.sim.trace import EventRecord, TraceEvent
 
-__all__ = ["ApiRequest", "ApiRouterAbort"]
+__all__ = ["ApiCancel", "ApiRequest", "ApiRouterAbort", "ApiStore"]
 
 
 class ApiRequest(EventRecord):
@@ -44,3 +44,42 @@ class ApiRouterAbort(EventRecord):
     def describe(self, ev: TraceEvent) -> str:
         what = "abort-all" if self.all else "abort"
         return f"{self.router} router {what}: AsyncLLM.abort({self.ids!r})"
+
+
+class ApiCancel(EventRecord):
+    """api.cancel: ``POST /v1/responses/{id}/cancel`` by client ``uid``: ``outcome`` is
+    "not-found", "refused" (the stored response is no longer queued) or "cancelled" (the stored
+    response of client ``owner`` is marked cancelled, and the background task of client
+    ``task``, 0 when none is registered under the ID, is cancelled)."""
+
+    KIND = "api.cancel"
+    KEY = True
+    __slots__ = ("uid", "outcome", "owner", "task")
+
+    def __init__(self, uid: int, outcome: str, owner: int, task: int) -> None:
+        self.uid = uid
+        self.outcome = outcome
+        self.owner = owner
+        self.task = task
+
+    def describe(self, ev: TraceEvent) -> str:
+        if self.outcome != "cancelled":
+            return f"cancel of response {ev.request!r}: {self.outcome}"
+        task = f"cancels the task of uid {self.task}" if self.task else "no task to cancel"
+        return (f"cancel of response {ev.request!r}: marks uid {self.owner}'s response "
+                f"cancelled, {task}")
+
+
+class ApiStore(EventRecord):
+    """api.store: the Responses API's ``response_store`` entry for an ID now holds client
+    ``owner``'s response with ``status``."""
+
+    KIND = "api.store"
+    __slots__ = ("owner", "status")
+
+    def __init__(self, owner: int, status: str) -> None:
+        self.owner = owner
+        self.status = status
+
+    def describe(self, ev: TraceEvent) -> str:
+        return f"response_store[{ev.request!r}] = uid {self.owner}'s response ({self.status})"

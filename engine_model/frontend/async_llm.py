@@ -159,6 +159,21 @@ class AsyncLLM:
             self._send(req, [rid], engine, incs=[req.inc])
         return collector
 
+    def notify_kv_transfer_request_rejected(self, request_id: str,
+                                            ) -> Generator[simpy.Event, Any, None]:
+        """A pre-aborted ADD under the raw ``request_id`` (async_llm.py:961-987): never through
+        ``assign_request_id`` (no random suffix), never registered in the OutputProcessor; the
+        engine adds it and aborts it at once (``abort_immediately``, core.py:558-562)."""
+        world = self.world
+        req = EngineCoreRequest(request_id, request_id, 1, 1, self.index, None, None,
+                                self._next_inc(), "", "abort-immediately")
+        # no fe.add: no request state, no client stream; the checker meets it at the engine
+        engine = self.engine if self.dp is None else self.dp.choose(request_id, req.inc)
+        ev = world.sleep("frontend.add_request:before_send", 0.0, self.name)
+        if ev is not None:
+            yield ev
+        self._send(req, [request_id], engine, incs=[req.inc])
+
     def _register(self, req: EngineCoreRequest, parent: ParentRequest | None, index: int,
                   collector: RequestOutputCollector, client_uid: int,
                   stop_string_at: int | None, registered: bool,

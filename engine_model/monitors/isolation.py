@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import cast
 
 from racesim.engine_model.events import (
+    ApiCancel,
     ClientAbort,
     ClientCancel,
     ClientDisconnect,
@@ -52,7 +53,7 @@ class AbortIsolation:
                 (ClientDisconnect.KIND, self.client_gives_up),
                 (ClientCancel.KIND, self.client_gives_up),
                 (FeAbortIssue.KIND, self.fe_abort_issue), (FeAbortNoop.KIND, self.fe_abort_noop),
-                (SchedStep.KIND, self.sched_step)]
+                (SchedStep.KIND, self.sched_step), (ApiCancel.KIND, self.api_cancel)]
 
     def client_gives_up(self, ev: TraceEvent) -> None:
         uid = cast(ClientAbort, ev.detail).uid  # the three kinds carry only the uid
@@ -87,6 +88,16 @@ class AbortIsolation:
                     "abort-isolation", (asker, inc), ev, rid,
                     f"client uid {asker}'s abort of {ev.request or rid!r} ends {truth.who(inc)}, "
                     f"another client's request under {rid!r}")
+
+    def api_cancel(self, ev: TraceEvent) -> None:
+        """The Responses API cancels the background task registered under the response ID,
+        whoever's it is (openai/responses/serving.py:1198-1199)."""
+        d = cast(ApiCancel, ev.detail)
+        if d.task and d.task != d.uid and self.truth.client_waiting(d.task):
+            self.report.violate(
+                "abort-isolation", (d.uid, "task", d.task), ev, ev.request,
+                f"client uid {d.uid}'s cancel of response {ev.request!r} cancels the "
+                f"background task of client uid {d.task}, registered under the same ID")
 
     def sched_step(self, ev: TraceEvent) -> None:
         abandoned = self._abandoned
