@@ -36,17 +36,19 @@ The layer is the same on both backends: vLLM's API layer is asyncio and HTTP cod
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import Any, Protocol
 
 import simpy
 
 from racesim.engine_model.config import RequestSpec
 from racesim.engine_model.events.api import ApiCancel, ApiRequest, ApiRouterAbort, ApiStore
+from racesim.engine_model.events.frontend import FeAbortIssue, FeAbortNoop
 from racesim.engine_model.frontend.async_llm import AsyncLLM
+from racesim.engine_model.messages import EngineCoreRequest
 from racesim.sim.world import World
 
-__all__ = ["ApiServer", "ENDPOINT_PREFIXES"]
+__all__ = ["ApiServer", "ENDPOINT_PREFIXES", "abort_many", "notify_kv_transfer_request_rejected"]
 
 Proc = Generator[simpy.Event, Any, Any]
 
@@ -75,6 +77,38 @@ class _Stored:
     def __init__(self, owner: int, status: str) -> None:
         self.owner = owner
         self.status = status
+
+
+def abort_many(llm: AsyncLLM, request_ids: Sequence[str], internal: bool) -> Proc:
+    """``AsyncLLM.abort`` with a list of IDs (v1/engine/async_llm.py:948-958): one
+    OutputProcessor abort for all of them, one ABORT send. An internal ID naming an n > 1
+    parent pops its ``parent_requests`` entry even when no child is left
+    (output_processor.py:653-659)."""
+    op = llm.output_processor
+    ids = op.flatten_req_to_abort(list(request_ids), internal)
+    if internal:
+        op.drop_parents(list(request_ids))
+    if not ids:
+        llm.world.emit(llm.name, None, 0, FeAbortNoop())
+        return
+    engines = None if llm.dp is None else [op.engine_of(r) for r in ids]
+    llm.world.emit(llm.name, None, 0, FeAbortIssue(ids, "abort", engines))
+    yield from llm.policy.abort(llm, ids)
+
+
+def notify_kv_transfer_request_rejected(llm: AsyncLLM, request_id: str) -> Proc:
+    """``AsyncLLM.notify_kv_transfer_request_rejected`` (v1/engine/async_llm.py:961-987): a
+    pre-aborted ADD under the raw ``request_id``, never through ``assign_request_id`` (no
+    random suffix), never registered in the OutputProcessor (no fe.add: the checker meets it
+    at the engine), which the engine adds and aborts at once (``abort_immediately``,
+    core.py:558-562)."""
+    req = EngineCoreRequest(request_id, request_id, 1, 1, llm.index, None, None,
+                            llm.next_inc(), "", "abort-immediately")
+    engine = llm.engine if llm.dp is None else llm.dp.choose(request_id, req.inc)
+    ev = llm.world.sleep("frontend.add_request:before_send", 0.0, llm.name)
+    if ev is not None:
+        yield ev
+    llm.send_add(req, engine)
 
 
 class ApiServer:
@@ -122,7 +156,7 @@ class ApiServer:
         ids = [rid for rid, _inc in op.live_ids()] + op.parent_ids()
         self.world.emit(self.name, None, 0, ApiRouterAbort("rl", ids, True, 0))
         if ids:
-            yield from self.engine_client.abort_many(ids, internal=True)
+            yield from abort_many(self.engine_client, ids, internal=True)
 
     def reject_kv_request(self, spec: RequestSpec, uid: int) -> Proc:
         """The endpoint answered a decode-side request (``kv_transfer_params`` with
@@ -133,7 +167,7 @@ class ApiServer:
         raw = spec.id if spec.id_via != "none" else self.base_id(spec)
         self.world.emit(self.name, spec.id, 0, ApiRequest(uid, str(spec.endpoint),
                                                           "kv-rejected", raw))
-        yield from self.engine_client.notify_kv_transfer_request_rejected(raw)
+        yield from notify_kv_transfer_request_rejected(self.engine_client, raw)
 
     # -- the Responses API's background mode ---------------------------------------------------
 

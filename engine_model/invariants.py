@@ -28,8 +28,8 @@ INVARIANTS: dict[str, str] = {
                        "flight) under its ID when it was issued",
     "abort-isolation": "a client's abort (a router's /abort_requests, a disconnect) never ends "
                        "another client's request",
-    "orphan-run": "no engine keeps stepping a request its client gave up (aborted, disconnected) "
-                  "while its frontend still tracks it and no ABORT for it is pending",
+    "orphan-run": "no engine keeps stepping a request whose client's abort or cancel ended "
+                  "nothing of its own, while its frontend still tracks it",
     "no-hang": "every client request terminates before the horizon",
     "engine-alive": "no engine reached a fatal error",
     "metrics-exact": "every request a frontend accepted and ended (not by an engine error) is "

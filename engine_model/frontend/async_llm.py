@@ -159,21 +159,6 @@ class AsyncLLM:
             self._send(req, [rid], engine, incs=[req.inc])
         return collector
 
-    def notify_kv_transfer_request_rejected(self, request_id: str,
-                                            ) -> Generator[simpy.Event, Any, None]:
-        """A pre-aborted ADD under the raw ``request_id`` (async_llm.py:961-987): never through
-        ``assign_request_id`` (no random suffix), never registered in the OutputProcessor; the
-        engine adds it and aborts it at once (``abort_immediately``, core.py:558-562)."""
-        world = self.world
-        req = EngineCoreRequest(request_id, request_id, 1, 1, self.index, None, None,
-                                self._next_inc(), "", "abort-immediately")
-        # no fe.add: no request state, no client stream; the checker meets it at the engine
-        engine = self.engine if self.dp is None else self.dp.choose(request_id, req.inc)
-        ev = world.sleep("frontend.add_request:before_send", 0.0, self.name)
-        if ev is not None:
-            yield ev
-        self._send(req, [request_id], engine, incs=[req.inc])
-
     def _register(self, req: EngineCoreRequest, parent: ParentRequest | None, index: int,
                   collector: RequestOutputCollector, client_uid: int,
                   stop_string_at: int | None, registered: bool,
@@ -324,21 +309,6 @@ class AsyncLLM:
                         FeAbortIssue(ids, "abort", engines))
         yield from self.policy.abort(self, ids)
 
-    def abort_many(self, request_ids: Sequence[str], internal: bool) -> Proc:
-        """AsyncLLM.abort with a list of IDs (async_llm.py:948-958): one OutputProcessor
-        abort for all of them, one ABORT send. An internal ID naming an n > 1 parent pops its
-        ``parent_requests`` entry even when no child is left (output_processor.py:653-659)."""
-        op = self.output_processor
-        ids = op.flatten_req_to_abort(list(request_ids), internal)
-        if internal:
-            op.drop_parents(list(request_ids))
-        if not ids:
-            self.world.emit(self.name, None, 0, FeAbortNoop())
-            return
-        engines = None if self.dp is None else [op.engine_of(r) for r in ids]
-        self.world.emit(self.name, None, 0, FeAbortIssue(ids, "abort", engines))
-        yield from self.policy.abort(self, ids)
-
     def send_abort(self, request_ids: Sequence[str], point: str) -> Proc:
         """Pass ``point`` (the await on the socket send), then put the ABORT on the wire."""
         ev = self.world.sleep(point, 0.0, self.name)
@@ -371,6 +341,14 @@ class AsyncLLM:
         self.world.emit(self.name, None, 0, FeUtility(method, mode))
         for engine in self.engines:
             self._send(UtilityMessage(method, mode), ["*"], engine)
+
+    def next_inc(self) -> int:
+        """A fresh ground-truth number (the System's counter)."""
+        return self._next_inc()
+
+    def send_add(self, req: EngineCoreRequest, engine: int) -> None:
+        """Put an ADD on ``engine``'s input socket (the send after its await point)."""
+        self._send(req, [req.request_id], engine, incs=[req.inc])
 
     def _send(self, msg: Any, request_ids: list[str], engine: int, *,
               incs: list[int] | None = None, tag: int | None = None,

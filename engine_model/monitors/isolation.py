@@ -11,7 +11,10 @@ disconnecting, or by its handler task being cancelled. Two things can then go wr
 - **orphan-run**: the abort ends nothing, and the engine keeps stepping a request no client
   waits for, while its frontend still tracks it (so ``frontend-covers-engine`` is silent). An
   abort that names the client's bare ID where the endpoint registered ``chatcmpl-<id>`` does
-  this: an unknown external ID aborts nothing (output_processor.py:627).
+  this: an unknown external ID aborts nothing (output_processor.py:627). So does a Responses
+  API cancel that is refused, or that cancels another client's task. A client counts as
+  having given up only through such an abort that ended nothing of its own: an abort that
+  went out and a P/D proxy's stages are the other monitors' business.
 
 The client that asked is matched to the frontend's abort decision by time: a client's abort
 event and the ``fe.abort_issue`` (or ``fe.abort_noop``) it causes are emitted in one tick,
@@ -58,7 +61,6 @@ class AbortIsolation:
     def client_gives_up(self, ev: TraceEvent) -> None:
         uid = cast(ClientAbort, ev.detail).uid  # the three kinds carry only the uid
         self._asker = (uid, ev.time)
-        self._abandoned.setdefault(uid, ev.time)
 
     def _take_asker(self, ev: TraceEvent) -> int | None:
         asker = self._asker
@@ -68,7 +70,9 @@ class AbortIsolation:
         return asker[0]
 
     def fe_abort_noop(self, ev: TraceEvent) -> None:
-        self._take_asker(ev)
+        asker = self._take_asker(ev)
+        if asker is not None:  # the client's abort named nothing this frontend knows
+            self._abandoned.setdefault(asker, ev.time)
 
     def fe_abort_issue(self, ev: TraceEvent) -> None:
         d = cast(FeAbortIssue, ev.detail)
@@ -93,6 +97,8 @@ class AbortIsolation:
         """The Responses API cancels the background task registered under the response ID,
         whoever's it is (openai/responses/serving.py:1198-1199)."""
         d = cast(ApiCancel, ev.detail)
+        if d.task != d.uid:  # refused, or another client's task: the asker's own runs on
+            self._abandoned.setdefault(d.uid, ev.time)
         if d.task and d.task != d.uid and self.truth.client_waiting(d.task):
             self.report.violate(
                 "abort-isolation", (d.uid, "task", d.task), ev, ev.request,
