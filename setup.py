@@ -14,6 +14,8 @@ import json
 import os
 import shutil
 import sys
+import sysconfig
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
 
@@ -102,12 +104,61 @@ def _sources() -> dict[str, dict[str, str]]:
 _SOURCES = _sources()
 
 
+def _build_key() -> str:
+    """What a compile depends on, hashed: every source mypyc reads (the compiled packages'
+    folders whole, as _stage copies them: it type-checks what the modules import), its
+    settings in pyproject.toml, the module list, mypy's version and the interpreter's ABI."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mypy = version("mypy")
+    except PackageNotFoundError:
+        mypy = "none"
+    h = hashlib.sha256()
+    for part in (mypy, sys.implementation.cache_tag, sysconfig.get_config_var("EXT_SUFFIX"),
+                 *COMPILED):
+        h.update(f"{part}\n".encode())
+    files = [ROOT / "pyproject.toml",
+             *sorted(p for folder in _FOLDERS for p in (ROOT / folder).rglob("*.py")
+                     if "__pycache__" not in p.parts)]
+    for path in files:
+        h.update(f"{path.relative_to(ROOT).as_posix()}\n".encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _compiled_file(stem: Path) -> bool:
+    return any(stem.with_name(stem.name + suffix).exists() for suffix in EXTENSION_SUFFIXES)
+
+
+def _up_to_date(root: Path) -> bool:
+    """Whether the in-place build in ``root`` is complete and was compiled from what a new
+    compile would read, with every compiled file still there: then recompiling would only
+    produce the same files again (minutes of mypyc and C compiler for nothing)."""
+    try:
+        data = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or data.get("complete") is not True \
+            or data.get("build_key") != _build_key():
+        return False
+    stems = [str(data.get("shared", "")), *(_source(name)[:-3] for name in COMPILED)]
+    return all(stem and _compiled_file(root / stem) for stem in stems)
+
+
+def _reuses_in_place_build(args: list[str]) -> bool:
+    """Only an editable install builds in place, where a previous build's files are; a wheel
+    (pip install .) is built in a fresh folder and needs its compiled files made."""
+    return any(arg.startswith(("editable_wheel", "develop")) for arg in args)
+
+
 def _write_manifest(dirs: list[Path], complete: bool) -> None:
     """``sim/_native.json`` in each of ``dirs`` (the folders holding sim/; written whole or not
     at all): until it says the build completed, sim/_native.py loads every module from source."""
     shared = Path(_source(f"{GROUP}__mypyc")).with_suffix("").as_posix()
     text = json.dumps({"compiler": "mypyc", "complete": complete, "shared": shared,
-                       "modules": _SOURCES}, indent=1, sort_keys=True) + "\n"
+                       "build_key": _build_key(), "modules": _SOURCES},
+                      indent=1, sort_keys=True) + "\n"
     for d in dirs:
         if (d / "sim").is_dir():
             tmp = d / MANIFEST.with_suffix(".json.tmp")
@@ -175,6 +226,10 @@ def _ext_modules() -> list[Any]:
         return []  # metadata only, or an sdist: no code is built, mypyc is not needed
     if _pure_requested():
         reason = "RACESIM_PURE is set"
+    elif _reuses_in_place_build(sys.argv[1:]) and _up_to_date(ROOT):
+        _say("the compiled modules are up to date (no source changed since the last build); "
+             "not compiling again")
+        return []
     else:
         try:
             return _mypycify()

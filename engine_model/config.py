@@ -115,9 +115,26 @@ class PDConfig:
     #: "client": the proxy forwards the client's request ID to P and D (as X-Request-Id);
     #: "uuid": the proxy makes a fresh ID per client request (the toy proxy's uuid4).
     proxy_ids: str = "client"
+    #: the KV connector pairing P with D: "nixl-pull" (D reads P's blocks; NixlConnector's
+    #: default), "nixl-push" (D registers its blocks with P, P writes into them; vLLM 0.33
+    #: nixl/push_scheduler.py, push_worker.py), or "mooncake" (P and D paired by the
+    #: router's transfer_id; mooncake/mooncake_connector.py).
+    connector: str = "nixl-pull"
+    #: how the proxy aborts a stage: "engine-client" (it holds each API server's AsyncLLM and
+    #: calls abort(id) with the ID it sent: the prefill stage by that external ID) or "http"
+    #: (it talks HTTP, so it can only close the connection: each stage's API server aborts
+    #: its request by internal ID, and nothing if add_request had not returned).
+    proxy: str = "engine-client"
+    #: NixlConnector's ``kv_connector_extra_config["bidirectional_kv_xfer"]`` (off by default;
+    #: pull mode only): D keeps a request that finished LENGTH_CAPPED or STOPPED, blocks and
+    #: ID, for a turn-2 read-back (vLLM 0.33 nixl/pull_scheduler.py:232-269) ...
+    bidirectional_kv_xfer: bool = False
+    #: ... until a reader's notice or ``decoder_kv_blocks_ttl`` seconds, a plain timeout with
+    #: no lease (base_scheduler.py:181-185; 480 by default).
+    decoder_kv_blocks_ttl: float = 480.0
 
     def __post_init__(self) -> None:
-        _float_times(self, "transfer_time", "hold_timeout")
+        _float_times(self, "transfer_time", "hold_timeout", "decoder_kv_blocks_ttl")
 
 
 @dataclass(frozen=True, slots=True)

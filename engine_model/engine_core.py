@@ -24,16 +24,25 @@ from racesim.engine_model.events.pd import (
     PdLoadFailed,
     PdNotice,
     PdNoticeUnknown,
+    PdPull,
+    PdPushFailed,
+    PdPushRegister,
+    PdPushWrite,
     PdRead,
     PdReadFailed,
 )
 from racesim.engine_model.kv_cache import KVCacheManager
 from racesim.engine_model.kv_connector import ConnectorScheduler
+from racesim.engine_model.kv_mooncake import MooncakeSender, pull_result
+from racesim.engine_model.kv_push import PushMatch, PushMatcher
 from racesim.engine_model.messages import (
     AbortMessage,
     EngineCoreRequest,
     KVDoneNotice,
     KVHeartbeat,
+    KVPullRequest,
+    KVPullResult,
+    KVPushRegistration,
     Token,
     UtilityMessage,
 )
@@ -56,7 +65,8 @@ class EngineCore(EngineShell):
 
     def __init__(self, world: World, index: int, name: str, config: EngineConfig,
                  policy: LifecyclePolicy, profile: VllmProfile, *,
-                 hold_timeout: float | None = None, transfer_time: float = 0.0) -> None:
+                 hold_timeout: float | None = None, transfer_time: float = 0.0,
+                 kv_connector: str = "nixl-pull") -> None:
         super().__init__(world, index, name, config, profile)
         self.policy = policy
         self.kv = KVCacheManager(world, f"{name}.kv", config.num_blocks, config.block_size,
@@ -68,6 +78,16 @@ class EngineCore(EngineShell):
                                                 hold_timeout, self._start_kv_read, profile,
                                                 self._send_heartbeat)
             self.scheduler.connector = self.connector
+            if kv_connector == "nixl-push":
+                self.connector.push = PushMatcher(self._start_push)
+            elif kv_connector == "mooncake":
+                self.connector.use_mooncake(None if index else MooncakeSender(
+                    world, f"{name}.connector", hold_timeout, transfer_time,
+                    lambda: self.dead is not None, self._send_pull_result, self._wake_loop))
+        #: NIXL push mode: D registers its blocks with P, and P writes into them;
+        #: Mooncake: D asks P for the transfer_id's KV, and P writes into D's blocks.
+        self.push_mode = kv_connector == "nixl-push"
+        self.mooncake_mode = kv_connector == "mooncake"
         self.transfer_time = transfer_time
         self.outputs = EngineOutputs(world, index, f"{name}.core")
         self.output_channels = self.outputs.channels
@@ -76,7 +96,7 @@ class EngineCore(EngineShell):
 
     # -- sockets --------------------------------------------------------------------------------
 
-    def deliver_kv_notice(self, notice: KVDoneNotice | KVHeartbeat) -> None:
+    def deliver_kv_notice(self, notice: KVDoneNotice | KVHeartbeat | KVPullRequest) -> None:
         """Prefill side: the decode side's transfer-done notice or heartbeat (NIXL side
         channel)."""
         if self.dead is not None or self.connector is None:
@@ -84,6 +104,14 @@ class EngineCore(EngineShell):
         if isinstance(notice, KVHeartbeat):
             self.world.emit(self.c_core, None, 0, PdHeartbeat(list(notice.request_ids)))
             self.connector.extend_lease(notice.request_ids)
+            return
+        if isinstance(notice, KVPushRegistration):
+            if self.connector.push is not None:
+                self.connector.push.add_registration(notice)
+            return
+        if isinstance(notice, KVPullRequest):
+            if self.connector.mooncake is not None:
+                self.connector.mooncake.pull(notice)
             return
         rid = notice.request_id
         if not self.connector.recognizes(rid, self.scheduler.requests.get(rid)):
@@ -244,6 +272,12 @@ class EngineCore(EngineShell):
 
     def _kv_read(self, request: Request) -> Generator[simpy.Event, Any, None]:
         world = self.world
+        if self.push_mode:
+            self._push_register(request)
+            return
+        if self.mooncake_mode:
+            self._mooncake_pull(request)
+            return
         params = request.kv_transfer_params
         assert params is not None
         ev = world.sleep("pd.kv:read", self.transfer_time, f"{self.name}.connector")
@@ -276,3 +310,96 @@ class EngineCore(EngineShell):
         channel = self.notify_channels.get(engine)
         if channel is not None:
             channel.send(KVHeartbeat(tuple(remote_ids)), remote_ids)
+
+    # -- P/D, NIXL push mode --------------------------------------------------------------------
+
+    def _push_register(self, request: Request) -> None:
+        """D: register the blocks just allocated for ``request`` with P (a PUSH_REG keyed by
+        D's own ID, push_scheduler.py:177-189); the load completes when P's WRITE notifies."""
+        params = request.kv_transfer_params
+        assert params is not None
+        blocks = self.kv.get_block_ids(request.request_id)
+        self.world.emit(f"{self.name}.connector", request.request_id, request.inc,
+                        PdPushRegister(params.remote_engine, list(blocks)))
+        channel = self.notify_channels.get(params.remote_engine)
+        if channel is not None:
+            channel.send(KVPushRegistration(request.request_id, self.index, tuple(blocks),
+                                            request.inc), [request.request_id])
+
+    def _mooncake_pull(self, request: Request) -> None:
+        """D: ask P's sender for the transfer_id's KV into the blocks just allocated
+        (``_reqs_need_recv`` -> ``receive_kv``, mooncake_connector.py:1110-1124, 2622-2654)."""
+        params = request.kv_transfer_params
+        assert params is not None
+        rid = request.request_id
+        blocks = tuple(self.kv.get_block_ids(rid))
+        self.world.emit(f"{self.name}.connector", rid, request.inc,
+                        PdPull(params.remote_engine, params.transfer_id, list(blocks)))
+        channel = self.notify_channels.get(params.remote_engine)
+        if channel is not None:
+            channel.send(KVPullRequest(rid, params.transfer_id, self.index, blocks,
+                                       request.inc), [rid])
+
+    def _send_pull_result(self, msg: KVPullRequest, ok: bool) -> None:
+        channel = self.push_channels.get(msg.engine)
+        if channel is not None:
+            channel.send(pull_result(msg, ok), [msg.request_id], remote_inc=msg.inc)
+
+    def _start_push(self, match: PushMatch) -> None:
+        self.world.env.process(self._push_write(match))
+
+    def _push_write(self, match: PushMatch) -> Generator[simpy.Event, Any, None]:
+        """P: WRITE the matched request's blocks into D's registered blocks; the WRITE's
+        notification names D's request (push_worker.py:681, 740). P's hold ends when the WRITE
+        is done, unless its lease ran out first (push_worker.py:820-837)."""
+        world = self.world
+        component = f"{self.name}.connector"
+        reg = match.registration
+        if len(reg.blocks) > len(match.blocks):
+            # base_worker.py:3791 asserts D's count <= P's; the writer thread's handler logs
+            # the AssertionError and carries on (push_worker.py:305-306): both entries were
+            # popped, so this pair is never written.
+            world.emit(component, match.request_id, match.inc,
+                       PdPushFailed(len(match.blocks), reg.request_id, len(reg.blocks), reg.inc))
+            return
+        # A partial prefix hit on D: only P's last len(D's) blocks are written (:3787-3793).
+        blocks = match.blocks[len(match.blocks) - len(reg.blocks):]
+        ev = world.sleep("pd.kv:push", self.transfer_time, component)
+        if ev is not None:
+            yield ev
+        if self.dead is not None:
+            return
+        world.emit(component, match.request_id, match.inc,
+                   PdPushWrite(list(blocks), reg.engine, reg.request_id, list(reg.blocks),
+                               reg.inc, match.how))
+        connector = self.connector
+        assert connector is not None
+        if connector.reqs_need_send.pop(match.request_id, None) is not None:
+            connector.done_sending[match.request_id] = "pushed"
+            self._wake_loop()
+        channel = self.push_channels.get(reg.engine)
+        if channel is not None:
+            channel.send(KVDoneNotice(reg.request_id, reg.inc), [reg.request_id],
+                         remote_inc=reg.inc)
+
+    def deliver_push_done(self, notice: KVDoneNotice | KVHeartbeat | KVPullResult) -> None:
+        """D: P's WRITE into ``notice.request_id``'s blocks completed; an unknown ID is
+        logged and dropped (push_worker.py:785-793). With Mooncake, a failed pull is a failed
+        load (``_handle_failed_recv``, mooncake_connector.py:2498-2541)."""
+        if self.dead is not None or self.connector is None or isinstance(notice, KVHeartbeat):
+            return
+        if isinstance(notice, KVPullResult):
+            req = self.scheduler.requests.get(notice.request_id)
+            if not notice.ok and req is not None:
+                self.world.emit(f"{self.name}.connector", notice.request_id, notice.inc,
+                                PdReadFailed(""))
+                self.connector.failed_recving[notice.request_id] = None
+            notice = KVDoneNotice(notice.request_id, notice.inc)
+        rid = notice.request_id
+        req = self.scheduler.requests.get(rid)
+        if req is None or req.status not in (RequestStatus.WAITING_FOR_REMOTE_KVS,
+                                             RequestStatus.FINISHED_ABORTED):
+            self.world.emit(self.c_core, rid, notice.remote_inc, PdNoticeUnknown())
+            return
+        self.connector.finished_recving[rid] = None
+        self._wake_loop()

@@ -64,6 +64,8 @@ class EngineShell:
         self.output_channels: dict[int, Channel] = {}
         #: decode side: where transfer-done notices go, by remote engine index.
         self.notify_channels: dict[int, Channel] = {}
+        #: P, NIXL push mode: where a WRITE's completion notice goes, by decode engine.
+        self.push_channels: dict[int, Channel] = {}
         self.dead: str | None = None
         #: ``pause_generation`` in "abort"/"wait" mode: adds of new IDs get a retryable ERROR.
         self.reject_new_requests = False

@@ -9,7 +9,13 @@ waits in WAITING_FOR_REMOTE_KVS while the worker reads P's blocks, notifies P, t
 The hold is the vLLM profile's: a fixed timeout (480 s, #25897), or in 0.33 a lease
 (``kv_lease_duration``, 30 s, #41383) that D's scheduler renews with heartbeats every lease//6
 seconds while it waits for the blocks (nixl/base_scheduler.py:202-241, 513-518), each extending
-it to now + 2/3 lease (nixl/base_worker.py:627-631, 3380-3399).
+it to now + ``kv_lease_duration * 2 // 3`` (nixl/base_worker.py:627-631, 3380-3397): 20 s at the
+default 30 s lease.
+
+In push mode (``[pd] connector = "nixl-push"``) the holds are the same; the pairing of P's held
+blocks with D's registration is :class:`racesim.engine_model.kv_push.PushMatcher`'s. With
+``connector = "mooncake"`` P's holds and their pairing are
+:class:`racesim.engine_model.kv_mooncake.MooncakeSender`'s, and D sends no heartbeats.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from collections.abc import Callable
 
 from racesim.engine_model.events.pd import PdHold, PdRecvStart
 from racesim.engine_model.kv_cache import KVCacheManager
+from racesim.engine_model.kv_mooncake import MooncakeSender
+from racesim.engine_model.kv_push import PushMatcher
 from racesim.engine_model.messages import KVTransferParams
 from racesim.engine_model.request import Request, RequestStatus
 from racesim.engine_model.versions import VllmProfile
@@ -33,7 +41,8 @@ class ConnectorScheduler:
     __slots__ = ("world", "component", "engine_index", "kv", "hold_timeout", "reqs_need_send",
                  "finished_recving", "done_sending", "_start_read", "_lease", "_hb_interval",
                  "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat", "_handshaken",
-                 "_free_on_recv", "failed_recving", "_held_finishes")
+                 "_free_on_recv", "failed_recving", "_held_finishes", "push", "mooncake",
+                 "decoder_ttl")
 
     def __init__(self, world: World, component: str, engine_index: int, kv: KVCacheManager,
                  hold_timeout: float, start_read: Callable[[Request], None],
@@ -64,13 +73,28 @@ class ConnectorScheduler:
         self._send_heartbeat = send_heartbeat
         #: D: aborted requests whose blocks are freed when their read completes.
         self._free_on_recv: dict[str, Request] = {}
+        #: P, NIXL push mode: the writer thread's pairing of held blocks with registrations.
+        self.push: PushMatcher | None = None
+        #: P, MooncakeConnector: the sender loop's table keyed by transfer_id.
+        self.mooncake: MooncakeSender | None = None
+        #: D with bidirectional_kv_xfer: how long a finished request is kept (None: not kept).
+        self.decoder_ttl: float | None = None
+
+    def use_mooncake(self, sender: MooncakeSender | None) -> None:
+        """MooncakeConnector on this engine (``sender``: P's): no lease, no heartbeats."""
+        self._lease = False
+        self.mooncake = sender
 
     # -- prefill side ---------------------------------------------------------------------------
 
     def request_finished(self, request: Request) -> tuple[bool, KVTransferParams | None]:
+        if self.mooncake is not None:
+            return self._mooncake_finished(request, self.mooncake), None
         if not request.do_remote_decode:
             self._heartbeat.pop(request.request_id, None)
-            return False, None
+            if self.decoder_ttl is None or request.kv_transfer_params is None:
+                return False, None
+            return self._decoder_hold(request, self.decoder_ttl), None
         if request.status not in self._held_finishes:
             return False, None  # aborted (or not held here): _reqs_not_processed, free now
         blocks = self.kv.get_block_ids(request.request_id)
@@ -79,9 +103,49 @@ class ConnectorScheduler:
         expiry = self.world.now + self.hold_timeout
         self.reqs_need_send[request.request_id] = expiry
         self.world.emit(self.component, request.request_id, request.inc, PdHold(blocks, expiry))
+        if self.push is not None:
+            self.push.add_finished(request.request_id, tuple(blocks), request.inc)
         return True, KVTransferParams(do_remote_prefill=True, remote_engine=self.engine_index,
                                       remote_request_id=request.request_id,
                                       remote_block_ids=tuple(blocks), remote_inc=request.inc)
+
+    def _decoder_hold(self, request: Request, ttl: float) -> bool:
+        """D, bidirectional KV transfer (nixl/pull_scheduler.py:232-269): a request that
+        finished LENGTH_CAPPED or STOPPED keeps its blocks for a turn-2 read-back, for a plain
+        ``decoder_kv_blocks_ttl`` (no lease), or until a reader's notice names it."""
+        if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED,
+                                  RequestStatus.FINISHED_STOPPED):
+            return False
+        blocks = self.kv.get_block_ids(request.request_id)
+        if not blocks:
+            return False
+        expiry = self.world.now + ttl
+        self.reqs_need_send[request.request_id] = expiry
+        self.world.emit(self.component, request.request_id, request.inc, PdHold(blocks, expiry))
+        return True
+
+    def _mooncake_finished(self, request: Request, sender: MooncakeSender) -> bool:
+        """mooncake_connector.py:1186-1219: P holds only a LENGTH_CAPPED finish with blocks;
+        any other finish of a request with a transfer_id drops its entry ("not processed")."""
+        params = request.kv_transfer_params
+        if params is None or not params.transfer_id or not request.do_remote_decode:
+            return False
+        if request.status != RequestStatus.FINISHED_LENGTH_CAPPED:
+            sender.not_processed(params.transfer_id)
+            return False
+        blocks = self.kv.get_block_ids(request.request_id)
+        if not blocks:
+            return False
+        sender.finished_held(request.request_id, params.transfer_id, tuple(blocks), request.inc)
+        return True
+
+    def after_alloc(self, request: Request) -> None:
+        """``update_state_after_alloc`` for a request the scheduler just admitted: with
+        Mooncake, P queues its transfer_id so that its sender creates the entry
+        (mooncake_connector.py:1130-1136)."""
+        params = request.kv_transfer_params
+        if self.mooncake is not None and params is not None and params.do_remote_decode:
+            self.mooncake.after_alloc(request.request_id, params.transfer_id, request.inc)
 
     def recognizes(self, request_id: str, request: Request | None) -> bool:
         """Whether a transfer-done notice names a request this side knows.
@@ -99,7 +163,8 @@ class ConnectorScheduler:
         self.done_sending[request_id] = "notify"
 
     def extend_lease(self, request_ids: tuple[str, ...]) -> None:
-        """A heartbeat from D: each named hold now ends no sooner than now + 2/3 lease."""
+        """A heartbeat from D: each named hold now ends no sooner than now + lease * 2 // 3
+        (base_worker.py:631, 3388-3392)."""
         until = self.world.now + self._extension
         for rid in request_ids:
             expiry = self.reqs_need_send.get(rid)
@@ -107,6 +172,8 @@ class ConnectorScheduler:
                 self.reqs_need_send[rid] = until
 
     def next_expiry(self) -> float | None:
+        if self.mooncake is not None:
+            return self.mooncake.next_expiry()
         return min(self.reqs_need_send.values(), default=None)
 
     def get_finished(self) -> list[tuple[str, str]]:
@@ -117,11 +184,16 @@ class ConnectorScheduler:
             if expiry <= now:
                 del self.reqs_need_send[rid]
                 self.done_sending[rid] = "timeout"
+                if self.push is not None:
+                    self.push.evict(rid)
         for rid in list(self._free_on_recv):
             if rid in self.finished_recving:
                 del self.finished_recving[rid]
                 del self._free_on_recv[rid]
                 self.done_sending[rid] = "recv-done"
+        if self.mooncake is not None:
+            self.mooncake.expire()
+            self.done_sending.update(self.mooncake.take_finished())
         done = list(self.done_sending.items())
         self.done_sending.clear()
         return done
@@ -144,7 +216,10 @@ class ConnectorScheduler:
         return self._last_heartbeat + self._hb_interval
 
     def build_meta(self) -> None:
-        """Each schedule(): send the heartbeats that are due, throttled to one per interval."""
+        """Each schedule(): send the heartbeats that are due, throttled to one per interval;
+        with Mooncake, hand this schedule's metadata to P's sender loop."""
+        if self.mooncake is not None:
+            self.mooncake.flush()
         due, send = self.next_heartbeat(), self._send_heartbeat
         now = self.world.now
         # The loop wakes at ``due`` computed as now + (due - now), which floating point may

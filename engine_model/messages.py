@@ -20,6 +20,7 @@ from racesim.sim.points import reduce_by_fields
 
 __all__ = ["FinishReason", "Token", "KVTransferParams", "EngineCoreRequest", "AbortMessage",
            "EngineCoreOutput", "EngineCoreOutputs", "EngineDead", "KVHeartbeat", "KVDoneNotice",
+           "KVPushRegistration", "KVPullRequest", "KVPullResult",
            "UtilityMessage"]
 
 
@@ -54,6 +55,8 @@ class KVTransferParams:
     remote_request_id: str = ""
     remote_block_ids: tuple[int, ...] = ()
     remote_inc: int = 0  # ground truth: the prefill incarnation that owns the blocks
+    #: MooncakeConnector: the router-supplied key pairing P with D (mooncake_connector.py:1108)
+    transfer_id: str = ""
 
     def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
         return reduce_by_fields(self)
@@ -160,6 +163,51 @@ class KVDoneNotice:
 
     request_id: str
     remote_inc: int  # ground truth: the prefill incarnation the reader meant
+
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return reduce_by_fields(self)
+
+
+@dataclass(frozen=True, slots=True)
+class KVPushRegistration:
+    """Decode -> prefill, NIXL push mode: a PUSH_REG notification naming D's request and the
+    blocks it allocated for the prompt (vLLM 0.33 nixl/push_scheduler.py:177-189, sent by
+    push_worker.py:384-414)."""
+
+    request_id: str  # D's own (internal) request ID
+    engine: int
+    blocks: tuple[int, ...]
+    inc: int  # ground truth: the decode incarnation that registered
+
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return reduce_by_fields(self)
+
+
+@dataclass(frozen=True, slots=True)
+class KVPullRequest:
+    """Decode -> prefill, MooncakeConnector: D asks P's sender for ``transfer_id``'s KV, naming
+    its own request and the blocks to write (``req_blocks`` of a MooncakeXferMetadata, vLLM
+    0.33 mooncake_connector.py:2892-2900)."""
+
+    request_id: str  # D's own (internal) request ID
+    transfer_id: str
+    engine: int
+    blocks: tuple[int, ...]
+    inc: int  # ground truth: the decode incarnation that asks
+
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return reduce_by_fields(self)
+
+
+@dataclass(frozen=True, slots=True)
+class KVPullResult:
+    """Prefill -> decode, MooncakeConnector: P's answer for one of D's requests, ``ok`` (its
+    blocks were written) or not (``err_reqs``, or left out of a FINISH; :1673-1690, 1771-1778,
+    2478-2485)."""
+
+    request_id: str
+    ok: bool
+    inc: int
 
     def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
         return reduce_by_fields(self)

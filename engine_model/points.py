@@ -38,8 +38,13 @@ POINTS = PointCatalogue([
                "P/D proxy: between the prefill reply and the decode send"),
     AwaitPoint("pd.kv:read", "decode side reading the prefill side's KV blocks",
                natural="pd.transfer_time"),
-    AwaitPoint("pd.kv:notify", "decode -> prefill transfer-done notice in transit",
+    AwaitPoint("pd.kv:notify", "a NIXL notification in transit between decode and prefill "
+               "(transfer-done notice, heartbeat, push registration, push WRITE done; "
+               "Mooncake: D's pull request, P's answer)",
                natural="ipc.latency"),
+    AwaitPoint("pd.kv:push", "NIXL push mode and Mooncake: the prefill side writing its "
+               "blocks into the decode side's (registered, or named by its pull)",
+               natural="pd.transfer_time"),
     AwaitPoint("dp.coordinator:publish",
                "DP coordinator -> API servers: the engines' waiting/running counts the load "
                "balancer reads, published every 100 ms (XPUB socket hop)",

@@ -273,6 +273,8 @@ class Scheduler:
             resumed = req.status == RequestStatus.PREEMPTED
             req.status = RequestStatus.RUNNING
             running.append(req)
+            if connector is not None:
+                connector.after_alloc(req)  # vLLM 0.33 scheduler.py:1482 update_state_after_alloc
             if resumed:
                 out.scheduled_cached_reqs.append(req.request_id)
             else:

@@ -27,6 +27,7 @@ from racesim.engine_model.versions import (
     get_profile,
     reach_of,
     resolve_workload,
+    unverified_note,
 )
 from racesim.sim.points import Decision, DelayPlan
 from racesim.sim.trace import TraceEvent
@@ -95,6 +96,19 @@ class RunResult:
         return reach_of(profile, [*self.fixed_delays, *delays])
 
     @property
+    def unverified(self) -> str:
+        """One line when this run's verdict is unverified on its profile (P/D on 0.8), else
+        ""."""
+        pd = self.topology is not None and any(e.role == "prefill" for e in self.topology.engines)
+        return unverified_note(self.vllm, "pd" if pd else "")
+
+    def reach_text(self) -> str:
+        """The reach of a race, as run, replay and the HTML report say it."""
+        text = self.reach().describe(self.vllm)
+        note = self.unverified
+        return f"{text} ({note})" if note else text
+
+    @property
     def violated(self) -> tuple[str, ...]:
         """Names of the violated invariants, in the order they were first detected."""
         seen: dict[str, None] = {}
@@ -123,14 +137,25 @@ class System:
         proxies: list[str] = []
         if workload.topology == "pd":
             pd = workload.pd
+            push = pd.connector in ("nixl-push", "mooncake")
+            # In push mode and with Mooncake P drives the transfer (a WRITE), so P has the
+            # transfer time.
             prefill = EngineCore(world, 0, "prefill", workload.engine, policy, profile,
-                                 hold_timeout=pd.hold_timeout)
+                                 hold_timeout=pd.hold_timeout,
+                                 transfer_time=pd.transfer_time if push else 0.0,
+                                 kv_connector=pd.connector)
             decode = EngineCore(world, 1, "decode", workload.engine, policy, profile,
-                                hold_timeout=pd.hold_timeout, transfer_time=pd.transfer_time)
+                                hold_timeout=pd.hold_timeout, transfer_time=pd.transfer_time,
+                                kv_connector=pd.connector)
+            if pd.bidirectional_kv_xfer and decode.connector is not None:
+                decode.connector.decoder_ttl = pd.decoder_kv_blocks_ttl
             self.engines = [prefill, decode]
             self._roles = {"prefill": "prefill", "decode": "decode"}
             decode.notify_channels[0] = self._channel("nixl", decode.name, prefill.name,
                                                       "pd.kv:notify", prefill.deliver_kv_notice)
+            if push:
+                prefill.push_channels[1] = self._channel("nixl", prefill.name, decode.name,
+                                                         "pd.kv:notify", decode.deliver_push_done)
             n = workload.frontends
             p_fes = [self._frontend(i, f"P.frontend{i}", prefill) for i in range(n)]
             d_fes = [self._frontend(i, f"D.frontend{i}", decode) for i in range(n)]

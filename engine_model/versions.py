@@ -26,7 +26,8 @@ from racesim.engine_model.points import POINTS
 from racesim.sim.errors import InputError
 
 __all__ = ["MID_STEP_WIDTHS", "Behaviour", "VllmProfile", "PROFILES", "DEFAULT_VLLM", "WIDTHS",
-           "Reach", "get_profile", "profile_gap", "reach_of", "resolve_workload"]
+           "Reach", "get_profile", "profile_gap", "reach_of", "resolve_workload",
+           "unverified_note"]
 
 WIDTHS = ("live", "yield", "latent")
 
@@ -98,6 +99,8 @@ class VllmProfile:
     external_abort_parent: str
     widths: Mapping[str, str]
     behaviours: tuple[Behaviour, ...]
+    #: why this profile's P/D verdicts are unverified ("": they follow that release's code).
+    pd_unverified: str = ""
 
     def width(self, point: str) -> str:
         return self.widths.get(point, "live")
@@ -118,6 +121,7 @@ _WIDTHS = {
     "pd.proxy:after_prefill": "live",
     "pd.kv:read": "live",
     "pd.kv:notify": "live",
+    "pd.kv:push": "live",
     "dp.coordinator:publish": "live",
 }
 
@@ -141,7 +145,8 @@ PROFILES: dict[str, VllmProfile] = {
     "0.8": VllmProfile(
         name="0.8",
         release="vLLM 0.8 (March 2025, the code PR #15326 was written against); P/D as of "
-                "#20139/#25897, which came later but is kept so old counterexamples replay",
+                "#20139/#25897, which came later (P/D verdicts unverified on 0.8) but is kept "
+                "so old counterexamples replay",
         duplicate_add="overwrite",
         frontend_duplicate="reject",
         abort_unknown_external="as-internal",
@@ -158,6 +163,9 @@ PROFILES: dict[str, VllmProfile] = {
         fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
         external_abort_parent="drop",
+        pd_unverified="0.8.5 ships no NixlConnector (its kv_connector/v1/ holds only the LMCache "
+                      "and shared-storage connectors); this profile's P/D is the NIXL connector "
+                      "of #20139/#25897, which came later",
         widths=_WIDTHS,
         behaviours=(
             Behaviour("Scheduler.add_request overwrites requests[id] for a live ID; the old "
@@ -167,10 +175,14 @@ PROFILES: dict[str, VllmProfile] = {
             Behaviour("synchronous scheduling by default", "before #27614"),
             Behaviour("one input queue: an ABORT is applied only between steps",
                       "v1/engine/core.py before #29987"),
-            Behaviour("P/D: the prefill side holds a finished request's blocks for a fixed "
-                      "480 s timeout, only when it finished LENGTH_CAPPED (unverified for "
-                      "0.8: this is the NIXL connector of #20139 and #25897, which came later)",
-                      "nixl_connector.py, #20139 and #25897"),
+            Behaviour("P/D (unverified on 0.8): the prefill side holds a finished request's "
+                      "blocks for a fixed 480 s timeout, only when it finished LENGTH_CAPPED. "
+                      "This is the NIXL connector of #20139 and #25897, which came after 0.8: "
+                      "0.8.5 ships no NixlConnector at all (its kv_connector/v1/ has only "
+                      "lmcache_connector.py and shared_storage_connector.py), so every P/D "
+                      "verdict on this profile is unverified",
+                      "nixl_connector.py, #20139 and #25897; 0.8.5 "
+                      "distributed/kv_transfer/kv_connector/v1/"),
             Behaviour("n > 1: each child is registered and its ADD sent before the next child "
                       "is registered", "v1/engine/async_llm.py at f90d34b (add_request)"),
             _WIDTH_SOURCES,
@@ -192,7 +204,8 @@ PROFILES: dict[str, VllmProfile] = {
         free_order="lifo-uncached",
         features=frozenset({"dp", "pause", "preprocess-error", "kv-load-failure",
                             "streaming-input", "fault-tolerance", "encode-error",
-                            "api-layer"}),
+                            "api-layer", "nixl-push", "pd-proxy-http", "mooncake",
+                            "nixl-bidirectional"}),
         cancel_before_collector="nothing",
         fan_out="register-first",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED"}),
@@ -227,9 +240,35 @@ PROFILES: dict[str, VllmProfile] = {
             Behaviour("P/D: the prefill side holds blocks on a 30 s lease; the decode side's "
                       "scheduler sends heartbeats every lease//6 s from its add until the blocks "
                       "arrive (the first one per prefill engine only starts the handshake), "
-                      "each extending the lease to now + 2/3 lease",
-                      "kv_connector/v1/nixl/base_scheduler.py:82-88, 513-518; "
-                      "nixl/base_worker.py:627-631, 3352-3399 (#41383)"),
+                      "each extending the lease to now + lease * 2 // 3 (20 s at 30 s)",
+                      "kv_connector/v1/nixl/base_scheduler.py:82-88, 202-241, 513-518; "
+                      "nixl/base_worker.py:627-631, 3380-3397 (#41383)"),
+            Behaviour("P/D, NIXL push mode (pd.connector = 'nixl-push'): D registers the "
+                      "blocks it allocated under its own request ID; P pairs each held request "
+                      "with a registration by exact ID, else by the ID with its -<8 hex> suffix "
+                      "stripped, first in insertion order, then WRITEs into D's blocks; the "
+                      "WRITE's notice completes D's load (an aborted D request keeps its blocks "
+                      "until then) and ends P's hold",
+                      "kv_connector/v1/nixl/push_scheduler.py:177-205, 252-279; "
+                      "push_worker.py:274-333, 418-448, 681, 785-806, 820-843; "
+                      "nixl/utils.py:60-67"),
+            Behaviour("P/D, bidirectional KV transfer (pd.bidirectional_kv_xfer, off by "
+                      "default, pull mode only): the decode side keeps a request that finished "
+                      "LENGTH_CAPPED or STOPPED, its blocks and its Scheduler.requests entry, "
+                      "for decoder_kv_blocks_ttl (480 s), a plain timeout with no lease, unless "
+                      "a reader's notice ends it first; an abort or error frees at once",
+                      "kv_connector/v1/nixl/pull_scheduler.py:232-269; base_scheduler.py:"
+                      "176-185; push_scheduler.py:72-75"),
+            Behaviour("P/D, MooncakeConnector (pd.connector = 'mooncake'): the router sends "
+                      "both legs at once with one transfer_id; P keys its sender table by "
+                      "transfer_id (an allocation creates the entry if absent, a LENGTH_CAPPED "
+                      "finish fills and readies the existing one, any other finish pops it); D "
+                      "asks P for the transfer_id's KV and P writes the entry's blocks into D's, "
+                      "popping it after the first write; an entry expires 480 s after its "
+                      "finish, with no heartbeats; an exception in P's sender loop is never "
+                      "read and leaves its finished request held forever",
+                      "kv_connector/v1/mooncake/mooncake_connector.py:1104-1219, 1646-1770, "
+                      "2326-2353, 2690-2729"),
             Behaviour("P/D: the prefill side holds the blocks of a request that finished "
                       "LENGTH_CAPPED or STOPPED (say, EOS as its one token); an abort or "
                       "error frees them at once",
@@ -327,6 +366,13 @@ class Reach:
                 f"in vLLM {vllm}")
 
 
+def unverified_note(vllm: str, topology: str) -> str:
+    """One line saying that a verdict of a ``topology`` run on profile ``vllm`` is unverified
+    (the profile models code that release does not ship), or "" when it is not."""
+    reason = get_profile(vllm or None).pd_unverified if topology == "pd" else ""
+    return f"unverified on vLLM {vllm}: {reason}" if reason else ""
+
+
 def reach_of(profile: VllmProfile, delays: Iterable[tuple[str, float]]) -> Reach:
     """The reach of a run that took ``delays`` ((point, seconds) pairs, the scenario's fixed
     delays included): latent when any positive delay sits at a latent point."""
@@ -376,12 +422,29 @@ def profile_gap(workload: Workload) -> str | None:
         used.append(("encode-error", "request.unserializable"))
     if api or workload.frontend.abort_all_at is not None:
         used.append(("api-layer", "request.endpoint"))
+    if workload.topology == "pd":
+        if workload.pd.connector != "nixl-pull":
+            used.append((workload.pd.connector, f"pd.connector = {workload.pd.connector!r}"))
+        if workload.pd.proxy == "http":
+            used.append(("pd-proxy-http", "pd.proxy = 'http'"))
+        if workload.pd.bidirectional_kv_xfer:
+            if workload.pd.connector != "nixl-pull":
+                # push_scheduler.py:72-75 raises NotImplementedError; Mooncake has no such key
+                return (f"pd.bidirectional_kv_xfer needs pd.connector = 'nixl-pull', not "
+                        f"{workload.pd.connector!r}")
+            used.append(("nixl-bidirectional", "pd.bidirectional_kv_xfer = true"))
     for feature, key in used:
         if feature not in profile.features:
             have = [p.name for p in PROFILES.values() if feature in p.features]
+            if not have:
+                return f"{key} is not modelled yet (docs/pd-connectors.md)"
             return (f"{key} is modelled on vLLM {', '.join(have)} only, not on profile "
                     f"{profile.name!r}")
     return None
+
+
+#: VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT's default (vLLM 0.33 envs.py:268, 1904-1906).
+MOONCAKE_ABORT_REQUEST_TIMEOUT = 480.0
 
 
 def resolve_workload(workload: Workload) -> tuple[Workload, VllmProfile]:
@@ -401,5 +464,8 @@ def resolve_workload(workload: Workload) -> tuple[Workload, VllmProfile]:
         raise InputError(gap)
     pd = workload.pd
     if pd.hold_timeout is None:
-        pd = replace(pd, hold_timeout=profile.hold_timeout)
+        # Mooncake's hold is VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT, 480 s (0.33 envs.py:1904),
+        # whatever NIXL's lease is.
+        pd = replace(pd, hold_timeout=(MOONCAKE_ABORT_REQUEST_TIMEOUT
+                                       if pd.connector == "mooncake" else profile.hold_timeout))
     return replace(workload, engine=engine, pd=pd), profile

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from racesim.cli_conform import conform_cmd
 from racesim.cli_matrix import matrix_cmd
@@ -20,6 +19,7 @@ from racesim.cli_options import run_options as _run_options
 from racesim.cli_options import strict_option as _strict
 from racesim.cli_options import vllm_option as _vllm_option
 from racesim.cli_support import BUDGET as _BUDGET
+from racesim.cli_support import PipeAwareGroup, PipeClosed, quiet_stdout
 from racesim.cli_support import check_workers as _check_workers
 from racesim.cli_support import console as _console
 from racesim.cli_support import emit_json as _emit_json
@@ -49,7 +49,7 @@ from racesim.sim import InputError, build_info
 __all__ = ["main", "cli"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=PipeAwareGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="racesim",
                       message=f"%(prog)s %(version)s, {build_info()}")
 def cli() -> None:
@@ -263,7 +263,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
     cx_path = counterexample_path(out, scen.name, policy, strategy, seed, engine or "model")
     _output_file("--out", str(cx_path))
     _output_file("--out", str(unshrunk_path(cx_path)))
-    bar = ProgressBar(not as_json, f"{scen.name} / {policy}")
+    bar = ProgressBar(not as_json, f"{scen.name} / {policy}", time_limit=time_limit)
     try:
         res = explore(scen, policy, options=options, strategy=strategy, budget=budget,
                       time_limit=time_limit, seed=seed, workers=workers, dask=dask, skip=skip,
@@ -303,13 +303,16 @@ def bench_cmd(quick: bool, as_json: bool) -> None:
     from racesim.bench import run_bench
     from racesim.bench_render import print_bench
 
-    console = Console(stderr=True)
     if as_json:
         doc = run_bench(quick=quick)
         _emit_json(doc)
         return
-    with console.status("benchmarking") as status:
-        doc = run_bench(quick=quick, progress=lambda what: status.update(what))
+    bar = ProgressBar(True, "bench")  # a bar on a terminal, one line per phase in a log
+    try:
+        doc = run_bench(quick=quick, progress=bar.start)
+        bar.finish()
+    finally:
+        bar.close()
     print_bench(_console(), doc)
 
 
@@ -334,6 +337,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(130)
     except click.ClickException as exc:
         _fail(exc.format_message())
+    except PipeClosed:  # the reader of stdout has gone (| head): what it wanted, it has
+        quiet_stdout()
+        sys.exit(0)
     except OSError as exc:  # an output file that cannot be written after all (disk full, ...)
         _fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
     sys.exit(0)

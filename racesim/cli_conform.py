@@ -64,9 +64,21 @@ def conform_cmd(scenarios: Sequence[str], vllm: str | None, policies: Sequence[s
     out = output_dir("--out", out_dir)
     check_workers(workers, None)
     bar = ProgressBar(not as_json, "conform")
+
+    def on_cell(done: int, total: int, cell: dict[str, Any] | None) -> None:
+        if cell is None:  # a cell starts: on a terminal its bar, in a log its line when done
+            scenario, policy = divmod(done, len(cells))
+            bar.start(f"{scens[scenario].name} / {cells[policy][0]}", steps=total)
+        elif cell["model_only"]:
+            bar.finish("model only")
+        else:
+            bar.finish(f"{cell['mismatching_runs']} of {cell['runs']} runs differ"
+                       + (f", {cell['unlisted']} not in the known table"
+                          if cell["unlisted"] else ""))
+
     try:
         res = conform(scens, cells, budget=budget, strategy=strategy, seed=seed,
-                      workers=workers, skip=skip, out_dir=out, progress=bar)
+                      workers=workers, skip=skip, out_dir=out, progress=bar, on_cell=on_cell)
     finally:
         bar.close()
     doc = res.document()

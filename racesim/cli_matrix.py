@@ -24,7 +24,7 @@ from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.policies import policy_spec
 from racesim.engine_vllm.support import SUPPORTED_POLICIES
 from racesim.engines import cannot_run, why_not_run
-from racesim.matrix import run_matrix
+from racesim.matrix import cell_outcome, run_matrix
 from racesim.progress import ProgressBar
 from racesim.render import print_matrix
 from racesim.reports.verdict import exit_status
@@ -84,11 +84,14 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
             raise InputError(f"--html {html_file!r}: {why}")
     out = _output_dir("--out", out_dir)
     _check_workers(workers, dask)
-    bar = ProgressBar(not as_json, "matrix")
+    bar = ProgressBar(not as_json, "matrix", time_limit=time_limit)
 
     def on_cell(done: int, total: int, res: Any) -> None:
-        if res is None:
-            bar.relabel(f"cell {done + 1}/{total}")
+        if res is None:  # a cell starts: on a terminal its bar, in a log its line when done
+            scen, policy = divmod(done, len(pols))
+            bar.start(f"{scens[scen].name} / {pols[policy]}", steps=total)
+        else:
+            bar.finish(cell_outcome(res))
 
     try:
         result = run_matrix(scens, pols, budget=budget, seed=seed, strategy=strategy,

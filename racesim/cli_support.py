@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -16,7 +17,39 @@ from racesim.reports.verdict import ACCOUNTING, accounting_warning, verdict
 from racesim.sim import InputError
 
 __all__ = ["fail", "parse_options", "output_file", "output_dir", "warn_accounting", "BUDGET",
-           "emit_json", "console", "check_workers", "replay_note"]
+           "emit_json", "console", "check_workers", "replay_note", "PipeClosed", "PipeAwareGroup",
+           "quiet_stdout"]
+
+
+class PipeClosed(Exception):
+    """Whoever read our stdout has stopped (``racesim list | head -1``): not an error."""
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is still
+    buffered does not fail again ("Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is no file (pytest's capture, ...): nothing to flush
+        pass
+
+
+class PipeAwareGroup(click.Group):
+    """A click group that reports a closed stdout as :class:`PipeClosed`: click itself would
+    turn it into exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise PipeClosed from None
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:  # rich's own handler exits with status 1
+        raise PipeClosed
 
 
 def fail(message: str) -> NoReturn:
@@ -61,7 +94,7 @@ def emit_json(doc: Any) -> None:
 
 
 def console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+    return _Console(highlight=False, soft_wrap=False)
 
 
 def replay_note(path: str, cx: Any, result: Any, as_json: bool) -> str | None:

@@ -183,8 +183,13 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
             workers: int | None = 1, skip: Sequence[str] = (), out_dir: Path | None = None,
             progress: Progress | None = None,
             known: Callable[..., str | None] | None = None,
-            engines: tuple[str, str] = ENGINES) -> ConformResult:
+            engines: tuple[str, str] = ENGINES,
+            on_cell: Callable[[int, int, dict[str, Any] | None], None] | None = None,
+            ) -> ConformResult:
     """Compare ``budget`` schedules per (scenario, policy) on the two ``engines``.
+
+    ``on_cell(done, total, cell)`` is called as each (scenario, policy) cell starts (``cell``
+    None; ``done`` cells finished of ``total``) and when it ends (its document).
 
     ``known(scenario, policy, differences, engine_died=)`` gives a listed mismatch's cause
     (default: the table in :mod:`racesim.conform_known`)."""
@@ -211,10 +216,15 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
                          if model_only(scen, name, opts, engines) is None)
     try:
         with executor(workers, None) as ex:
+            cells = len(scenarios) * len(policies)
             for scen in scenarios:
                 for policy, options in policies:
+                    if on_cell is not None:
+                        on_cell(len(result.cells), cells, None)
                     _cell(result, scen, policy, dict(options), budget, strategy, seed, skip,
                           engines, ex, out_dir, known, progress, total)
+                    if on_cell is not None:
+                        on_cell(len(result.cells), cells, result.cells[-1])
     except KeyboardInterrupt:
         result.interrupted = True
     result.elapsed_s = time.monotonic() - started

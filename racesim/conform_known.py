@@ -1,7 +1,7 @@
 """The known differences between the model and vLLM 0.33's own code, each with its cause.
 
 This table is the one list: ``racesim conform`` exits 1 on any mismatch it does not explain,
-and the README shows it (``tests/test_readme.py`` checks the README's table is this one). An
+and docs/conform.md shows it (``tests/test_conform.py`` checks that page's table is this one). An
 entry explains a mismatch when its scenario and policy match and every difference in the
 mismatch has a key (the text before the first space, e.g. ``invariant:no-hang`` or
 ``finish_reason:client1``) that one of the entry's patterns matches (``fnmatch`` patterns).
@@ -65,7 +65,7 @@ def explain(scenario: str, policy: str, differences: Sequence[str],
 
 
 def markdown_table(known: Sequence[KnownMismatch] | None = None) -> str:
-    """The README's table of known mismatches (a single row saying none when there are none)."""
+    """docs/conform.md's table of known mismatches (one row saying none when there are none)."""
     known = KNOWN if known is None else known
     lines = ["| scenario | policy | differences | cause |", "| --- | --- | --- | --- |"]
     for e in known:

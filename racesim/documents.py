@@ -63,6 +63,7 @@ def run_document(spec: RunSpec, result: RunResult) -> dict[str, Any]:
         "violations": violation_dicts(result),
         "verdict": verdict(result.violated),
         "reach": result.reach().reach if result.violations else None,
+        "unverified": result.unverified or None,
         "requests": [r.as_dict() for r in result.requests],
     }
 

@@ -28,7 +28,7 @@ from racesim.documents import (
 )
 from racesim.engine_model import RunResult
 from racesim.engine_model.policies import policy_spec
-from racesim.engine_model.versions import get_profile, reach_of
+from racesim.engine_model.versions import get_profile, reach_of, unverified_note
 from racesim.parallel import executor, ordered_map
 from racesim.reports.verdict import verdict
 from racesim.run_summary import RunSummary
@@ -167,6 +167,8 @@ class ExploreResult:
             "coverage": self.coverage,
             "baseline_violations": list(self.baseline_violations),
             "baseline_reach": self.baseline_reach,
+            "unverified": unverified_note(self.scenario.vllm,
+                                          self.scenario.workload.topology) or None,
             "invariants": list(self.invariants),
             "verdict": verdict(self.invariants),
             "pct": self.strategy_info if self.strategy == "pct" else None,

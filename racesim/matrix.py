@@ -43,6 +43,8 @@ class MatrixResult:
         if verdict(doc["baseline_violations"]) == RACE:
             cell["reach"] = doc["baseline_reach"]  # a race with no delay at all
         cell["label"] = reach_label(doc["invariants"], cell["reach"])
+        if doc.get("unverified"):
+            cell["label"] += " (unverified)"  # P/D on 0.8: see cell["unverified"]
         return cell
 
     def document(self) -> dict[str, Any]:
@@ -56,7 +58,17 @@ class MatrixResult:
 
 _CELL_KEYS = ("scenario", "vllm", "policy", "runs", "violating_runs", "invariants", "verdict",
               "first_violation_run", "baseline_violations", "distinct_traces", "coverage",
-              "confidence", "counterexample", "interrupted", "error")
+              "confidence", "counterexample", "interrupted", "error", "unverified")
+
+
+def cell_outcome(res: ExploreResult) -> str:
+    """One cell's verdict in a few words, for a progress line: "live race (engine-alive)"."""
+    if res.error:
+        return f"error: {res.error}"
+    cell = MatrixResult._cell(res.document())
+    invariants = f" ({', '.join(cell['invariants'])})" if cell["invariants"] else ""
+    return (f"{cell['label']}{invariants}, {res.runs} runs"
+            + (" (interrupted)" if res.interrupted else ""))
 
 
 def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget: int,

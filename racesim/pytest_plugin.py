@@ -14,12 +14,14 @@ It adds, in a ``racesim`` option group:
 
 - ``--racesim-seed N``: the seed of every run the fixture makes without ``seed=`` (default 0,
   so runs are the same on every machine); shown in the pytest header.
-- ``--racesim-report DIR``: for every failing simulated run made through the fixture, write
-  ``DIR/<test>__<scenario>__<policy>-<hash>.json`` (a counterexample that ``racesim replay``
-  reproduces anywhere) and the HTML run report beside it (``.html``; when the reports package
-  cannot render one, the run's JSON document, ``.run.json``). A later failing run of the same
-  test, scenario and policy overwrites the files: under hypothesis that leaves the shrunk
-  example, which hypothesis runs last.
+- ``--racesim-report DIR``: when a test fails, for every violating simulated run it made
+  through the fixture, write ``DIR/<test>__<scenario>__<policy>-<hash>.json`` (a
+  counterexample that ``racesim replay`` reproduces anywhere) and the HTML run report beside
+  it (``.html``; when the reports package cannot render one, the run's JSON document,
+  ``.run.json``). Of several failing runs of the same test, scenario and policy the last
+  one's files stay: under hypothesis that is the shrunk example, which hypothesis runs last.
+  A test that passes writes nothing, even when it expected a ``RaceFound``
+  (``pytest.raises``) or looked at a violating ``run``.
 
 and the ``racesim`` fixture (:class:`RaceSim`), the ``racesim_policies`` marker and its
 ``racesim_policy`` argument. Using the fixture inside ``@given`` needs
@@ -51,6 +53,8 @@ MARKER: Final = "racesim_policies"
 POLICY_ARG: Final = "racesim_policy"
 _SEED = pytest.StashKey[int]()
 _REPORT_DIR = pytest.StashKey["Path | None"]()
+#: the test's fixture object, for writing its reports once the test is known to have failed
+_FIXTURE = pytest.StashKey["RaceSim"]()
 _MAX_LISTED = 10
 
 #: A delay given to :meth:`RaceSim.run`: a ``racesim.sim.Decision`` (say, from
@@ -140,8 +144,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def racesim(request: pytest.FixtureRequest) -> RaceSim:
     """Run racesim scenarios from a test: ``racesim.run(...)`` and ``racesim.check(...)``."""
     config = request.config
-    return RaceSim(seed=config.stash.get(_SEED, 0), report_dir=config.stash.get(_REPORT_DIR, None),
-                   test=request.node.nodeid)
+    sim = RaceSim(seed=config.stash.get(_SEED, 0), report_dir=config.stash.get(_REPORT_DIR, None),
+                  test=request.node.nodeid)
+    request.node.stash[_FIXTURE] = sim
+    return sim
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test's violating runs get their ``--racesim-report`` files (only then: a run
+    that violates in a test that passes, e.g. under ``pytest.raises``, is what it expected)."""
+    outcome = yield
+    report = outcome.get_result()
+    sim = item.stash.get(_FIXTURE, None)
+    if sim is not None and report.when == "call" and report.failed:
+        sim._write_pending()
 
 
 @pytest.fixture
@@ -161,7 +178,7 @@ class RaceSim:
     same trace (hash) anywhere. ``seed`` defaults to the session's ``--racesim-seed``.
     """
 
-    __slots__ = ("_seed", "_report_dir", "_test", "_runs", "_reports")
+    __slots__ = ("_seed", "_report_dir", "_test", "_runs", "_reports", "_pending")
 
     def __init__(self, *, seed: int, report_dir: Path | None, test: str) -> None:
         self._seed = seed
@@ -169,6 +186,8 @@ class RaceSim:
         self._test = test
         self._runs: list[RunResult] = []
         self._reports: list[Path] = []
+        #: each report stem's latest violating run, written if the test fails
+        self._pending: dict[str, tuple[RunSpec, str | None, RunResult]] = {}
 
     @property
     def seed(self) -> int:
@@ -182,7 +201,7 @@ class RaceSim:
 
     @property
     def reports(self) -> tuple[Path, ...]:
-        """The files written to ``--racesim-report`` so far."""
+        """The files written to ``--racesim-report`` (once the test failed)."""
         return tuple(self._reports)
 
     def run(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id", *,
@@ -233,7 +252,7 @@ class RaceSim:
         if not result.violations:
             return result, ""
         if self._report_dir is not None:
-            self._write_report(spec, replay_name, result)
+            self._pending[self._stem(spec)] = (spec, replay_name, result)
         return result, self._explain(spec, replay_name, result)
 
     # -- failures -----------------------------------------------------------------------------
@@ -266,22 +285,44 @@ class RaceSim:
         return None
 
     def _explain(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> str:
+        from racesim.reports.model import reader_numbers, relabel_incs
+
+        numbers = reader_numbers(result.trace)  # incarnations 1, 2, 3 as the reports show them
         n = len(result.violations)
         lines = [f"racesim: {spec.scenario.name!r} under {spec.policy} (seed {result.seed}) "
                  f"violated {len(result.violated)} invariant(s): {', '.join(result.violated)}"]
         for v in result.violations[:_MAX_LISTED]:
             lines.append(f"  {v.invariant} at t={v.time:.4f}"
                          + (f" [{v.request}]" if v.request is not None else "")
-                         + f": {v.detail}")
+                         + f": {relabel_incs(v.detail, numbers)}")
         if n > _MAX_LISTED:
             lines.append(f"  ... and {n - _MAX_LISTED} more")
         command = self._command(spec, replay_name, result)
-        lines.append(f"replay: {command}" if command else
-                     "replay: pass --racesim-report DIR for a counterexample file that "
-                     "`racesim replay` reproduces (this scenario has no file of its own)")
         if self._report_dir is not None:
+            lines.append(f"replay: {command}")
             lines.append(f"report: {self._report_dir / self._stem(spec)}.html")
+        elif command:
+            lines.append(f"replay: {command}")
+        else:  # a scenario with no file (drawn by hypothesis, built in code): its TOML
+            from racesim.documents import safe_file_name
+            from racesim.runner import run_command
+            from racesim.scenarios import scenario_to_toml
+
+            path = f"{safe_file_name(spec.scenario.name)}.toml"
+            lines.append(f"replay: save the scenario TOML below as {path}, then: "
+                         + run_command(path, spec.policy, spec.option_dict, result.seed,
+                                       result.schedule, spec.skip, vllm=result.vllm))
+            lines.append("scenario TOML:\n" + scenario_to_toml(spec.scenario).rstrip())
         return "\n".join(lines)
+
+    def _write_pending(self) -> None:
+        pending, self._pending = list(self._pending.values()), {}
+        for spec, replay_name, result in pending:
+            try:
+                self._write_report(spec, replay_name, result)
+            except OSError as exc:  # a report must never hide the test's verdict
+                warnings.warn(RaceSimReportWarning(
+                    f"racesim: no report for {self._test} ({exc})"), stacklevel=2)
 
     def _write_report(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> None:
         from racesim.documents import run_document, write_counterexample

@@ -86,8 +86,10 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
     console.print(f"trace hash {result.trace_hash}")
     if verdict(result.violated) == RACE:
         reach = result.reach()
-        console.print(Text(reach.describe(result.vllm),
+        console.print(Text(result.reach_text(),
                            style="bold red" if reach.reach == "live" else "bold yellow"))
+    elif result.unverified:
+        console.print(Text(result.unverified, style="yellow"))
     if result.schedule:
         console.print("schedule: " + ", ".join(
             f"{d.point}#{d.occurrence}={d.delay:g}s" for d in result.schedule))
@@ -208,36 +210,55 @@ _CELL_STYLE = {RACE: "red", ACCOUNTING: "yellow"}
 
 
 def print_matrix(console: Console, doc: dict[str, Any]) -> None:
-    """One row per cell under its scenario, invariants one per line: readable at 80 columns."""
+    """One line per cell under its scenario, readable at 80 columns: every name stays whole,
+    and the invariants wrap between names (a table column as wide as the longest scenario
+    name would leave the invariants a few characters, cut inside names)."""
     cells = {(c["scenario"], c["policy"]): c for c in doc["cells"]}
-    t = Table(title="policy x scenario", title_justify="left")
-    t.add_column("scenario / policy", no_wrap=True)
-    t.add_column("verdict", no_wrap=True)
-    t.add_column("violating/runs", no_wrap=True, justify="right")
-    t.add_column("invariants violated", overflow="fold")
+    rows: dict[str, list[tuple[Text, Text, str, Text]]] = {}
     for s in doc["scenarios"]:
-        t.add_row(Text(printable(s), style="bold"), "", "", "")
+        rows[s] = []
         for p in doc["policies"]:
             c = cells.get((s, p))
+            name = Text("  " + printable(p))
             if c is None:
-                t.add_row(Text("  " + printable(p)), Text("not run", style="dim"), "", "")
-                continue
-            if c.get("error"):
-                t.add_row(Text("  " + printable(p)), Text("error", style="bold red"), "",
-                          Text(printable(c["error"])))
-                continue
-            v = verdict(c["invariants"])
-            t.add_row(Text("  " + printable(p)),
-                      Text(c.get("label") or v,
-                           style="magenta" if c.get("label") == "latent hazard"
-                           else _CELL_STYLE.get(v, "green")),
-                      f"{c['violating_runs']}/{c['runs']}", "\n".join(c["invariants"]))
-        if s != doc["scenarios"][-1]:
-            t.add_section()
-    console.print(t)
+                rows[s].append((name, Text("not run", style="dim"), "", Text("")))
+            elif c.get("error"):
+                rows[s].append((name, Text("error", style="bold red"), "",
+                                Text(printable(c["error"]))))
+            else:
+                v = verdict(c["invariants"])
+                style = ("magenta" if (c.get("label") or "").startswith("latent hazard")
+                         else _CELL_STYLE.get(v, "green"))
+                rows[s].append((name, Text(c.get("label") or v, style=style),
+                                f"{c['violating_runs']}/{c['runs']}",
+                                Text(", ".join(c["invariants"]))))
+    every = [r for rs in rows.values() for r in rs]
+    widths = [max([len("  policy"), *(len(r[0]) for r in every)]),
+              max([len("verdict"), *(len(r[1]) for r in every)]),
+              max([len("violating/runs"), *(len(r[2]) for r in every)])]
+
+    def table(header: bool) -> Table:
+        t = Table(box=None, show_header=header, header_style="bold", pad_edge=False,
+                  padding=(0, 2, 0, 0))
+        for title, width in zip(("  policy", "verdict", "violating/runs"), widths, strict=True):
+            t.add_column(title, width=width, no_wrap=True,
+                         justify="right" if title.startswith("violating") else "left")
+        t.add_column("invariants violated", ratio=1, overflow="fold")
+        return t
+
+    console.print(table(True))  # the header once; each scenario's name heads its own rows
+    for s in doc["scenarios"]:
+        console.print(Text(printable(s), style="bold"))
+        t = table(False)
+        for row in rows[s]:
+            t.add_row(*row)
+        console.print(t)
     params = doc.get("parameters") or {}
     if params:
         console.print(Text(printable(", ".join(f"{k} {v}" for k, v in params.items()
                                                if v not in (None, [])))), style="dim")
     console.print("race: a safety or liveness invariant broke; accounting: only metrics-exact "
                   "(a stats gap vLLM still has); safe: nothing broke.", style="dim")
+    notes = dict.fromkeys(c["unverified"] for c in doc["cells"] if c.get("unverified"))
+    for note in notes:
+        console.print(Text(f"(unverified): {note}", style="yellow"))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from urllib.parse import quote
 
 from racesim.documents import safe_file_name
 from racesim.matrix import MatrixResult
@@ -37,21 +39,28 @@ def write_matrix_reports(path: Path, doc: dict[str, object], result: MatrixResul
     """``path`` gets the matrix; ``<stem>-cells/<scenario>__<policy>.html`` each failing cell.
     Returns the cell folder (which exists only when a cell failed)."""
     from racesim.reports import write_matrix_report, write_run_report
+    from racesim.reports.html import cell_anchor
 
     cell_dir = cells_dir(path)
     links: dict[tuple[str, str], str] = {}
+    files: dict[tuple[str, str], str] = {}
     for cell in result.cells:
         cx, run = cell.counterexample, cell.final_run
+        key = (cell.scenario.name, cell.policy)
+        if cell.counterexample_path:  # relative to the report, wherever the two are
+            files[key] = quote(Path(os.path.relpath(Path(cell.counterexample_path).resolve(),
+                                                    path.resolve().parent)).as_posix())
         if cx is None or run is None:
             continue
         name = safe_file_name(f"{cell.scenario.name}__{cell.policy}") + ".html"
         command = replay_command(cell.counterexample_path or "")
+        back = f"../{path.name}#{cell_anchor(*key)}"
         write_run_report(cell_dir / name, cx.scenario, cell.policy, dict(cx.options), run,
-                         command)
-        links[(cell.scenario.name, cell.policy)] = f"{cell_dir.name}/{name}"
+                         command, back=back)
+        links[key] = f"{cell_dir.name}/{name}"
     if links:
         (cell_dir / MARKER).write_text("racesim matrix --html writes its failing cells' reports "
                                        "here, and replaces them on the next run\n",
                                        encoding="utf-8")
-    write_matrix_report(path, doc, links)
+    write_matrix_report(path, doc, links, files)
     return cell_dir

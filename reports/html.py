@@ -7,6 +7,7 @@ input) reach the page, SVG text included, only as escaped text.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,13 @@ from racesim.engine_model.policies import POLICIES
 from racesim.engine_model.system import RunResult
 from racesim.reports._io import write_text
 from racesim.reports.commands import replay_command
-from racesim.reports.model import TraceModel, topology_of
+from racesim.reports.model import TraceModel, reader_numbers, relabel_incs, topology_of
 from racesim.reports.overview import build_overview
 from racesim.reports.swimlane import (
     ARROW_COLOURS,
+    LINE_H,
     VIOLATION_RED,
     build_diagrams,
-    clip,
     race_span,
 )
 from racesim.reports.text import printable
@@ -52,7 +53,8 @@ def environment() -> Environment:
         _env = Environment(loader=PackageLoader("racesim.reports"), autoescape=True,
                            undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                            keep_trailing_newline=True, finalize=_finalize)
-        _env.globals.update(CSP=CSP, ARROW_COLOURS=ARROW_COLOURS, RED=VIOLATION_RED)
+        _env.globals.update(CSP=CSP, ARROW_COLOURS=ARROW_COLOURS, RED=VIOLATION_RED,
+                            LINE_H=LINE_H)
         _env.filters["secs"] = _secs
         _env.filters["num"] = _num
     return _env
@@ -107,7 +109,7 @@ def _log_pages(result: RunResult, model: TraceModel, keep: set[int],
         rows = [{"seq": e.seq, "time": e.time, "component": e.component, "kind": e.kind,
                  "request": e.request, "inc": model.number(e.inc) if e.inc else 0,
                  "colour": model.colour_of(model.incs_of(e)),
-                 "text": clip(model.relabel(describe(e)), 240),
+                 "text": model.relabel(describe(e)),  # the log's cell wraps it
                  "violations": viol.get(e.seq, [])} for e in chunk]
         pages.append({"first": chunk[0].seq, "last": chunk[-1].seq, "rows": rows,
                       "open": False})
@@ -126,10 +128,27 @@ def _policy_summary(policy: str) -> str:
     return (f"({cls.name}) " if cls.name != policy else "") + cls.summary
 
 
+def _caption(model: TraceModel, event: Any) -> str:
+    """An event as its diagram row reads: "X #1: ◆ await point ..."."""
+    incs = model.incs_of(event)
+    label = ", ".join(model.incarnations[i].label for i in incs[:2] if i in model.incarnations)
+    mark = "◆ " if event.kind == "delay" else ""
+    return (f"{label}: " if label else "") + mark + model.relabel(describe(event))
+
+
+def _row_anchor(diagrams: Sequence[Any], seq: int, prefix: str = "d") -> str:
+    """Where event ``seq`` is shown: its diagram row (the first page that has it), else its
+    row of the event log."""
+    for n, d in enumerate(diagrams, 1):
+        if seq in d.seqs:
+            return f"{prefix}{n}-e{seq}"
+    return f"log-e{seq}"
+
+
 def _opener_text(model: TraceModel, opener: Any) -> str:
     if opener is None:
         return ""
-    text = model.relabel(describe(opener))
+    text = _caption(model, opener)
     owner = model.delay_owner.get(opener.seq)
     if owner is not None:
         incs = ", ".join(model.incarnations[i].label for i in owner[1] if i in model.incarnations)
@@ -175,12 +194,14 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
         "command": command, "violated": [(n, INVARIANTS.get(n, "")) for n in result.violated],
         "violations": violations, "first": first, "verdict": verdict(result.violated),
         "vllm": result.vllm, "engine": result.engine,
-        "reach": (result.reach().describe(result.vllm)
-                  if verdict(result.violated) == RACE else ""),
+        "reach": (result.reach_text() if verdict(result.violated) == RACE
+                  else result.unverified),
         "policy_summary": _policy_summary(policy),
         "first_what": violations[result.violations.index(first)]["what"] if first else "",
         "first_detail": model.relabel(first.detail) if first else "",
         "opener": opener, "opener_text": _opener_text(model, opener),
+        "opener_anchor": _row_anchor(diagrams, opener.seq) if opener is not None else "",
+        "first_anchor": _row_anchor(diagrams, first.event) if first is not None else "",
         "diagrams": diagrams, "overview": (build_overview(model, result.violations,
                                                           result.sim_time, diagrams, race)
                                            if result.trace else None),
@@ -190,16 +211,25 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
 
 
 def render_run_report(scenario: Any, policy: str, options: Mapping[str, str],
-                      result: RunResult, command: str, *, title: str | None = None) -> str:
-    """The HTML race report of one run (``racesim run/replay --html``)."""
+                      result: RunResult, command: str, *, title: str | None = None,
+                      back: str | None = None) -> str:
+    """The HTML race report of one run (``racesim run/replay --html``); ``back`` links the
+    page it was reached from (a matrix cell)."""
     ctx = _run_context(scenario, policy, options, result, command)
+    ctx["back"] = _safe_href(back)
     return environment().get_template("run.j2").render(
         title=title or f"{scenario.name} under {policy}", run=ctx)
 
 
 def write_run_report(path: Path, scenario: Any, policy: str, options: Mapping[str, str],
-                     result: RunResult, command: str) -> Path:
-    return write_text(path, render_run_report(scenario, policy, options, result, command))
+                     result: RunResult, command: str, *, back: str | None = None) -> Path:
+    return write_text(path, render_run_report(scenario, policy, options, result, command,
+                                              back=back))
+
+
+def cell_anchor(scenario: str, policy: str) -> str:
+    """The id of a matrix cell, for links to it (letters, digits, ``_.-`` only)."""
+    return "cell-" + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{scenario}__{policy}")
 
 
 # -- explore and matrix reports -----------------------------------------------------------------
@@ -226,6 +256,11 @@ def render_explore_report(doc: Mapping[str, Any], scenario: Any, before: RunResu
                           after: RunResult | None) -> str:
     """The HTML report of ``racesim explore``: figures, coverage, the shrunk counterexample."""
     cx = doc.get("counterexample") or None
+    if cx and after is not None:  # its violations in the numbers the swimlanes below use
+        numbers = reader_numbers(after.trace)
+        cx = {**cx, "violations": [
+            {**v, "detail": relabel_incs(str(v.get("detail", "")), numbers)}
+            if isinstance(v, Mapping) else v for v in cx.get("violations") or []]}
     replay = ""
     if cx and cx.get("path"):
         replay = replay_command(str(cx["path"]))
@@ -260,9 +295,11 @@ def _safe_href(href: str | None) -> str | None:
     return text
 
 
-def render_matrix_report(doc: Mapping[str, Any],
-                         links: Mapping[tuple[str, str], str]) -> str:
-    """The HTML policy-by-scenario table of ``racesim matrix``; failing cells link their report."""
+def render_matrix_report(doc: Mapping[str, Any], links: Mapping[tuple[str, str], str],
+                         files: Mapping[tuple[str, str], str] | None = None) -> str:
+    """The HTML policy-by-scenario table of ``racesim matrix``; failing cells link their report
+    (``links``) and their counterexample file (``files``: hrefs relative to the report)."""
+    files = files or {}
     cells = {(c["scenario"], c["policy"]): c for c in doc.get("cells", [])}
     scenarios: Sequence[str] = doc.get("scenarios") or sorted({s for s, _ in cells})
     policies: Sequence[str] = doc.get("policies") or sorted({p for _, p in cells})
@@ -277,7 +314,9 @@ def render_matrix_report(doc: Mapping[str, Any],
                 "invariants": invariants, "verdict": verdict(invariants),
                 "label": c.get("label") or verdict(invariants), "vllm": c.get("vllm"),
                 "error": c.get("error"), "safety": [i in SAFETY_INVARIANTS for i in invariants],
-                "href": _safe_href(links.get((s, p))), "cx": c.get("counterexample")})
+                "unverified": c.get("unverified"),
+                "href": _safe_href(links.get((s, p))), "cx": c.get("counterexample"),
+                "cx_href": _safe_href(files.get((s, p))), "anchor": cell_anchor(s, p)})
         table.append((s, row))
     failing = sum(1 for c in cells.values() if verdict(c.get("invariants") or []) == RACE)
     summaries = {p: POLICIES[p].summary if p in POLICIES else _policy_summary(p)
@@ -286,11 +325,14 @@ def render_matrix_report(doc: Mapping[str, Any],
     legend = [(n, m, n in SAFETY_INVARIANTS) for n, m in INVARIANTS.items() if n in seen]
     ctx = {"title": "racesim matrix", "policies": policies, "table": table,
            "failing": failing, "total": len(cells), "doc": doc, "summaries": summaries,
-           "parameters": dict(doc.get("parameters") or {}), "legend": legend}
+           "parameters": dict(doc.get("parameters") or {}), "legend": legend,
+           "notes": list(dict.fromkeys(c["unverified"] for c in cells.values()
+                                       if c.get("unverified")))}
     return environment().get_template("matrix.j2").render(ctx)
 
 
 def write_matrix_report(path: Path, doc: Mapping[str, Any],
-                        links: Mapping[tuple[str, str], str]) -> Path:
-    return write_text(path, render_matrix_report(doc, links))
+                        links: Mapping[tuple[str, str], str],
+                        files: Mapping[tuple[str, str], str] | None = None) -> Path:
+    return write_text(path, render_matrix_report(doc, links, files))
 

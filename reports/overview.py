@@ -40,7 +40,12 @@ class Overview:
 
 def build_overview(model: TraceModel, violations: Sequence[Violation], sim_time: float,
                    pages: Sequence[Diagram], race: tuple[float, float] | None) -> Overview:
-    span = max(sim_time, max((e.time for e in model.events), default=0.0), 1e-9)
+    # Zoom to the activity: a run whose last request hangs ends at its horizon (pd-kv-load-
+    # failure: events up to 0.05 s, the run to 30 s), and a strip scaled to the horizon would
+    # squeeze every event into its first pixels. Later violations are ticks at the right edge.
+    last = max((e.time for e in model.events), default=0.0)
+    span = max(last * 1.04 if last > 0 else sim_time, 1e-9)
+    ends = f" (the run ends at t={sim_time:.3f}s)" if sim_time > span else ""
 
     def x_of(t: float) -> float:
         return _LEFT + min(max(t / span, 0.0), 1.0) * _PLOT_W
@@ -74,8 +79,15 @@ def build_overview(model: TraceModel, violations: Sequence[Violation], sim_time:
     marks = [(x_of(p.t_range[0]), max(x_of(p.t_range[1]), x_of(p.t_range[0]) + 3), str(n))
              for n, p in enumerate(pages, 1)]
     axis = [(x_of(span * k / 4), f"{span * k / 4:.3f}s") for k in range(5)]
-    lanes = [(f"{lane.group_title} / {lane.title}" if lane.group_title != lane.title
-              else lane.title, float(_TOP + i * _LANE_H + _LANE_H - 3))
-             for i, lane in enumerate(model.lanes)]
+    if ends:
+        axis[-1] = (axis[-1][0], axis[-1][1] + ends)
+    # Each group's name once, on its first lane ("prefill engine / input thread", then
+    # "busy loop", ...): the axis reads as a list, not the same prefix on every line.
+    lanes = []
+    for i, lane in enumerate(model.lanes):
+        first = i == 0 or model.lanes[i - 1].group_title != lane.group_title
+        label = (f"{lane.group_title} / {lane.title}"
+                 if first and lane.group_title != lane.title else lane.title)
+        lanes.append((label, float(_TOP + i * _LANE_H + _LANE_H - 3)))
     return Overview(_LEFT + _PLOT_W + 20, bottom + 34, _LEFT, _PLOT_W, lanes, cells, ticks,
                     shade, marks, axis, bottom)

@@ -23,22 +23,20 @@ from racesim.engine_model.narrate import KEY_KINDS, describe
 from racesim.reports.focus import KEY, priorities, race_span, select
 from racesim.reports.lane_layout import LaneBox, lay_out_lanes, used_lanes
 from racesim.reports.model import PALETTE, Incarnation, TraceModel
+from racesim.reports.text import clip, wrap
 from racesim.sim.trace import TraceEvent
 
-__all__ = ["Diagram", "Row", "Arrow", "Bar", "LaneBox", "build_diagrams", "race_span",
+__all__ = ["Diagram", "Row", "Arrow", "Bar", "LaneBox", "build_diagrams", "race_span", "LINE_H",
            "ARROW_COLOURS", "VIOLATION_RED", "clip"]
 
 ROW_H, GAP_H, HEAD_H, TEXT_W = 22, 20, 56, 540
+#: The height each further line of a wrapped event text adds to its row.
+LINE_H = 14
 LEFT_W = 118.0
 VIOLATION_RED = "#d62728"
 GREY = "#7a7a7a"
 #: One arrowhead marker per colour an arrow can have (index = marker id suffix).
 ARROW_COLOURS = (*PALETTE, GREY, VIOLATION_RED)
-
-
-def clip(text: str, n: int) -> str:
-    """``text`` cut to ``n`` characters with an ellipsis."""
-    return text if len(text) <= n else text[: max(n - 1, 1)] + "…"
 
 
 @dataclass(slots=True)
@@ -61,10 +59,19 @@ class Row:
     delay: bool = False
     message: bool = False
     stripe: bool = False
+    #: ``text`` wrapped: an event's long text takes more lines, never an ellipsis
+    lines: tuple[str, ...] = ()
 
     @property
     def cy(self) -> float:
-        return self.y + self.h / 2
+        """The middle of the row's first line: where its mark sits and its arrows start."""
+        return self.y + min(self.h, ROW_H) / 2
+
+
+def short_label(inc: Incarnation) -> str:
+    """An incarnation's label for a diagram row: a long request ID is shortened, its number
+    is always kept ("tenant-42/ve… #2")."""
+    return f"{clip(inc.request, 12)} #{inc.number or inc.inc}"
 
 
 @dataclass(slots=True)
@@ -158,7 +165,7 @@ class _Page:
         msg = model.messages.get(ev.seq)
         lane = msg.src if msg else model.lane_of(ev.component)
         incs = model.incs_of(ev)
-        inc_label = ", ".join(model.incarnations[i].label for i in incs[:2]
+        inc_label = ", ".join(short_label(model.incarnations[i]) for i in incs[:2]
                               if i in model.incarnations) + (" …" if len(incs) > 2 else "")
         text = model.relabel(describe(ev))
         names = tuple(self.viol.get(ev.seq, ()))
@@ -166,11 +173,11 @@ class _Page:
         channel = model.topology.channel(who) if msg is not None else None
         if channel is not None:
             who = f"{channel.src}→{channel.dst}"
-        return Row("event", y, ROW_H, ev.time, ev.time, ev.seq, self.lane_x.get(lane, LEFT_W),
-                   model.colour_of(incs), who, clip(inc_label, 16),
-                   clip(text, max(30, 84 - len(inc_label) - sum(len(x) + 2 for x in names))),
-                   f"#{ev.seq} t={ev.time:.4f}s {ev.component}: {text}", names,
-                   ev.kind == "delay", msg is not None, stripe)
+        lines = wrap(text, max(30, 84 - len(inc_label) - sum(len(x) + 2 for x in names)))
+        return Row("event", y, ROW_H + LINE_H * (len(lines) - 1), ev.time, ev.time, ev.seq,
+                   self.lane_x.get(lane, LEFT_W), model.colour_of(incs), who,
+                   inc_label, text, f"#{ev.seq} t={ev.time:.4f}s {ev.component}: {text}",
+                   names, ev.kind == "delay", msg is not None, stripe, lines)
 
     def _fold_runs(self, chosen: list[int]) -> list[int | tuple[int, int, str]]:
         """``chosen`` with steady runs (4+ alike output messages in a row) folded to one row."""
@@ -236,7 +243,7 @@ class _Page:
                 y += GAP_H
             rows.append(self._event_row(events[i], y, n % 2 == 1))
             n += 1
-            y += ROW_H
+            y += rows[-1].h
             prev = i
         hidden = events[prev + 1:]
         if self._worth_a_row(prev + 1, len(events)):

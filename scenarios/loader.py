@@ -55,6 +55,8 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
                                             "stop_string_at", "disconnect_after_tokens")},
 }
 _CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": ("client", "uuid"),
+                                        "pd.connector": ("nixl-pull", "nixl-push", "mooncake"),
+                                        "pd.proxy": ("engine-client", "http"),
                                         "engine.vllm": tuple(PROFILES),
                                         "engine.pause_mode": ("abort", "keep"),
                                         "engine.kv_load_failure_policy": ("fail", "recompute"),
@@ -96,6 +98,12 @@ class Scenario:
         return dataclasses.replace(
             self, workload=dataclasses.replace(w, engine=dataclasses.replace(w.engine,
                                                                              vllm=name)))
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """How hypothesis's falsifying examples (and IPython) show a scenario: the TOML that
+        ``racesim run FILE.toml`` reads, inside the call that parses it back."""
+        p.text(f'parse_scenario(r"""\n{scenario_to_toml(self)}""", '
+               f'{self.name + ".toml"!r})')
 
     def to_dict(self) -> dict[str, Any]:
         """The scenario as a TOML-shaped dict; ``scenario_from_dict`` reads it back equal."""

@@ -2,7 +2,8 @@
 
 ``CI=true`` loads ``ci`` (derandomized: the same examples on every run, so a red CI run is
 red again on a rerun; no example database; the failing example's blob printed). Otherwise
-``dev`` loads (fewer, random examples and the local example database, for a fast edit loop).
+``dev`` loads (fewer, random examples and the example database, kept in
+``~/.cache/racesim-tests/hypothesis`` by conftest.py, for a fast edit loop).
 ``HYPOTHESIS_PROFILE=nightly`` (or any registered name) overrides both, as does pytest's
 ``--hypothesis-profile``.
 

@@ -13,10 +13,23 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pytest
+from _cwd_guard import (  # noqa: F401  (autouse, and hooks: nothing is written into the cwd)
+    no_files_left_in_cwd,
+    pytest_sessionfinish,
+    pytest_sessionstart,
+)
+from hypothesis.configuration import set_hypothesis_home_dir
 
 import racesim.engine_model.system as system_module
 from racesim.engine_model import RunResult, System, Workload, load_policy, run_workload
 from racesim.sim import DelayPlan
+
+# hypothesis keeps its caches and the dev profile's example database in ./.hypothesis unless
+# told otherwise; the suite writes nothing into the folder pytest runs in (tests/_cwd_guard.py),
+# so they go to the user's cache folder, where the dev profile's examples still persist.
+set_hypothesis_home_dir(os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    "racesim-tests", "hypothesis"))
 
 Setup = Callable[[System], None]
 Simulate = Callable[..., tuple[RunResult, System]]

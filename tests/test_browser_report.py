@@ -239,3 +239,49 @@ def test_matrix_report_shows_parameters_legend_and_accounting_style(
     amber = sum(1 for r, g, b in sample if (r, g, b) == (0xFF, 0xF8, 0xE6))
     pink = sum(1 for r, g, b in sample if (r, g, b) == (0xFF, 0xF0, 0xF0))
     assert amber > 50 and pink > 50, "accounting-only and racing cells look alike"
+
+
+# -- issue 22: reports link to each other; long text wraps ---------------------------------------
+
+def test_matrix_and_cell_reports_link_each_other_in_the_browser(browser: str,
+                                                                 tmp_path: Path) -> None:
+    import re
+    from urllib.parse import unquote
+
+    from racesim.matrix import run_matrix
+    from racesim.report_files import write_matrix_reports
+
+    result = run_matrix([load_scenario("duplicate-in-flight")], ["buggy"], budget=3, seed=0,
+                        strategy="random", workers=1, dask=None, skip=(),
+                        out_dir=tmp_path / "out")
+    page = tmp_path / "m.html"
+    write_matrix_reports(page, result.document(), result)
+    dom = _dump_dom(browser, page, tmp_path / "profile")
+    (cell,) = [unquote(h) for h in re.findall(r'href="([^"]+\.html)"', dom)]
+    (cx,) = [unquote(h) for h in re.findall(r'href="([^"]+\.json)"', dom)]
+    assert (tmp_path / cx).is_file()
+    cell_dom = _dump_dom(browser, tmp_path / cell, tmp_path / "profile")
+    back = re.search(r'<a href="\.\./m\.html#([\w.-]+)">', cell_dom)
+    assert back and f'id="{back.group(1)}"' in dom
+    story = re.search(r"First violation at <b><a href=\"#([\w-]+)\">", cell_dom)
+    assert story and f'id="{story.group(1)}"' in cell_dom  # the row the story names
+
+
+def test_a_long_event_text_is_wrapped_not_cut(browser: str, tmp_path: Path) -> None:
+    import re
+
+    long_id = "tenant-42/" + "very-long-request-id-" * 6 + "end"
+    data = load_scenario("abort-reuse").to_dict()
+    for request in data["request"]:
+        request["id"] = long_id
+    scen = scenario_from_dict(data)
+    result = run_scenario(scen, "buggy", witness=True)
+    write_run_report(tmp_path / "long.html", scen, "buggy", {}, result, "racesim run x")
+    dom = _dump_dom(browser, tmp_path / "long.html", tmp_path / "profile")
+    svg = dom.split("<svg", 1)[1].split("</svg>", 1)[0]
+    rows = re.findall(r'<g id="d1-e\d+">(.*?)</g>', svg, re.S)
+    texts = [re.sub(r'<tspan font-weight="700"[^>]*>[^<]*</tspan>', "",  # the label may be short
+                    row.split("</title>", 1)[1]) for row in rows]
+    assert rows and not any("…" in text for text in texts)  # no event text is cut
+    assert svg.count('dy="14"') >= 2  # the long ones continue on further lines
+    assert "#1</tspan>" in svg and "#2</tspan>" in svg  # a long ID keeps its incarnation

@@ -4,6 +4,7 @@ races the bundled DP scenarios show (vLLM 0.33 DPLBAsyncMPClient, core_client.py
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -163,7 +164,7 @@ def test_the_dp_workload_strategy_can_fail_under_buggy() -> None:
 
 
 def test_the_matrix_on_08_leaves_out_the_033_only_scenarios(
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     import json
 
     from racesim.engine_model.versions import profile_gap
@@ -172,7 +173,8 @@ def test_the_matrix_on_08_leaves_out_the_033_only_scenarios(
     only_033 = [n for n in names if profile_gap(load_scenario(n).with_vllm("0.8").workload)]
     assert {"dp-stale-inflight", "pause-abort-reuse", "pd-kv-load-failure"} <= set(only_033)
     with pytest.raises(SystemExit) as exit_:
-        main(["matrix", "--vllm", "0.8", "-p", "buggy", "--budget", "1", "--json"])
+        main(["matrix", "--vllm", "0.8", "-p", "buggy", "--budget", "1", "--json",
+              "--out", str(tmp_path)])
     assert exit_.value.code == 0
     out = capsys.readouterr()
     cells = json.loads(out.out)["cells"]

@@ -146,6 +146,33 @@ def test_the_report_dir_gets_files_on_failure_only(pytester: pytest.Pytester,
         assert "<html" in html.lower() and "racesim replay" in html
 
 
+def test_a_passing_test_leaves_no_report_even_when_its_runs_violate(
+        pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """Reports are for failing tests (README: "for every failing run" of a test that fails):
+    an expected RaceFound, or a violating ``run``, in a test that passes writes nothing."""
+    pytester.makepyfile("""
+        import pytest
+
+        def test_expects_the_race(racesim):
+            with pytest.raises(AssertionError):
+                racesim.check("abort-reuse", "buggy", witness=True)
+
+        def test_looks_at_a_violating_run(racesim):
+            assert racesim.run("abort-reuse", "buggy", witness=True).violations
+            assert racesim.reports == ()
+
+        def test_fails_after_an_expected_race(racesim):
+            with pytest.raises(AssertionError):
+                racesim.check("abort-reuse", "buggy", witness=True)
+            assert False, "something else broke"
+    """)
+    reports = tmp_path / "reports"
+    result = run(pytester, "--racesim-report", str(reports))
+    result.assert_outcomes(passed=2, failed=1)
+    files = sorted(p.name for p in reports.iterdir())
+    assert files and all("test_fails_after_an_expected_race__" in name for name in files)
+
+
 def test_a_generated_scenario_under_hypothesis(pytester: pytest.Pytester, tmp_path: Path) -> None:
     """The strategies and the fixture together: the report left behind is the shrunk example."""
     pytester.makepyfile("""

@@ -132,8 +132,8 @@ def test_run_report_shades_the_race_from_the_delay_to_the_first_violation(
     _scen, result, _command, html = abort_reuse
     delay = next(e for e in result.trace if e.kind == "delay")
     first = min(v.event for v in result.violations if v.event >= 0)
-    assert f"Race window opens at <b>#{delay.seq}</b>" in html
-    assert f"First violation at <b>#{first}</b>" in html
+    assert f'Race window opens at <b><a href="#d1-e{delay.seq}">#{delay.seq}</a></b>' in html
+    assert f'First violation at <b><a href="#d1-e{first}">#{first}</a></b>' in html
     # the shaded rectangle is drawn once per page that shows the race
     assert html.count('fill="#f4a52a" fill-opacity="0.13"') == 1
 
@@ -365,7 +365,7 @@ def test_race_without_delays_opens_at_the_violating_incarnation() -> None:
     assert not result.schedule and result.violations
     html = render_run_report(scen, "buggy", {}, result, "racesim run multi-frontend -p buggy")
     second = next(e for e in result.trace if e.kind == "client.send" and e.component == "client2")
-    assert f"Race window opens at <b>#{second.seq}</b>" in html
+    assert f'Race window opens at <b><a href="#d1-e{second.seq}">#{second.seq}</a></b>' in html
     assert "race window" in html
 
 

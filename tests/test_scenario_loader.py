@@ -171,7 +171,9 @@ def test_to_dict_shape_omits_defaults() -> None:
     assert set(d) == {"name", "summary", "topology", "frontends", "horizon", "engine", "ipc",
                       "request"}
     pd = parse_scenario(BASE.replace('topology = "single"', 'topology = "pd"'), "p").to_dict()
-    assert pd["pd"] == {"transfer_time": 0.002, "hold_timeout": 480.0, "proxy_ids": "client"}
+    assert pd["pd"] == {"transfer_time": 0.002, "hold_timeout": 480.0, "proxy_ids": "client",
+                        "connector": "nixl-pull", "proxy": "engine-client",
+                        "bidirectional_kv_xfer": False, "decoder_kv_blocks_ttl": 480.0}
     assert pd["witness"] == {"frontend.abort:after_pop#2": 0.05}
     assert pd["request"][1]["n"] == 2 and pd["request"][1]["frontend"] == 1
 

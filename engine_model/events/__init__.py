@@ -104,9 +104,14 @@ from racesim.engine_model.events.frontend import (
 from racesim.engine_model.events.pd import (
     PdHeartbeat,
     PdHold,
+    PdHoldLost,
     PdLoadFailed,
     PdNotice,
     PdNoticeUnknown,
+    PdPull,
+    PdPushFailed,
+    PdPushRegister,
+    PdPushWrite,
     PdRead,
     PdReadFailed,
     PdRecvStart,
@@ -128,7 +133,8 @@ __all__ = [
     "KvHitAssert", "EngineFatalEvent", "EngineFault", "EngineResume", "IpcDropped",
     "EngineReject", "EngineUtility",
     "PdHold", "PdRelease", "PdRead", "PdReadFailed", "PdLoadFailed", "PdNotice",
-    "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart",
+    "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart", "PdPushRegister", "PdPushWrite",
+    "PdPushFailed", "PdHoldLost", "PdPull",
 ]
 
 #: Every declared kind and its record class.

@@ -16,6 +16,7 @@ __all__ = ["EngineFault", "EngineResume", "IpcDropped", "MESSAGE_NAMES", "IpcSen
 #: Message types by their vLLM names (the ``type`` of an ipc.send event).
 MESSAGE_NAMES = {"EngineCoreRequest": "ADD", "AbortMessage": "ABORT",
                  "EngineCoreOutputs": "outputs", "KVDoneNotice": "KV done",
+                 "KVPullRequest": "KV pull", "KVPullResult": "KV pulled",
                  "EngineDead": "ENGINE DEAD", "UtilityMessage": "UTILITY"}
 
 

@@ -31,6 +31,9 @@ class FeAdd(EventRecord):
         self.dp_engine = dp_engine
 
     def describe(self, ev: TraceEvent) -> str:
+        if self.tracked is False:  # the ID was held: vLLM 0.33 took this add as an update of it
+            return (f"OutputProcessor already holds request_states[{ev.request!r}]: this add "
+                    f"is taken as its streaming update and never registered")
         return f"OutputProcessor registers request_states[{ev.request!r}]"
 
 

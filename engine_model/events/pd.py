@@ -5,7 +5,8 @@ from __future__ import annotations
 from racesim.sim.trace import EventRecord, TraceEvent
 
 __all__ = ["PdHold", "PdRelease", "PdRead", "PdReadFailed", "PdLoadFailed", "PdNotice",
-           "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart"]
+           "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart", "PdPushRegister", "PdPushWrite",
+           "PdPushFailed", "PdHoldLost", "PdPull"]
 
 
 class PdHold(EventRecord):
@@ -119,3 +120,100 @@ class PdRecvStart(EventRecord):
 
     def describe(self, ev: TraceEvent) -> str:
         return f"waits for remote KV of {ev.request!r}"
+
+
+class PdPushRegister(EventRecord):
+    """pd.push_register: NIXL push mode, the decode side registers ``blocks`` of its request
+    with prefill engine ``remote_engine`` (a PUSH_REG notification keyed by D's own ID)."""
+
+    KIND = "pd.push_register"
+    KEY = True
+    __slots__ = ("remote_engine", "blocks")
+
+    def __init__(self, remote_engine: int, blocks: list[int]) -> None:
+        self.remote_engine = remote_engine
+        self.blocks = blocks
+
+    def describe(self, ev: TraceEvent) -> str:
+        return f"registers {ev.request!r}'s blocks {self.blocks} for a push"
+
+
+class PdPushWrite(EventRecord):
+    """pd.push_write: NIXL push mode (or MooncakeConnector, ``matched`` "transfer_id"), the
+    prefill side has written its request's ``blocks``
+    into ``dest_blocks`` of decode request ``dest_request`` (incarnation ``dest_inc`` there, by
+    its ground truth); ``matched`` says how the pairing was found: "exact" or "base" (the IDs
+    equal once the random suffix is stripped)."""
+
+    KIND = "pd.push_write"
+    KEY = True
+    __slots__ = ("blocks", "dest_engine", "dest_request", "dest_blocks", "dest_inc", "matched")
+
+    def __init__(self, blocks: list[int], dest_engine: int, dest_request: str,
+                 dest_blocks: list[int], dest_inc: int, matched: str) -> None:
+        self.blocks = blocks
+        self.dest_engine = dest_engine
+        self.dest_request = dest_request
+        self.dest_blocks = dest_blocks
+        self.dest_inc = dest_inc
+        self.matched = matched
+
+    def describe(self, ev: TraceEvent) -> str:
+        return (f"writes {ev.request!r}'s blocks {self.blocks} into {self.dest_request!r}'s "
+                f"blocks {self.dest_blocks} ({self.matched} match)")
+
+
+class PdPushFailed(EventRecord):
+    """pd.push_failed: NIXL push mode, the pairing of the prefill side's request with decode
+    request ``dest_request`` could not be written: D registered more blocks (``dest_blocks``)
+    than P holds (``blocks``), an assert the writer thread logs and swallows; nothing is
+    written and neither side hears of it."""
+
+    KIND = "pd.push_failed"
+    KEY = True
+    __slots__ = ("blocks", "dest_request", "dest_blocks", "dest_inc")
+
+    def __init__(self, blocks: int, dest_request: str, dest_blocks: int, dest_inc: int) -> None:
+        self.blocks = blocks
+        self.dest_request = dest_request
+        self.dest_blocks = dest_blocks
+        self.dest_inc = dest_inc
+
+    def describe(self, ev: TraceEvent) -> str:
+        return (f"cannot write {ev.request!r} ({self.blocks} blocks) into {self.dest_request!r}"
+                f" ({self.dest_blocks} blocks): the writer logs the assert and goes on")
+
+
+class PdHoldLost(EventRecord):
+    """pd.hold_lost: MooncakeConnector, the prefill side's sender loop raised (``error``) before
+    it recorded this finished request under ``transfer_id``: its blocks stay held with no
+    expiry, and no transfer will ever name it (vLLM 0.33 mooncake_connector.py:2690-2729)."""
+
+    KIND = "pd.hold_lost"
+    KEY = True
+    __slots__ = ("transfer_id", "error")
+
+    def __init__(self, transfer_id: str, error: str) -> None:
+        self.transfer_id = transfer_id
+        self.error = error
+
+    def describe(self, ev: TraceEvent) -> str:
+        return (f"loses {ev.request!r}'s hold under {self.transfer_id!r} ({self.error}): its "
+                f"blocks are never freed")
+
+
+class PdPull(EventRecord):
+    """pd.pull: MooncakeConnector, the decode side asks prefill engine ``remote_engine`` for
+    ``transfer_id``'s KV, to be written into its request's ``blocks``."""
+
+    KIND = "pd.pull"
+    KEY = True
+    __slots__ = ("remote_engine", "transfer_id", "blocks")
+
+    def __init__(self, remote_engine: int, transfer_id: str, blocks: list[int]) -> None:
+        self.remote_engine = remote_engine
+        self.transfer_id = transfer_id
+        self.blocks = blocks
+
+    def describe(self, ev: TraceEvent) -> str:
+        return f"asks for {self.transfer_id!r}'s KV into {ev.request!r}'s blocks {self.blocks}"

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import cast
 
-from racesim.engine_model.events import ClientDone, ClientOutput, ClientSend, PdRead
+from racesim.engine_model.events import (
+    ClientDone,
+    ClientOutput,
+    ClientSend,
+    PdPushWrite,
+    PdRead,
+)
 from racesim.engine_model.monitors.truth import Client, GroundTruth, Handler, Reporter
 from racesim.sim.trace import TraceEvent
 
@@ -19,7 +25,8 @@ class ClientOutputs:
         self.report = report
 
     def handlers(self) -> list[tuple[str, Handler]]:
-        return [(PdRead.KIND, self.pd_read), (ClientSend.KIND, self.client_send),
+        return [(PdRead.KIND, self.pd_read), (PdPushWrite.KIND, self.pd_push_write),
+                (ClientSend.KIND, self.client_send),
                 (ClientOutput.KIND, self.client_output), (ClientDone.KIND, self.client_done)]
 
     def pd_read(self, ev: TraceEvent) -> None:
@@ -30,6 +37,20 @@ class ClientOutputs:
         if mine is not None and theirs is not None and mine.uid != theirs.uid:
             self.report.violate("no-crosstalk", ("read", ev.inc), ev, ev.request,
                                 f"decode {truth.who(ev.inc)} reads the KV of {truth.who(want)}")
+
+    def pd_push_write(self, ev: TraceEvent) -> None:
+        """NIXL push mode: P's request ``ev.inc`` was written into decode request
+        ``dest_inc``'s blocks; they must be one client's."""
+        truth = self.truth
+        d = cast(PdPushWrite, ev.detail)
+        dest = d.dest_inc
+        how = "transfer_id" if d.matched == "transfer_id" else "push"
+        mine = truth.incs.get(dest)
+        theirs = truth.incs.get(ev.inc)
+        if mine is not None and theirs is not None and mine.uid != theirs.uid:
+            self.report.violate("no-crosstalk", ("read", dest), ev, ev.request,
+                                f"decode {truth.who(dest)} receives the KV of "
+                                f"{truth.who(ev.inc)} ({how} pairing)")
 
     def client_send(self, ev: TraceEvent) -> None:
         d = cast(ClientSend, ev.detail)

@@ -64,7 +64,7 @@ class IdLiveness:
         i = Inc(ev.inc, d.uid, d.index, ev.component, engine, ev.request or "", ev.seq)
         if d.tracked is False:  # vLLM 0.33: its ADD is sent, its frontend never knew it
             i.tracked = False
-            i.ended = "never registered (a same-ID add finished the old stream)"
+            i.ended = "never registered (taken as a streaming update of the state its ID held)"
         truth.incs[ev.inc] = i
         truth.by_id.setdefault((engine, i.rid), []).append(i)
 
