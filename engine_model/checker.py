@@ -17,6 +17,7 @@ from racesim.engine_model.invariants import (
 )
 from racesim.engine_model.monitors.client import ClientOutputs
 from racesim.engine_model.monitors.engine import EngineAlive
+from racesim.engine_model.monitors.isolation import AbortIsolation
 from racesim.engine_model.monitors.kv import KvOwnership
 from racesim.engine_model.monitors.leaks import LeakAudit
 from racesim.engine_model.monitors.liveness import IdLiveness
@@ -46,6 +47,7 @@ class Checker(TraceListener):
         self._clients = ClientOutputs(self._truth, self._report)
         self._metrics = Metrics(self._truth, self._report)
         self._alive = EngineAlive(self._truth, self._report)
+        self._isolation = AbortIsolation(self._truth, self._report)
         self._leaks = LeakAudit(self._truth, self._report)
         self._pd = PdTransfers(self._truth, self._report, self._kv)
         self._system: SystemView | None = None
@@ -56,7 +58,8 @@ class Checker(TraceListener):
         table: dict[str, list[Handler]] = {}
         for handlers in (self._liveness.handlers(), self._kv.handlers(),
                          self._clients.handlers(), self._metrics.handlers(),
-                         self._alive.handlers(), self._pd.handlers()):
+                         self._alive.handlers(), self._pd.handlers(),
+                         self._isolation.handlers()):
             for kind, handler in handlers:
                 table.setdefault(kind, []).append(handler)
         self._table: dict[str, tuple[Handler, ...]] = {k: tuple(v) for k, v in table.items()}

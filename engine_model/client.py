@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import simpy
 
+from racesim.engine_model.api_server import ApiServer
 from racesim.engine_model.config import PDConfig, RequestSpec
 from racesim.engine_model.events.client import (
     ClientAbort,
@@ -45,7 +46,7 @@ class Gateway(Protocol):
                     max_tokens: int, n: int = 1, eos_at: int | None = None,
                     stop_string_at: int | None = None,
                     kv_transfer_params: KVTransferParams | None = None, prompt: str = "",
-                    fault: str = "",
+                    fault: str = "", dp_rank: int | None = None,
                     ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]: ...
 
     def abort(self, request_id: str, internal: bool = False) -> Proc: ...
@@ -66,8 +67,10 @@ class Client:
     """One scripted request (``uid`` is its hidden identity; the system only sees ``spec.id``)."""
 
     def __init__(self, world: World, index: int, uid: int, spec: RequestSpec,
-                 gateway: Gateway) -> None:
+                 gateway: Gateway, api: ApiServer | None = None) -> None:
         self.world = world
+        #: the API layer in front of ``gateway`` when ``spec.endpoint`` names an endpoint
+        self.api = api if spec.endpoint is not None else None
         self.index = index
         self.uid = uid
         self.spec = spec
@@ -81,10 +84,15 @@ class Client:
         self._accepted = False
         #: the internal ID generate() holds once add_request returned (``q.request_id``).
         self._collector_id: str | None = None
+        #: the ID AsyncLLM was given (the endpoint's, with the API layer)
+        self._served_id = spec.id
         # The cancellable wrapper only when a cancel is scripted: it adds a generator frame
         # to every resume of the client.
+        #: the Responses API's response ID (its background task is this client's request)
+        self._response_id = ""
+        self._responses = self.api is not None and spec.endpoint == "responses"
         self._proc = world.env.process(self._run() if spec.cancel_at is not None
-                                       else self._generate())
+                                       or self._responses else self._generate())
         if spec.abort_at is not None:
             # Armed now, so that at equal times scenario order decides who acts first.
             world.env.process(self._abort_at(spec.abort_at))
@@ -95,9 +103,20 @@ class Client:
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    def _terminate(self, reason: str) -> None:
+    def _terminate(self, reason: str, cancelled: bool = False) -> None:
         self.finish_reason = reason
         self.world.emit(self.name, self.spec.id, 0, ClientDone(self.uid, reason, self.tokens))
+        if self._responses and self.api is not None and self._response_id:
+            outcome = ("cancelled" if cancelled else "failed" if reason == FinishReason.ERROR
+                       else "completed")
+            self.api.responses_done(self._response_id, self.uid, outcome)
+
+    def cancel_task(self) -> None:
+        """The Responses API cancels this client's background task (task.cancel()): its
+        generate() is cancelled, as a disconnect would (no client event: the client did not
+        ask)."""
+        if not self.done and self._proc.is_alive:
+            self._proc.interrupt("cancelled")
 
     def _run(self) -> Proc:
         try:
@@ -121,7 +140,7 @@ class Client:
         does there."""
         if self.done:
             return
-        self._terminate(FinishReason.ABORT)
+        self._terminate(FinishReason.ABORT, cancelled=True)
         if self._collector_id is not None:
             yield from self.gateway.abort(self._collector_id, internal=True)
 
@@ -139,6 +158,23 @@ class Client:
         world.emit(self.name, spec.id, 0, ClientSend(self.uid, spec.frontend, spec.n,
                                                      spec.prompt_tokens, spec.max_tokens,
                                                      spec.prompt))
+        # the ID AsyncLLM is given: the client's own, or the endpoint's (racesim.engine_model.
+        # api_server), which a bare-ID abort then misses
+        api = self.api
+        if api is not None and spec.kv_rejected:
+            # the endpoint's ErrorResponse, then the raw-ID cleanup ADD
+            yield from api.reject_kv_request(spec, self.uid)
+            self._terminate(FinishReason.ERROR)
+            return
+        if api is None:
+            request_id = spec.id
+        elif self._responses:
+            self._response_id = api.base_id(spec)
+            request_id = api.request_id(spec, self.uid, self._response_id)
+            api.responses_create(self._response_id, self)
+        else:
+            request_id = api.request_id(spec, self.uid)
+        self._served_id = request_id
         if spec.input_chunks:
             gateway = self.gateway
             assert isinstance(gateway, AsyncLLM)  # the loader allows sessions on one API server
@@ -148,12 +184,13 @@ class Client:
                 interval=spec.chunk_interval)
         else:
             result = yield from self.gateway.add_request(
-                spec.id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
+                request_id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
                 max_tokens=spec.max_tokens, n=spec.n, eos_at=spec.eos_at,
                 stop_string_at=spec.stop_string_at,
                 prompt=spec.prompt if spec.prompt is not None else f"#{self.uid}",
                 fault="preprocess" if spec.preprocess_error else
-                "kv-load" if spec.kv_load_fails else "")
+                "kv-load" if spec.kv_load_fails else
+                "encode" if spec.unserializable else "", dp_rank=spec.dp_rank)
         if isinstance(result, str):
             self._terminate(result)
             return
@@ -189,8 +226,21 @@ class Client:
             yield env.timeout(at - env.now)
         if self.done or not self._accepted:
             return
-        self.world.emit(self.name, self.spec.id, 0, ClientAbort(self.uid))
-        yield from self.gateway.abort(self.spec.id)
+        spec = self.spec
+        self.world.emit(self.name, spec.id, 0, ClientAbort(self.uid))
+        if self.api is None:
+            yield from self.gateway.abort(spec.id)
+            return
+        if self._responses:
+            # POST /v1/responses/{id}/cancel: by the response ID, which is the body's
+            # request_id (openai/responses/protocol.py:989)
+            self.api.responses_cancel(self._response_id, self.uid)
+            return
+        # a router's /abort_requests: the client names its own ID or the served one
+        name = spec.id if spec.abort_names == "bare" else self._served_id
+        yield from self.api.router_abort([name], self.uid,
+                                         "scale-out" if spec.endpoint == "generate-tokens"
+                                         else "rl")
 
 
 class Proxy:
@@ -225,7 +275,7 @@ class Proxy:
                     max_tokens: int, n: int = 1, eos_at: int | None = None,
                     stop_string_at: int | None = None,
                     kv_transfer_params: KVTransferParams | None = None, prompt: str = "",
-                    fault: str = "",
+                    fault: str = "", dp_rank: int | None = None,
                     ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]:
         collector = RequestOutputCollector(self.world.env, request_id)
         self.world.env.process(self._run(collector, request_id, client_uid, prompt_tokens,

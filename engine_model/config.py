@@ -59,9 +59,20 @@ class EngineConfig:
     #: NIXL ``kv_load_failure_policy`` on the decode side: "fail" (vLLM's default) or
     #: "recompute". Only read when a request's remote KV read fails.
     kv_load_failure_policy: str | None = None
+    #: ``enable_fault_tolerance`` (vLLM 0.33 config/parallel.py:466, off by default): an
+    #: exception in the busy loop aborts every request and waits for a retry instead of
+    #: killing the engine (v1/fault_tolerance/engine_core_sentinel.py:207-231).
+    fault_tolerance: bool | None = None
+    #: seconds after a fault when the operator's retry instruction arrives (None: never;
+    #: the engine dies when ``engine_recovery_timeout_sec``, 120 s, ends).
+    ft_retry_after: float | None = None
+    #: the engine core starts listening at this time: an ADD sent to it before then is
+    #: dropped by the API server's ROUTER socket (no ROUTER_MANDATORY; None: from the start).
+    connect_at: float | None = None
 
     def __post_init__(self) -> None:
-        _float_times(self, "step_time", "preprocess_time", "pause_at", "resume_at")
+        _float_times(self, "step_time", "preprocess_time", "pause_at", "resume_at",
+                     "ft_retry_after", "connect_at")
 
     @property
     def dp_size(self) -> int:
@@ -81,9 +92,16 @@ class IpcConfig:
 
 @dataclass(frozen=True, slots=True)
 class FrontendConfig:
-    """API-server settings: VLLM_V1_OUTPUT_PROC_CHUNK_SIZE."""
+    """API-server settings: VLLM_V1_OUTPUT_PROC_CHUNK_SIZE, and the RL router's abort-all."""
 
     output_chunk_size: int = 128
+    #: the RL router's ``POST /abort_requests`` with no ``request_ids`` on API server 0 at
+    #: this time (None: never): every request_states and parent_requests key is aborted by
+    #: internal ID (entrypoints/rl/online/api_router.py:120-132, vLLM 0.33.0).
+    abort_all_at: float | None = None
+
+    def __post_init__(self) -> None:
+        _float_times(self, "abort_all_at")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +172,27 @@ class RequestSpec:
     #: ``chunk_interval`` seconds; 0 is an ordinary request.
     input_chunks: int = 0
     chunk_interval: float = 0.05
+    #: the HTTP endpoint the client calls (racesim.engine_model.api_server): "chat",
+    #: "completions" or "generate-tokens", which prefix the ID, or "responses" (a background
+    #: Responses API request, cancelled by ``abort_at``); None: the client calls
+    #: AsyncLLM.generate() itself with ``id`` (no API layer).
+    endpoint: str | None = None
+    #: where the client puts ``id``: the ``X-Request-Id`` header, the body's ``request_id``,
+    #: or "none" (the endpoint makes a random_uuid()). Read only with an ``endpoint``.
+    id_via: str = "header"
+    #: what ``abort_at`` names in a router's ``/abort_requests``: "served" (the ID the
+    #: endpoint gave AsyncLLM, prefix included) or "bare" (the client's own ``id``).
+    abort_names: str = "served"
+    #: the request carries an object msgpack cannot encode (say, in ``extra_args``) with
+    #: VLLM_ALLOW_INSECURE_SERIALIZATION off: encoding its ADD raises TypeError after the
+    #: OutputProcessor registered it (vLLM 0.33 v1/serial_utils.py:220-225).
+    unserializable: bool = False
+    #: a decode-side P/D request (``kv_transfer_params`` with ``do_remote_prefill``) the
+    #: endpoint rejects before it reaches the engine: the serving layer then sends a
+    #: pre-aborted ADD under the body's raw ``request_id`` (needs ``endpoint``).
+    kv_rejected: bool = False
+    #: the ``X-data-parallel-rank`` header: the DP rank the client pins (None: none).
+    dp_rank: int | None = None
 
     def __post_init__(self) -> None:
         _float_times(self, "at", "abort_at", "cancel_at", "chunk_interval")

@@ -55,9 +55,12 @@ class DPLoadBalancer:
         self.streaming_reqs: dict[str, None] = {}
         self._truth: dict[str, int] = {}  # ground truth: the incarnation each entry was made for
 
-    def choose(self, request_id: str, inc: int, resumable: bool = False) -> int:
-        """get_core_engine_for_request (core_client.py:1751-1811): affinity, else the lowest
-        load score scanning from ``eng_start_index``; records the choice in reqs_in_flight."""
+    def choose(self, request_id: str, inc: int, resumable: bool = False,
+               rank: int | None = None) -> int:
+        """get_core_engine_for_request (core_client.py:1751-1811): affinity, else the pinned
+        ``rank`` (``X-data-parallel-rank``, entrypoints/generate/base/serving.py:221; checked
+        only after the affinity, :1758-1763), else the lowest load score scanning from
+        ``eng_start_index``; records the choice in reqs_in_flight."""
         if resumable:
             self.streaming_reqs[request_id] = None
         elif self.streaming_reqs:
@@ -67,6 +70,13 @@ class DPLoadBalancer:
             self._truth[request_id] = inc
             self.world.emit(self.component, request_id, inc, DpRoute(engine, True))
             return engine
+        if rank is not None:
+            # a pin skips the load scan and its bookkeeping (:1763, 1806-1811)
+            self.reqs_in_flight[request_id] = rank
+            self.engine_inflight[rank] += 1
+            self._truth[request_id] = inc
+            self.world.emit(self.component, request_id, inc, DpRoute(rank, False))
+            return rank
         counts = self.lb_engines
         n = len(counts)
         best, chosen = _MAX_SCORE, 0

@@ -200,6 +200,10 @@ class EngineCore(EngineShell):
                                       "engine-paused")
                 return
             self.scheduler.add_request(payload)
+            if payload.fault == "abort-immediately":
+                # core.py:558-562: added, then aborted at once so the KV connector's
+                # request_finished runs (notify_kv_transfer_request_rejected)
+                self._abort(AbortMessage((payload.request_id,), 0), "abort-immediately")
         elif kind == "abort":
             self._abort(payload, "abort")
         else:
@@ -232,6 +236,21 @@ class EngineCore(EngineShell):
                 self.outputs.finish(finished, "abort")
         sched.pause_state = "PAUSED_ALL" if msg.mode == "keep" else "PAUSED_NEW"
         self.reject_new_requests = msg.mode != "keep"
+
+    def _abort_all_for_fault(self) -> None:
+        """on_fault (engine_core_sentinel.py:89-90): every request finished ABORTED, an ABORT
+        output to each one's client (as pause_generation(mode="abort") does)."""
+        sched = self.scheduler
+        finished = sched.finish_requests(list(sched.requests), RequestStatus.FINISHED_ABORTED,
+                                         "fault")
+        self.outputs.note_finished(finished)
+        if finished:
+            self.outputs.finish(finished, "abort")
+
+    def _drain_batches(self) -> list[int]:
+        steps = [out.step for _future, out in self._batch_queue]
+        self._batch_queue.clear()
+        return steps
 
     # -- steps ----------------------------------------------------------------------------------
 

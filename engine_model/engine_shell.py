@@ -19,7 +19,7 @@ from typing import Any
 import simpy
 
 from racesim.engine_model.config import EngineConfig
-from racesim.engine_model.events.engine import EngineFatalEvent
+from racesim.engine_model.events.engine import EngineFatalEvent, EngineFault, EngineResume
 from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.ipc import Channel
 from racesim.engine_model.kv_connector import ConnectorScheduler
@@ -43,6 +43,9 @@ except ImportError:  # a pure-Python install may lack it; only mypyc reads the a
     mypyc_attr = _no_attrs
 
 __all__ = ["EngineShell"]
+
+#: ``engine_recovery_timeout_sec``'s default (vLLM 0.33 config/fault_tolerance.py:12).
+_FT_RECOVERY_TIMEOUT = 120.0
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the vllm backend's core is interpreted
@@ -161,33 +164,73 @@ class EngineShell:
     # -- busy loop (EngineCoreProc.run_busy_loop) -----------------------------------------------
 
     def _busy_loop(self) -> Generator[simpy.Event, Any, None]:
-        try:
-            while self.dead is None:
-                # A transfer's end reaches the scheduler only through a step: the worker
-                # reports it in that step's KVConnectorOutput, which update_from_output applies
-                # (0.33 scheduler.py:2581-2582, 3556-3582), after the loop applied the queued
-                # inputs (core.py:1621-1690). A backend's _has_work counts such a report.
-                while not self.input_queue and not self._has_work():
-                    if self._idle_clears_aborts:
-                        self.aborts_queue.clear()
-                    yield from self._idle_wait()
-                while self.input_queue:
-                    self._apply_input(*self.input_queue.popleft())
-                progressed = yield from self._step()
-                if not progressed and not self.input_queue:
-                    # Nothing could be scheduled (e.g. the pool is full of a waiting request's
-                    # needs): the real loop spins; here we wait for the next input instead.
-                    if self.aborts_queue:
-                        if self._has_work():
-                            # each spin's step() applies the eager copies (0.33 core.py:690)
-                            self._process_aborts_queue()
-                        elif self._idle_clears_aborts:
-                            self.aborts_queue.clear()  # 0.33 core.py:1650-1666, every idle pass
-                    yield from self._idle_wait()
-        except self._fatal as exc:
-            # the vllm backend's fatal error names vLLM's file:line (engine_vllm/oracle.py)
-            where = getattr(exc, "where", None)
-            self._die(str(exc), where if isinstance(where, str) else None)
+        """``run_busy_loop`` under ``fault_tolerant_wrapper`` (v1/fault_tolerance/
+        engine_core_sentinel.py:207-231): without fault tolerance an exception kills the
+        engine; with it, :meth:`_fault` decides whether the loop runs again."""
+        while self.dead is None:
+            try:
+                yield from self._run_busy_loop()
+            except self._fatal as exc:
+                if not self.config.fault_tolerance:
+                    # the vllm backend's fatal error names vLLM's file:line (engine_vllm/oracle.py)
+                    where = getattr(exc, "where", None)
+                    self._die(str(exc), where if isinstance(where, str) else None)
+                    return
+                resumed = yield from self._fault(str(exc))
+                if not resumed:
+                    return
+
+    def _run_busy_loop(self) -> Generator[simpy.Event, Any, None]:
+        while self.dead is None:
+            # A transfer's end reaches the scheduler only through a step: the worker reports it
+            # in that step's KVConnectorOutput, which update_from_output applies (0.33
+            # scheduler.py:2581-2582, 3556-3582), after the loop applied the queued inputs
+            # (core.py:1621-1690). A backend's _has_work counts such a report.
+            while not self.input_queue and not self._has_work():
+                if self._idle_clears_aborts:
+                    self.aborts_queue.clear()
+                yield from self._idle_wait()
+            while self.input_queue:
+                self._apply_input(*self.input_queue.popleft())
+            progressed = yield from self._step()
+            if not progressed and not self.input_queue:
+                # Nothing could be scheduled (e.g. the pool is full of a waiting request's
+                # needs): the real loop spins; here we wait for the next input instead.
+                if self.aborts_queue:
+                    if self._has_work():
+                        # each spin's step() applies the eager copies (0.33 core.py:690)
+                        self._process_aborts_queue()
+                    elif self._idle_clears_aborts:
+                        self.aborts_queue.clear()  # 0.33 core.py:1650-1666, every idle pass
+                yield from self._idle_wait()
+
+    def _fault(self, reason: str) -> Generator[simpy.Event, Any, bool]:
+        """``EngineCoreSentinel.on_fault`` (engine_core_sentinel.py:82-107): finish every
+        request as aborted and send their ABORT outputs, then wait for the retry instruction
+        (``retry``, :155-169, which the input thread takes even now, core.py:2024-2028)
+        for up to ``engine_recovery_timeout_sec`` (120 s, config/fault_tolerance.py:12). A
+        retry drains the batch queue, whose sampled tokens are discarded
+        (``_drain_batch_queue``, :109-140), and the loop resumes with what the input queue
+        and ``aborts_queue`` still hold. No retry: the engine dies."""
+        world = self.world
+        retry = self.config.ft_retry_after
+        world.emit(self.c_core, None, 0, EngineFault(reason, retry))
+        self._abort_all_for_fault()
+        if retry is None or retry > _FT_RECOVERY_TIMEOUT:
+            yield world.env.timeout(_FT_RECOVERY_TIMEOUT)
+            self._die(reason)
+            return False
+        yield world.env.timeout(retry)
+        world.emit(self.c_core, None, 0, EngineResume(self._drain_batches()))
+        return True
+
+    def _abort_all_for_fault(self) -> None:
+        """``scheduler.finish_requests(None, FINISHED_ABORTED)`` and ``_send_abort_outputs``."""
+        raise NotImplementedError
+
+    def _drain_batches(self) -> list[int]:
+        """Discard the batches in flight; their step numbers."""
+        raise NotImplementedError
 
     def _idle_wait(self) -> Generator[simpy.Event, Any, None]:
         env = self.world.env

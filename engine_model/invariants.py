@@ -27,6 +27,10 @@ INVARIANTS: dict[str, str] = {
                     "under async scheduling, from its own previous token)",
     "abort-precision": "an abort ends only the incarnations that were live (or whose ADD was in "
                        "flight) under its ID when it was issued",
+    "abort-isolation": "a client's abort (a router's /abort_requests, a disconnect) never ends "
+                       "another client's request",
+    "orphan-run": "no engine keeps stepping a request whose client's abort or cancel ended "
+                  "nothing of its own, while its frontend still tracks it",
     "no-hang": "every client request terminates before the horizon",
     "engine-alive": "no engine reached a fatal error",
     "metrics-exact": "every request a frontend accepted and ended (not by an engine error) is "

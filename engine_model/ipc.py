@@ -6,7 +6,7 @@ from collections.abc import Callable
 from math import inf, nextafter
 from typing import Any
 
-from racesim.engine_model.events.engine import IpcSend
+from racesim.engine_model.events.engine import IpcDropped, IpcSend
 from racesim.sim.world import World
 
 __all__ = ["Channel", "message_kind"]
@@ -24,7 +24,7 @@ class Channel:
     """
 
     __slots__ = ("world", "name", "point", "latency", "_deliver", "_last", "_seq", "_arrived",
-                 "_due")
+                 "_due", "connected")
 
     def __init__(self, world: World, name: str, point: str, latency: float,
                  deliver: Callable[[Any], None]) -> None:
@@ -37,6 +37,9 @@ class Channel:
         self._due = 0.0  # when simpy will deliver the last message sent
         self._seq = 0
         self._arrived = self._arrive  # one bound method for every message's timeout
+        #: whether the receiver is connected now (None: always). A ROUTER socket without
+        #: ROUTER_MANDATORY drops a message for a peer it has no pipe to.
+        self.connected: Callable[[], bool] | None = None
 
     def _arrive(self, ev: Any) -> None:
         self._deliver(ev.value)
@@ -59,6 +62,11 @@ class Channel:
         world.trace.emit(name, request_ids[0] if len(request_ids) == 1 else None, 0,
                          IpcSend(f"{name}#{self._seq}", type(msg).__name__, request_ids, at,
                                  to, incs, tag, outputs, remote_inc, finished, resumable))
+        connected = self.connected
+        if connected is not None and not connected():
+            world.emit(name, request_ids[0] if len(request_ids) == 1 else None, 0,
+                       IpcDropped(f"{name}#{self._seq}", type(msg).__name__, request_ids))
+            return
         wait = at - now
         if now + wait < self._due:
             # simpy delivers at ``now + wait``, which can round one ulp below the time of the

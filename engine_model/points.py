@@ -25,7 +25,9 @@ POINTS = PointCatalogue([
                always_yields=True),
     AwaitPoint("frontend.output_handler:before_abort_send",
                "output handler: before sending ABORTs for stop-string finishes (#15326's second "
-               "window)"),
+               "window); in a step with more than output_chunk_size outputs "
+               "(VLLM_V1_OUTPUT_PROC_CHUNK_SIZE, 128) every chunk but the last sends them after "
+               "the sleep(0) between chunks, so there the window yields"),
     AwaitPoint("ipc.input:transit", "one frontend -> engine socket hop (ADD/ABORT)",
                natural="ipc.latency"),
     AwaitPoint("ipc.output:transit", "one engine -> frontend socket hop (EngineCoreOutputs)",

@@ -9,6 +9,7 @@ from typing import Any
 
 import simpy
 
+from racesim.engine_model.api_server import ApiServer
 from racesim.engine_model.checker import Checker, Violation
 from racesim.engine_model.client import Client, Gateway, Proxy
 from racesim.engine_model.config import Workload
@@ -78,15 +79,20 @@ class RunResult:
     topology: Topology | None = None
     #: the backend that ran: "model" (this package) or "vllm" (vLLM's own engine classes).
     engine: str = "model"
+    #: the ``(point, occurrence)`` passes whose width was "yield" in this run although their
+    #: point's is not (a stop-string ABORT after the sleep(0) between output chunks).
+    widened: tuple[tuple[str, int], ...] = ()
 
     def reach(self, violation: Violation | None = None) -> Reach:
         """Live or latent: judged from the delays taken up to the violation (all of them when
         ``violation`` is None), the scenario's fixed delays included."""
         profile = get_profile(self.vllm or None)
         until = violation.time if violation is not None else None
+        widened = frozenset(self.widened)
         delays = [(d.point, d.delay) for d, t in zip(self.schedule, self.decision_times,
                                                      strict=True)
-                  if until is None or t <= until]
+                  if (until is None or t <= until)
+                  and (not widened or (d.point, d.occurrence) not in widened)]
         return reach_of(profile, [*self.fixed_delays, *delays])
 
     @property
@@ -160,10 +166,20 @@ class System:
             self.frontends = [self._frontend(i, f"frontend{i}", engine)
                               for i in range(workload.frontends)]
             gateways = [self.frontends[spec.frontend] for spec in workload.requests]
+        connect_at = workload.engine.connect_at
+        if connect_at is not None:
+            self._gate_inputs(connect_at)
+        #: the HTTP layer of each API server (single engine and DP topologies)
+        self.api_servers: list[ApiServer] = (
+            [] if workload.topology == "pd" else [ApiServer(world, fe) for fe in self.frontends])
         for i, spec in enumerate(workload.requests):
-            self.clients.append(Client(world, i, self.next_inc(), spec, gateways[i]))
+            self.clients.append(Client(
+                world, i, self.next_inc(), spec, gateways[i],
+                self.api_servers[spec.frontend] if self.api_servers else None))
         if workload.engine.pause_at is not None:
             world.env.process(self._pause_and_resume())
+        if workload.frontend.abort_all_at is not None and self.api_servers:
+            world.env.process(self._router_abort_all(workload.frontend.abort_all_at))
         #: what each component is: the checker and the reports read this, never the names.
         self.topology = self._topology(proxies)
 
@@ -283,6 +299,26 @@ class System:
             yield env.timeout(config.resume_at - env.now)
             self.frontends[0].pause_generation("resume_scheduler")
 
+    def _gate_inputs(self, connect_at: float) -> None:
+        """Every engine starts listening at ``connect_at``: until then the API servers'
+        ROUTER sockets drop what they send it (no ROUTER_MANDATORY: no error, no block;
+        vLLM 0.33 utils/network_utils.py:363-377, v1/engine/core_client.py:1293-1300)."""
+        env = self.world.env
+
+        def connected() -> bool:
+            return bool(env.now >= connect_at)
+
+        for fe in self.frontends:
+            channels = [fe.input_channel, *fe.input_channels.values()]
+            for channel in channels:
+                if channel is not None:
+                    channel.connected = connected
+
+    def _router_abort_all(self, at: float) -> Generator[simpy.Event, Any, None]:
+        """The RL router's abort-all on API server 0 (rl/online/api_router.py:120-132)."""
+        yield self.world.env.timeout(at)
+        yield from self.api_servers[0].router_abort_all()
+
     def outcomes(self) -> tuple[RequestOutcome, ...]:
         return tuple(RequestOutcome(c.spec.id, c.spec.frontend, c.tokens, c.finish_reason)
                      for c in self.clients)
@@ -323,4 +359,4 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     return RunResult(seed, policy.name, world.trace.hexdigest(), world.trace.count,
                      float(world.env.now), world.schedule, violations, system.outcomes(),
                      world.occurrences, world.trace.events, steps, profile.name,
-                     world.decision_times, fixed, system.topology, engine)
+                     world.decision_times, fixed, system.topology, engine, world.widened)

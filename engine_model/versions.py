@@ -26,9 +26,9 @@ from racesim.engine_model.points import POINTS
 from racesim.engine_model.profile_types import Behaviour, VllmProfile
 from racesim.sim.errors import InputError
 
-__all__ = ["Behaviour", "VllmProfile", "PROFILES", "DEFAULT_VLLM", "WIDTHS", "Reach",
-           "RELEASE_OF", "ALIASES", "profile_name", "get_profile", "profile_gap", "reach_of",
-           "resolve_workload", "unverified_note"]
+__all__ = ["MID_STEP_WIDTHS", "Behaviour", "VllmProfile", "PROFILES", "DEFAULT_VLLM", "WIDTHS",
+           "Reach", "RELEASE_OF", "ALIASES", "profile_name", "get_profile", "profile_gap",
+           "reach_of", "resolve_workload", "unverified_note"]
 
 WIDTHS = ("live", "yield", "latent")
 
@@ -54,12 +54,21 @@ _WIDTHS = {
     "dp.coordinator:publish": "live",
 }
 
+#: Points whose width in a step with more than ``output_chunk_size`` outputs is another one on
+#: every output chunk but the last: the output handler processes a chunk, sleeps(0) when more
+#: chunks follow, then sends that chunk's stop-string ABORTs (0.33 v1/engine/async_llm.py:
+#: 891-922, envs.py:1476; the same in 0.8.5's async_llm.py:363-386). A run records such passes
+#: (``World.widen_next``) and its reach does not count their delays as latent.
+MID_STEP_WIDTHS: dict[str, str] = {"frontend.output_handler:before_abort_send": "yield"}
+
 _WIDTH_SOURCES = Behaviour(
     "frontend.abort:after_pop, frontend.add_request:before_send and "
     "frontend.output_handler:before_abort_send are latent: the ADD/ABORT send is an eager pyzmq "
-    "send (ROUTER, SNDHWM=0) whose awaited future is already done",
+    "send (ROUTER, SNDHWM=0) whose awaited future is already done; the stop-string ABORT of "
+    "any output chunk but a step's last waits behind the sleep(0) between chunks: yield there",
     "0.33 v1/engine/core_client.py:1281-1300 (AsyncMPClient._send_input_message), "
-    "utils/network_utils.py:376 (SNDHWM=0)")
+    "utils/network_utils.py:376 (SNDHWM=0); async_llm.py:891-922, envs.py:1476 (chunks of "
+    "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE = 128)")
 
 PROFILES: dict[str, VllmProfile] = {
     "0.8": VllmProfile(
@@ -123,7 +132,8 @@ PROFILES: dict[str, VllmProfile] = {
         prefix_caching=True,
         free_order="lifo-uncached",
         features=frozenset({"dp", "pause", "preprocess-error", "kv-load-failure",
-                            "streaming-input", "nixl-push", "pd-proxy-http", "mooncake",
+                            "streaming-input", "fault-tolerance", "encode-error",
+                            "api-layer", "nixl-push", "pd-proxy-http", "mooncake",
                             "nixl-bidirectional", "pd-abort-notify"}),
         cancel_before_collector="nothing",
         fan_out="register-first",
@@ -238,6 +248,23 @@ PROFILES: dict[str, VllmProfile] = {
                       "finishes the request with an ERROR output; 'recompute' recomputes the "
                       "prompt locally", "v1/core/sched/scheduler.py:2292-2305, 2556-2575, "
                       "3476-3497, 3682-3694; config/kv_transfer.py:88"),
+            Behaviour("fault tolerance (enable_fault_tolerance, off by default): an exception "
+                      "in the busy loop aborts every request with ABORT outputs and waits up "
+                      "to 120 s for a retry, which discards the batches in flight and resumes "
+                      "the loop; no retry, the engine dies",
+                      "config/parallel.py:466, 530-535; v1/fault_tolerance/"
+                      "engine_core_sentinel.py:82-169, 207-231; config/fault_tolerance.py:12"),
+            Behaviour("an ADD or ABORT sent to an engine core that is not connected is "
+                      "dropped (ROUTER socket, no ROUTER_MANDATORY)",
+                      "utils/network_utils.py:363-377; v1/engine/core_client.py:1293-1300"),
+            Behaviour("the HTTP layer names requests chatcmpl-{id}, cmpl-{id}-{i} or "
+                      "generate-tokens-{id} from X-Request-Id (else the body's request_id); "
+                      "the routers' /abort_requests abort by external ID, the RL router's "
+                      "abort-all by internal ID",
+                      "entrypoints/serve/engine/serving.py:133-142; openai/chat_completion/"
+                      "serving.py:320-322; openai/completion/serving.py:147, 183; scale_out/"
+                      "token_in_token_out/serving.py:202-204, api_router.py:79-104; "
+                      "rl/online/api_router.py:97-132"),
             _WIDTH_SOURCES,
         ),
     ),
@@ -331,17 +358,25 @@ def profile_gap(workload: Workload) -> str | None:
         used.append(("dp", "engine.data_parallel_size > 1"))
     if engine.pause_at is not None:
         used.append(("pause", "engine.pause_at"))
-    preprocess = kv_load = chunks = False
+    if engine.fault_tolerance:
+        used.append(("fault-tolerance", "engine.fault_tolerance"))
+    preprocess = kv_load = chunks = encode = api = False
     for r in workload.requests:  # one pass: this runs before every run of an exploration
         preprocess = preprocess or r.preprocess_error
         kv_load = kv_load or r.kv_load_fails
         chunks = chunks or r.input_chunks > 0
+        encode = encode or r.unserializable
+        api = api or r.endpoint is not None
     if preprocess:
         used.append(("preprocess-error", "request.preprocess_error"))
     if kv_load:
         used.append(("kv-load-failure", "request.kv_load_fails"))
     if chunks:
         used.append(("streaming-input", "request.input_chunks"))
+    if encode:
+        used.append(("encode-error", "request.unserializable"))
+    if api or workload.frontend.abort_all_at is not None:
+        used.append(("api-layer", "request.endpoint"))
     if workload.topology == "pd":
         if workload.pd.connector != "nixl-pull":
             used.append((workload.pd.connector, f"pd.connector = {workload.pd.connector!r}"))

@@ -135,6 +135,7 @@ class VllmEngineCore(EngineShell):
         req = _vllm.new_request(msg.request_id, self._prompts.ids(msg), msg.max_tokens,
                                 msg.client_index, float(self.world.now), self.config.block_size,
                                 _EOS, msg.resumable, params)
+        req.abort_immediately = msg.fault == "abort-immediately"
         self._truth[id(req)] = (req, msg.inc)
         if params is not None and msg.kv_transfer_params is not None:
             self._remote[id(req)] = (req, msg.kv_transfer_params.remote_inc, msg.fault)
@@ -163,6 +164,9 @@ class VllmEngineCore(EngineShell):
                                 payload.client_index, "engine-paused")
                 return
             self._add(payload)
+            if payload.abort_immediately:
+                # core.py:558-562: added, then aborted at once
+                self._abort(AbortMessage((payload.request_id,), 0), "abort-immediately")
         elif kind == "abort":
             self._abort(payload, "abort")
         else:
@@ -196,6 +200,16 @@ class VllmEngineCore(EngineShell):
             self.world.emit(self.c_sched, rid, inc,
                             SchedFinish("FINISHED_ABORTED", cause, msg.tag))
             self.kv.sync({rid: inc})
+
+    def _abort_all_for_fault(self) -> None:
+        finishes.abort_all(self, "fault")
+
+    def _drain_batches(self) -> list[int]:
+        """``_drain_batch_queue`` (engine_core_sentinel.py:109-140): without a KV connector
+        nothing of a batch in flight reaches the Scheduler."""
+        steps = [step for _future, _so, step in self._batch_queue]
+        self._batch_queue.clear()
+        return steps
 
     # -- steps ----------------------------------------------------------------------------------
 

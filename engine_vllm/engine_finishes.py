@@ -20,7 +20,7 @@ from racesim.engine_model.events.engine import EngineReject, EngineUtility, Sche
 from racesim.engine_model.messages import UtilityMessage
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
 
-__all__ = ["send_finish_outputs", "reject", "utility"]
+__all__ = ["abort_all", "send_finish_outputs", "reject", "utility"]
 
 
 class VllmEngineCore(Protocol):
@@ -61,6 +61,27 @@ def reject(core: VllmEngineCore, rid: str, inc: int, client: int, why: str) -> N
     send_finish_outputs(core, [(rid, inc)], client, core.v.FinishReason.ERROR)
 
 
+def abort_all(core: VllmEngineCore, cause: str) -> None:
+    """``finish_requests(None, FINISHED_ABORTED)`` and ``_send_abort_outputs`` on the real
+    Scheduler: pause_generation(mode="abort") (core.py:2202-2206) and fault tolerance's
+    ``on_fault`` (v1/fault_tolerance/engine_core_sentinel.py:89-90)."""
+    v = core.v
+    sched = core.sched
+    held = [(rid, core.inc_of(req)) for rid, req in sched.requests.items()
+            if not req.is_finished()]
+    aborted = core.call(sched.finish_requests, None, v.RequestStatus.FINISHED_ABORTED)
+    incs = dict(held)
+    by_client: dict[int, list[tuple[str, int]]] = {}
+    for req in aborted:
+        inc = incs.get(req.request_id, 0)
+        core.world.emit(core.c_sched, req.request_id, inc,
+                        SchedFinish("FINISHED_ABORTED", cause, 0))
+        by_client.setdefault(req.client_index, []).append((req.request_id, inc))
+    core.kv.sync(incs)
+    for client in sorted(by_client):
+        send_finish_outputs(core, by_client[client], client, v.FinishReason.ABORT)
+
+
 def utility(core: VllmEngineCore, msg: UtilityMessage) -> None:
     """pause_generation / resume_scheduler (core.py:2181-2237) on the real Scheduler."""
     v = core.v
@@ -71,19 +92,7 @@ def utility(core: VllmEngineCore, msg: UtilityMessage) -> None:
         sched.set_pause_state(v.PauseState.UNPAUSED)
         return
     if msg.mode == "abort":
-        held = [(rid, core.inc_of(req)) for rid, req in sched.requests.items()
-                if not req.is_finished()]
-        aborted = core.call(sched.finish_requests, None, v.RequestStatus.FINISHED_ABORTED)
-        incs = dict(held)
-        by_client: dict[int, list[tuple[str, int]]] = {}
-        for req in aborted:
-            inc = incs.get(req.request_id, 0)
-            core.world.emit(core.c_sched, req.request_id, inc,
-                            SchedFinish("FINISHED_ABORTED", "pause", 0))
-            by_client.setdefault(req.client_index, []).append((req.request_id, inc))
-        core.kv.sync(incs)
-        for client in sorted(by_client):
-            send_finish_outputs(core, by_client[client], client, v.FinishReason.ABORT)
+        abort_all(core, "pause")
     sched.set_pause_state(v.PauseState.PAUSED_ALL if msg.mode == "keep"
                           else v.PauseState.PAUSED_NEW)
     core.reject_new_requests = msg.mode != "keep"

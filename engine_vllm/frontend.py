@@ -334,6 +334,13 @@ class VllmOutputProcessor:
 
     # -- abort ----------------------------------------------------------------------------------
 
+    def drop_parents(self, request_ids: Sequence[str]) -> None:
+        """Nothing: vLLM's own ``abort_requests`` (called by :meth:`flatten_req_to_abort`)
+        popped the parents already (output_processor.py:653-659)."""
+
+    def parent_ids(self) -> list[str]:
+        return list(self.real.parent_requests)
+
     def flatten_req_to_abort(self, request_ids: list[str], internal: bool) -> list[str]:
         states = self.real.request_states
         held = {rid: self._queue_of(s) for rid, s in states.items()}

@@ -34,7 +34,7 @@ from racesim.cli_support import replay_note as _replay_note
 from racesim.cli_support import warn_accounting as _warn_accounting
 from racesim.documents import read_counterexample, run_document
 from racesim.engine_model import INVARIANTS, POINTS, POLICIES
-from racesim.engine_model.versions import DEFAULT_VLLM, PROFILES, get_profile
+from racesim.engine_model.versions import DEFAULT_VLLM, MID_STEP_WIDTHS, PROFILES, get_profile
 from racesim.explore import explore
 from racesim.progress import ProgressBar
 from racesim.render import print_explore, print_run
@@ -95,6 +95,8 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
                                 for n, c in POLICIES.items()]
     if what in (None, "points"):
         sections["points"] = [{"name": p.name, "width": profile.width(p.name),
+                               **({"width_mid_step": MID_STEP_WIDTHS[p.name]}
+                                  if p.name in MID_STEP_WIDTHS else {}),
                                "meaning": p.meaning + (f" (default: {p.natural})"
                                                        if p.natural != "0" else "")}
                               for p in POINTS]
@@ -116,6 +118,8 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
         width = max(len(r["name"]) for r in rows) if rows else 0
         for r in rows:
             width_tag = f"[{r['width']}] " if "width" in r else ""
+            if "width_mid_step" in r:  # a width that depends on the step's size
+                width_tag = f"[{r['width']}; {r['width_mid_step']} mid-step] "
             meaning = _first_sentence(r["meaning"]) if title == "scenarios" else r["meaning"]
             console.print(f"  {r['name'].ljust(width)}  {width_tag}{meaning}", markup=False)
             for b in r.get("behaviours", ()):

@@ -79,7 +79,7 @@ def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:
     run = ctx.spec.run
     for i in runs:
         r = run(decider=strategy.decider(i), retain_trace=False, hash_trace=False)
-        out.append(RunSummary(i, r.trace_hash, r.violated, r.schedule,
+        out.append(RunSummary(i, r.trace_hash, r.violated, r.schedule, r.widened,
                               _hits(r, ctx.target, ctx.symptom)))
     return out
 
@@ -161,7 +161,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
                 if out_dir is not None:  # on disk before anything else can fail
                     _save(res, s, None, out_dir)
 
-    record(RunSummary(0, baseline.trace_hash, baseline.violated, (),
+    record(RunSummary(0, baseline.trace_hash, baseline.violated, (), baseline.widened,
                       _hits(baseline, target, symptom)))
     try:
         if stop_at_target and res.target_run is not None:
@@ -180,7 +180,8 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             if minimal is not None and res.found_run is not None:
                 # hypothesis's own shrunk example replaces the first one it tripped over
                 r = spec.run(delays=minimal, retain_trace=False, hash_trace=False)
-                res.found_run = RunSummary(res.found_run.run, "", r.violated, r.schedule)
+                res.found_run = RunSummary(res.found_run.run, "", r.violated, r.schedule,
+                                           r.widened)
         else:
             strat = make_strategy(strategy, config)
             res.strategy_info = strat.info()
@@ -289,8 +290,10 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
     if isinstance(run, RunSummary):
         violations = tuple({"invariant": v} for v in run.violated)
         fixed = [(p, d) for p, _k, d in scenario.delays]
+        widened = frozenset(run.widened)
         reach = reach_of(get_profile(scenario.vllm),
-                         [*fixed, *((d.point, d.delay) for d in run.schedule)]).reach
+                         [*fixed, *((d.point, d.delay) for d in run.schedule
+                                    if (d.point, d.occurrence) not in widened)]).reach
     else:
         violations = tuple(violation_dicts(run))
         reach = run.reach().reach
@@ -305,7 +308,7 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:
     if not s.trace_hash:  # found by an unhashed run: one more run, with its hash, to record it
         r = res.spec.run(schedule=s.schedule, retain_trace=False)
-        s = RunSummary(s.run, r.trace_hash, r.violated, r.schedule)
+        s = RunSummary(s.run, r.trace_hash, r.violated, r.schedule, r.widened)
     cx = _counterexample(res, res.scenario, s, shrunk_from, s.run)
     first = res.first_path(out_dir)
     res.out_path = write_claimed(res.out_path or first, cx, res.ours, first=first,

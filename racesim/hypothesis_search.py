@@ -50,7 +50,7 @@ def hypothesis_search(spec: RunSpec, config: StrategyConfig, budget: int,
             return False
         r = spec.run(delays=entries, retain_trace=False, hash_trace=False)
         state["runs"] += 1  # run 0 is the baseline, recorded by the caller
-        record(RunSummary(state["runs"], r.trace_hash, r.violated, r.schedule))
+        record(RunSummary(state["runs"], r.trace_hash, r.violated, r.schedule, r.widened))
         if r.violated:
             state["violating"] += 1
         if progress is not None:

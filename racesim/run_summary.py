@@ -18,5 +18,7 @@ class RunSummary:
     trace_hash: str
     violated: tuple[str, ...]
     schedule: tuple[Decision, ...]
+    #: the run's ``(point, occurrence)`` passes whose width was "yield" (RunResult.widened)
+    widened: tuple[tuple[str, int], ...] = ()
     #: the run shows the exploration's target (its invariant, with its symptom text if any)
     hit: bool = False

@@ -65,7 +65,11 @@ _CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": 
                                         "pd.proxy": ("engine-client", "http"),
                                         "engine.vllm": (*PROFILES, *ALIASES),
                                         "engine.pause_mode": ("abort", "keep"),
-                                        "engine.kv_load_failure_policy": ("fail", "recompute")}
+                                        "engine.kv_load_failure_policy": ("fail", "recompute"),
+                                        "request.endpoint": ("chat", "completions",
+                                                             "generate-tokens", "responses"),
+                                        "request.id_via": ("header", "body", "none"),
+                                        "request.abort_names": ("served", "bare")}
 _REQUEST_ALWAYS = ("id", "at", "prompt_tokens", "max_tokens")  # written even when default
 _INT_LIMIT = 2**63 - 1  # TOML integers are 64-bit
 #: The longest request ID a scenario may use (README "Scenario files").
@@ -331,7 +335,29 @@ def _consistent(workload: Workload) -> None:
                                          or engine.resume_at < engine.pause_at):
         raise _Bad(("engine", "resume_at"), "needs engine.pause_at <= resume_at",
                    engine.resume_at)
+    if engine.ft_retry_after is not None and not engine.fault_tolerance:
+        raise _Bad(("engine", "ft_retry_after"), "needs engine.fault_tolerance = true",
+                   engine.ft_retry_after)
+    if engine.fault_tolerance and workload.frontends > 1:
+        # config/parallel.py:530-535 (vLLM 0.33): one API server only
+        raise _Bad(("engine", "fault_tolerance"), "needs frontends = 1 (vLLM refuses fault "
+                   "tolerance with more than one API server)", True)
     for i, spec in enumerate(workload.requests):
+        if spec.endpoint is None:
+            for key, default in (("id_via", "header"), ("abort_names", "served"),
+                                 ("kv_rejected", False)):
+                if getattr(spec, key) != default:
+                    raise _Bad(("request", i, key), "needs request.endpoint (the API layer)",
+                               getattr(spec, key))
+        elif workload.topology != "single":
+            # the P/D proxy forwards IDs itself (its own helper models it)
+            raise _Bad(("request", i, "endpoint"), 'the API layer is modelled for topology = '
+                       '"single" only', spec.endpoint)
+        if spec.unserializable and workload.topology != "single":
+            raise _Bad(("request", i, "unserializable"), 'needs topology = "single"', True)
+        if spec.dp_rank is not None and not spec.dp_rank < engine.dp_size:
+            raise _Bad(("request", i, "dp_rank"), f"must be < engine.data_parallel_size "
+                       f"({engine.dp_size}); ranks are numbered from 0", spec.dp_rank)
         if spec.kv_load_fails and workload.topology != "pd":
             raise _Bad(("request", i, "kv_load_fails"), 'needs topology = "pd"', True)
         if spec.input_chunks and (workload.topology != "single" or spec.n > 1

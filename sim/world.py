@@ -44,7 +44,7 @@ class World:
     """
 
     __slots__ = ("env", "rng", "plan", "trace", "_occurrences", "_schedule", "_times",
-                 "_yielding")
+                 "_yielding", "_widened")
 
     def __init__(self, seed: int, plan: DelayPlan | None = None, *, retain_trace: bool = True,
                  hash_trace: bool = True, always_yield: frozenset[str] = frozenset()) -> None:
@@ -62,6 +62,7 @@ class World:
         self._schedule: list[Decision] = []
         self._times: list[float] = []
         self._yielding = always_yield
+        self._widened: list[tuple[str, int]] = []
 
     @property
     def now(self) -> float | int:
@@ -89,6 +90,17 @@ class World:
     def occurrences(self) -> dict[str, int]:
         """How many times each await point was passed (race-window coverage)."""
         return dict(self._occurrences)
+
+    @property
+    def widened(self) -> tuple[tuple[str, int], ...]:
+        """The ``(point, occurrence)`` passes that yield although their point does not always
+        yield (see :meth:`widen_next`)."""
+        return tuple(self._widened)
+
+    def widen_next(self, point: str) -> None:
+        """The next pass of ``point`` sits in a window that already yields (its width there is
+        "yield", whatever the point's own): a delay there is no latent hazard."""
+        self._widened.append((point, self._occurrences.get(point, 0)))
 
     def pause(self, point: str, natural: float, where: str) -> float:
         """Pass an await point and return its delay (0 means: carry on without yielding).

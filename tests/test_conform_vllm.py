@@ -44,7 +44,10 @@ def test_the_model_agrees_with_vllm_on_every_bundled_scenario(
     # what runs on vLLM's own classes
     assert {"prefix-reuse", "preempt-abort", "preempt-reuse", "pause-abort-reuse",
             "preprocess-error-reuse", "dp-reuse-across-engines", "dp-stale-inflight",
-            "dp-cancel-during-add", "streaming-input-session"} <= on_vllm
+            "dp-cancel-during-add", "streaming-input-session", "api-bare-id-abort",
+            "api-cross-client-abort", "router-abort-all", "responses-cancel-reused-id",
+            "kv-reject-raw-id", "fault-tolerant-duplicate", "dropped-add", "encode-error-leak",
+            "stop-string-large-step", "dp-rank-pin-override"} <= on_vllm
     assert {c["scenario"] for c in ran} == on_vllm
     assert all(c["runs"] == BUDGET for c in ran)
     assert {"pd-reuse", "pd-kv-load-failure"} <= on_vllm  # vLLM's own NixlConnector

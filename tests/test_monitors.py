@@ -12,8 +12,8 @@ READ = {
     "fe.add", "fe.pop", "fe.stats", "fe.abort_issue", "ipc.send", "sched.add", "sched.finish",
     "sched.abort_miss", "sched.step", "sched.update", "kv.alloc", "kv.free", "pd.hold",
     "pd.notice", "pd.release", "pd.read", "pd.push_write", "client.send", "client.output",
-    "client.done",
-    "engine.fatal", "dp.abort_unrouted", "engine.reject",
+    "client.done", "engine.fatal", "dp.abort_unrouted", "engine.reject", "engine.resume",
+    "client.abort", "client.cancel", "client.disconnect", "fe.abort_noop", "api.cancel",
     # kv-destination's read start and failure (engine_model/monitors/pd.py)
     "pd.recv_start", "pd.read_failed",
 }

@@ -25,9 +25,17 @@ BEFORE_SEND = "frontend.add_request:before_send"
 NOT_BEFORE_SEND = tuple(p for p in POINTS.names() if p != BEFORE_SEND)
 
 
+#: The ID-level safety invariants these properties are about. abort-isolation is left out: an
+#: abort by external ID ends every client's request under that ID by design of #27987
+#: (output_processor.py:627-629), which any workload with a shared external ID and an abort
+#: shows with no delay (pinned in test_internal_id_abort_before_add_window and
+#: tests/test_api_layer.py).
+ID_SAFETY = tuple(n for n in SAFETY_INVARIANTS if n != "abort-isolation")
+
+
 def safety(result: RunResult) -> list[str]:
     return [f"{v.invariant} @{v.event}: {v.detail}" for v in result.violations
-            if v.invariant in SAFETY_INVARIANTS]
+            if v.invariant in ID_SAFETY]
 
 
 def scenario(*requests: dict[str, object], **top: object) -> Scenario:
@@ -104,7 +112,10 @@ def test_internal_id_abort_before_add_window() -> None:
     before_send = [(BEFORE_SEND, 1, 0.02)]  # occurrence 0 is client 0's own ADD
     result = run_scenario(scen, "internal-id", delays=before_send)
     assert "frontend-covers-engine" in result.violated
-    assert safety(run_scenario(scen, "internal-id")) == []
+    plain = run_scenario(scen, "internal-id")
+    assert safety(plain) == []
+    # with no delay client 0's abort still ends client 1's request (both under X)
+    assert "abort-isolation" in plain.violated
 
 
 # -- abort-scope and engine-final on one engine, one API server, sync scheduling ---------------
@@ -181,7 +192,7 @@ def test_abort_ordering_fixes_fail_only_inside_a_reuse_window(policy: str,
                      label="scenario")
     sched = data.draw(schedules(scen, policy=policy), label="schedule")
     result = run_scenario(scen, policy, schedule=sched)
-    broken = [v for v in result.violations if v.invariant in SAFETY_INVARIANTS]
+    broken = [v for v in result.violations if v.invariant in ID_SAFETY]
     if broken:
         opened, window = _first_window(result.trace)
         first = min(v.event if v.event >= 0 else math.inf for v in broken)

@@ -106,10 +106,11 @@ class _Caller:
 
 class LifecycleMachine(RuleBasedStateMachine):
     """One API server and one engine under ``policy``; ``permitted`` are the safety invariants
-    the policy is known to break (none for internal-id)."""
+    the policy is known to break (for internal-id: abort-isolation, as an abort by external ID
+    ends every client's request under it, output_processor.py:627-629)."""
 
     policy: ClassVar[str] = "internal-id"
-    permitted: ClassVar[frozenset[str]] = frozenset()
+    permitted: ClassVar[frozenset[str]] = frozenset({"abort-isolation"})
 
     def __init__(self) -> None:
         super().__init__()

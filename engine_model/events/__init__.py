@@ -52,6 +52,7 @@ A kind whose detail is costly to build and that only reports read may be guarded
 
 from __future__ import annotations
 
+from racesim.engine_model.events.api import ApiCancel, ApiRequest, ApiRouterAbort, ApiStore
 from racesim.engine_model.events.client import (
     ClientAbort,
     ClientCancel,
@@ -67,8 +68,11 @@ from racesim.engine_model.events.dp import DpAbortUnrouted, DpRoute
 from racesim.engine_model.events.engine import (
     MESSAGE_NAMES,
     EngineFatalEvent,
+    EngineFault,
     EngineReject,
+    EngineResume,
     EngineUtility,
+    IpcDropped,
     IpcSend,
     KvAlloc,
     KvFree,
@@ -89,6 +93,7 @@ from racesim.engine_model.events.frontend import (
     FeAdd,
     FeAddCancelled,
     FeDrop,
+    FeEncodeError,
     FeError,
     FeOutput,
     FePop,
@@ -117,13 +122,16 @@ from racesim.sim.world import Delay
 
 __all__ = [
     "EventRecord", "TraceEvent", "Delay", "KINDS", "KEY_KINDS", "MESSAGE_NAMES",
+    "ApiCancel", "ApiRequest", "ApiRouterAbort", "ApiStore",
     "ClientSend", "ClientAbort", "ClientCancel", "ClientDisconnect", "ClientOutput",
     "ClientDone", "PdPrefill", "PdDecode", "PdAbort",
-    "FeAdd", "FeAddCancelled", "FeReject", "FeAbortNoop", "FeAbortIssue", "FeError", "FeDrop",
+    "FeAdd", "FeAddCancelled", "FeEncodeError", "FeReject", "FeAbortNoop", "FeAbortIssue",
+    "FeError", "FeDrop",
     "FeStats", "FeOutput", "FePop", "FeUtility", "DpRoute", "DpAbortUnrouted",
     "IpcSend", "SchedAdd", "SchedDuplicate", "SchedAbortMiss", "SchedFinish", "SchedPreempt",
     "SchedSession", "SchedStep", "SchedUpdate", "RunnerSample", "KvAlloc", "KvFree",
-    "KvHitAssert", "EngineFatalEvent", "EngineReject", "EngineUtility",
+    "KvHitAssert", "EngineFatalEvent", "EngineFault", "EngineResume", "IpcDropped",
+    "EngineReject", "EngineUtility",
     "PdHold", "PdRelease", "PdRead", "PdReadFailed", "PdLoadFailed", "PdNotice",
     "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart", "PdPushRegister", "PdPushWrite",
     "PdPushFailed", "PdHoldLost", "PdPull",

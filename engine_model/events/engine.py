@@ -7,7 +7,8 @@ from typing import Any
 
 from racesim.sim.trace import EventRecord, TraceEvent
 
-__all__ = ["MESSAGE_NAMES", "IpcSend", "SchedAdd", "SchedDuplicate", "SchedAbortMiss",
+__all__ = ["EngineFault", "EngineResume", "IpcDropped", "MESSAGE_NAMES", "IpcSend", "SchedAdd",
+           "SchedDuplicate", "SchedAbortMiss",
            "SchedFinish", "SchedPreempt", "SchedSession", "SchedStep", "SchedUpdate",
            "RunnerSample", "KvAlloc", "KvFree", "KvHitAssert", "EngineFatalEvent",
            "EngineReject", "EngineUtility"]
@@ -287,3 +288,56 @@ class EngineUtility(EventRecord):
 
     def describe(self, ev: TraceEvent) -> str:
         return f"{self.method}({self.mode!r})"
+
+
+class EngineFault(EventRecord):
+    """engine.fault: with ``enable_fault_tolerance`` the busy loop's exception is caught: every
+    request is aborted, and the engine waits for a retry instruction (``retry_after`` seconds
+    from now; None: none comes, and the engine dies when its recovery timeout ends)."""
+
+    KIND = "engine.fault"
+    KEY = True
+    OPTIONAL = frozenset({"retry_after"})
+    __slots__ = ("error", "retry_after")
+
+    def __init__(self, error: str, retry_after: float | None) -> None:
+        self.error = error
+        self.retry_after = retry_after
+
+    def describe(self, ev: TraceEvent) -> str:
+        then = ("no retry comes" if self.retry_after is None
+                else f"retry in {self.retry_after:g}s")
+        return f"FAULT (fault tolerance on): {self.error}; every request aborted, {then}"
+
+
+class EngineResume(EventRecord):
+    """engine.resume: the retry instruction arrived; the batches still in flight (``dropped``,
+    by step) are discarded and the busy loop resumes with what its queues hold."""
+
+    KIND = "engine.resume"
+    KEY = True
+    __slots__ = ("dropped",)
+
+    def __init__(self, dropped: list[int]) -> None:
+        self.dropped = dropped
+
+    def describe(self, ev: TraceEvent) -> str:
+        return f"resumes (HEALTHY); {len(self.dropped)} batch(es) in flight discarded"
+
+
+class IpcDropped(EventRecord):
+    """ipc.dropped: a message sent to an engine that is not connected (starting, restarting)
+    is dropped by the sender's ROUTER socket, which has no ROUTER_MANDATORY (vLLM 0.33
+    utils/network_utils.py:355-380): no error, nothing arrives."""
+
+    KIND = "ipc.dropped"
+    KEY = True
+    __slots__ = ("msg", "type", "ids")
+
+    def __init__(self, msg: str, type: str, ids: list[str]) -> None:
+        self.msg = msg
+        self.type = type
+        self.ids = ids
+
+    def describe(self, ev: TraceEvent) -> str:
+        return f"{self.type} for {self.ids!r} dropped: the engine is not connected"

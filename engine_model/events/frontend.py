@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from racesim.sim.trace import EventRecord, TraceEvent
 
-__all__ = ["FeAdd", "FeAddCancelled", "FeReject", "FeAbortNoop", "FeAbortIssue", "FeError",
-           "FeDrop", "FeStats", "FeOutput", "FePop", "FeUtility"]
+__all__ = ["FeAdd", "FeAddCancelled", "FeEncodeError", "FeReject", "FeAbortNoop",
+           "FeAbortIssue", "FeError", "FeDrop", "FeStats", "FeOutput", "FePop", "FeUtility"]
 
 
 def _ids(ids: list[str]) -> str:
@@ -35,6 +35,22 @@ class FeAdd(EventRecord):
             return (f"OutputProcessor already holds request_states[{ev.request!r}]: this add "
                     f"is taken as its streaming update and never registered")
         return f"OutputProcessor registers request_states[{ev.request!r}]"
+
+
+class FeEncodeError(EventRecord):
+    """fe.encode_error: encoding the ADD raised TypeError (an object msgpack cannot encode,
+    VLLM_ALLOW_INSECURE_SERIALIZATION off) after the request was registered; nothing is sent."""
+
+    KIND = "fe.encode_error"
+    KEY = True
+    __slots__ = ("uid",)
+
+    def __init__(self, uid: int) -> None:
+        self.uid = uid
+
+    def describe(self, ev: TraceEvent) -> str:
+        return (f"encoding the ADD of {ev.request!r} raises TypeError: not sent, "
+                f"generate() fails with no abort")
 
 
 class FeAddCancelled(EventRecord):

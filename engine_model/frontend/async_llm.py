@@ -19,6 +19,7 @@ from racesim.engine_model.events.frontend import (
     FeAbortIssue,
     FeAbortNoop,
     FeAddCancelled,
+    FeEncodeError,
     FeReject,
     FeUtility,
 )
@@ -44,7 +45,10 @@ if TYPE_CHECKING:
     from racesim.engine_model.frontend.hooks import LifecycleHooks
     from racesim.engine_model.frontend.state import FrontendState
 
-__all__ = ["AsyncLLM"]
+__all__ = ["AsyncLLM", "STOP_POINT"]
+
+#: the await on a stop-string ABORT's send (its width depends on the step's size)
+STOP_POINT = "frontend.output_handler:before_abort_send"
 
 Proc = Generator[simpy.Event, Any, Any]
 
@@ -88,9 +92,15 @@ class AsyncLLM:
                     max_tokens: int, n: int = 1, eos_at: int | None = None,
                     stop_string_at: int | None = None,
                     kv_transfer_params: KVTransferParams | None = None, prompt: str = "",
-                    fault: str = "",
+                    fault: str = "", dp_rank: int | None = None,
                     ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]:
         """Register then send; returns the collector, or the finish reason of a refusal.
+
+        ``fault == "encode"``: encoding the ADD raises TypeError after the registration (and
+        the DP engine choice), before the send (v1/serial_utils.py:220-225 from
+        core_client.py:1289-1291); for n == 1 generate()'s ``except Exception`` finds ``q``
+        None and aborts nothing (async_llm.py:838-851): the state stays. n > 1 aborts the
+        parent (:561-564). ``dp_rank``: the ``X-data-parallel-rank`` pin (DP only).
 
         A caller cancelled at the await on the ADD send (``simpy.Interrupt``) leaves with the
         ADD unsent (pyzmq drops a send it has not made when its future is cancelled) and, as
@@ -114,7 +124,7 @@ class AsyncLLM:
             if self._register_first:
                 return (yield from self._fan_out(
                     parent, ids, client_uid, prompt_tokens, max_tokens, eos_at,
-                    stop_string_at, kv_transfer_params, prompt, fault))
+                    stop_string_at, kv_transfer_params, prompt, fault, dp_rank))
         for index, rid in enumerate(ids):
             registered = not op.has_request(rid)
             if not registered and not op.finishes_duplicates:
@@ -130,7 +140,12 @@ class AsyncLLM:
             req = EngineCoreRequest(rid, request_id, prompt_tokens, max_tokens, self.index,
                                     eos_at, kv_transfer_params, self._next_inc(), prompt, fault)
             engine = self._register(req, parent, index, collector, client_uid, stop_string_at,
-                                    registered)
+                                    registered, dp_rank)
+            if fault == "encode":
+                world.emit(self.name, rid, req.inc, FeEncodeError(client_uid))
+                if n > 1:
+                    yield from self.abort(internal, internal=True)
+                return FinishReason.ERROR
             ev = world.sleep("frontend.add_request:before_send", 0.0, self.name)
             if ev is not None:
                 try:
@@ -147,7 +162,8 @@ class AsyncLLM:
 
     def _register(self, req: EngineCoreRequest, parent: ParentRequest | None, index: int,
                   collector: RequestOutputCollector, client_uid: int,
-                  stop_string_at: int | None, registered: bool) -> int:
+                  stop_string_at: int | None, registered: bool,
+                  dp_rank: int | None = None, route: bool = True) -> int:
         """``OutputProcessor.add_request`` for one request (or child), and the engine its ADD
         goes to. A duplicate on a profile that finishes duplicates is no error: the old stream
         ends, the new request is not registered, and its ADD still goes (vLLM 0.33
@@ -157,7 +173,8 @@ class AsyncLLM:
         op = self.output_processor
         if not registered:
             op.finish_stream(req)
-        engine = self.engine if self.dp is None else self.dp.choose(req.request_id, req.inc)
+        engine = (self.engine if self.dp is None or not route
+                  else self.dp.choose(req.request_id, req.inc, rank=dp_rank))
         if registered:
             op.add_request(req, parent, index, collector, client_uid, engine, stop_string_at)
         else:
@@ -167,7 +184,7 @@ class AsyncLLM:
     def _fan_out(self, parent: ParentRequest, ids: list[str], client_uid: int,
                  prompt_tokens: int, max_tokens: int, eos_at: int | None,
                  stop_string_at: int | None, kv_transfer_params: KVTransferParams | None,
-                 prompt: str, fault: str,
+                 prompt: str, fault: str, dp_rank: int | None = None,
                  ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]:
         """n > 1 in vLLM 0.33 (async_llm.py:538-565): every child is registered in the
         OutputProcessor first, with no await between, then each child's ADD send is awaited
@@ -195,9 +212,17 @@ class AsyncLLM:
                 if index > 0:
                     yield from self.abort(parent.request_id, internal=True)
                 return FinishReason.REJECTED
+            # An encode error stops the fan-out at the first child's add_request_async, the
+            # only one vLLM routes (core_client.py:1607-1616): the others are never chosen.
             sends.append((req, self._register(req, parent, index, collector, client_uid,
-                                              stop_string_at, registered)))
+                                              stop_string_at, registered, dp_rank,
+                                              route=not (fault == "encode" and index > 0))))
         for req, engine in sends:
+            if fault == "encode":
+                # the first child's encode raises inside the try: abort the parent, re-raise
+                world.emit(self.name, req.request_id, req.inc, FeEncodeError(client_uid))
+                yield from self.abort(parent.request_id, internal=True)
+                return FinishReason.ERROR
             ev = world.sleep("frontend.add_request:before_send", 0.0, self.name)
             if ev is not None:
                 try:
@@ -324,6 +349,14 @@ class AsyncLLM:
         for engine in self.engines:
             self._send(UtilityMessage(method, mode), ["*"], engine)
 
+    def next_inc(self) -> int:
+        """A fresh ground-truth number (the System's counter)."""
+        return self._next_inc()
+
+    def send_add(self, req: EngineCoreRequest, engine: int) -> None:
+        """Put an ADD on ``engine``'s input socket (the send after its await point)."""
+        self._send(req, [req.request_id], engine, incs=[req.inc])
+
     def _send(self, msg: Any, request_ids: list[str], engine: int, *,
               incs: list[int] | None = None, tag: int | None = None,
               resumable: bool | None = None) -> None:
@@ -376,10 +409,15 @@ class AsyncLLM:
                 continue
             for start in range(0, len(outputs), chunk):
                 reqs_to_abort = op.process_outputs(outputs[start:start + chunk])
-                if start + chunk < len(outputs):
+                more = start + chunk < len(outputs)
+                if more:
                     ev = world.sleep("frontend.output_handler:between_chunks", 0.0, self.name)
                     if ev is not None:
                         yield ev
                 if reqs_to_abort:
+                    if more:
+                        # async_llm.py:905-922: this chunk's stop-string ABORT waits behind
+                        # the sleep(0) between chunks, so its window yields
+                        world.widen_next(STOP_POINT)
                     yield from self.policy.abort_stop_strings(self, reqs_to_abort)
 

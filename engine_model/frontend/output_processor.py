@@ -232,6 +232,18 @@ class OutputProcessor:
                                if c in self.request_states and not self.request_states[c].finished)
         return out
 
+    def drop_parents(self, request_ids: Sequence[str]) -> None:
+        """vLLM 0.33 output_processor.py:653-659: an abort by a parent's internal ID pops its
+        ``parent_requests`` entry after aborting the children it still lists."""
+        for rid in request_ids:
+            parent = self.parent_requests.get(rid)
+            if parent is not None and not any(c in self.request_states
+                                              for c in parent.child_requests):
+                del self.parent_requests[rid]
+
+    def parent_ids(self) -> list[str]:
+        return list(self.parent_requests)
+
     def abort_requests(self, request_ids: Sequence[str]) -> list[str]:
         """Pop the states and give each client its final "abort" output (vLLM #22283).
 

@@ -67,6 +67,15 @@ class FrontendState(Protocol):
         """The internal IDs an abort of ``request_ids`` means."""
         ...
 
+    def drop_parents(self, request_ids: Sequence[str]) -> None:
+        """An abort by internal ID named these IDs: pop each that is an n > 1 parent whose
+        children have no state left (vLLM pops it inside ``abort_requests``)."""
+        ...
+
+    def parent_ids(self) -> list[str]:
+        """Every ``parent_requests`` key (the RL router's abort-all names them)."""
+        ...
+
     def abort_requests(self, request_ids: Sequence[str]) -> list[str]:
         """Drop the states of these internal IDs (final "abort" outputs to their clients)."""
         ...

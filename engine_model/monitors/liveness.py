@@ -12,6 +12,7 @@ from typing import cast
 from racesim.engine_model.events import (
     DpAbortUnrouted,
     EngineReject,
+    EngineResume,
     FeAbortIssue,
     FeAdd,
     FePop,
@@ -49,7 +50,7 @@ class IdLiveness:
             (SchedAbortMiss.KIND, self.sched_abort_miss), (SchedStep.KIND, self.sched_step),
             (SchedUpdate.KIND, self.sched_update), (PdHold.KIND, self.pd_hold),
             (PdRelease.KIND, self.pd_release), (DpAbortUnrouted.KIND, self.abort_unrouted),
-            (EngineReject.KIND, self.engine_reject),
+            (EngineReject.KIND, self.engine_reject), (EngineResume.KIND, self.engine_resume),
         ]
 
     # -- frontend -------------------------------------------------------------------------------
@@ -209,6 +210,16 @@ class IdLiveness:
             i = truth.incs.get(inc)
             if i is not None:
                 i.inflight -= 1
+
+    def engine_resume(self, ev: TraceEvent) -> None:
+        """Fault tolerance: the batches in flight were discarded, never applied."""
+        truth = self.truth
+        engine = truth.engine_of(ev.component)
+        for step in cast(EngineResume, ev.detail).dropped:
+            for inc in self._steps.pop((engine, step), ()):
+                i = truth.incs.get(inc)
+                if i is not None:
+                    i.inflight -= 1
 
     # -- P/D holds ------------------------------------------------------------------------------
 
