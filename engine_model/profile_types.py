@@ -72,6 +72,9 @@ class VllmProfile:
     external_abort_parent: str
     widths: Mapping[str, str]
     behaviours: tuple[Behaviour, ...]
+    #: an abort made in the frontend gives its client a final "abort" output (vLLM #22283,
+    #: from 0.10); before, ``OutputProcessor.abort_requests`` only pops the state.
+    abort_final_output: bool = True
 
     def width(self, point: str) -> str:
         return self.widths.get(point, "live")
