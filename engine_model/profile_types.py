@@ -76,6 +76,9 @@ class VllmProfile:
     behaviours: tuple[Behaviour, ...]
     #: why this profile's P/D verdicts are unverified ("": they follow that release's code).
     pd_unverified: str = ""
+    #: an abort made in the frontend gives its client a final "abort" output (vLLM #22283,
+    #: from 0.10); before, ``OutputProcessor.abort_requests`` only pops the state.
+    abort_final_output: bool = True
 
     def width(self, point: str) -> str:
         return self.widths.get(point, "live")

@@ -92,7 +92,9 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
 
     p09 = replace(
         p010, name="0.9",
-        release="vLLM 0.9.2 (2025-07): 0.10's lifecycle semantics, no async scheduling",
+        release="vLLM 0.9.2 (2025-07): 0.10's lifecycle semantics, no async scheduling, no "
+                "final output for a frontend abort",
+        abort_final_output=False,
         pd_unverified="0.9.2's NIXL connector is not modelled: this profile keeps 0.10's hold",
         behaviours=(
             Behaviour("as 0.10: add_request overwrites requests[id]; the OutputProcessor "
@@ -101,6 +103,9 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "0.9.2 v1/core/sched/scheduler.py:927-931, "
                       "v1/engine/output_processor.py:301-328, v1/engine/async_llm.py:246, "
                       "336-337"),
+            Behaviour("an abort in the frontend pops the request's state and gives its "
+                      "client no final output (0.10 added the final 'abort' output, #22283)",
+                      "0.9.2 v1/engine/output_processor.py:301-316"),
             Behaviour("no AsyncScheduler: synchronous scheduling only (a scenario setting "
                       "async_scheduling is refused on the vllm backend)",
                       "0.9.2 v1/core/sched/ (no async_scheduler.py)"),

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 
 from racesim.engine_model.config import Workload
 
-__all__ = ["SUPPORTED_POLICIES", "unsupported_reason", "model_only_reason"]
+__all__ = ["SUPPORTED_POLICIES", "unsupported_reason", "model_only_reason",
+           "release_gap"]
 
 #: policy -> the ``suffix_hex`` values the real ``assign_request_id`` can give.
 SUPPORTED_POLICIES: dict[str, tuple[str, ...]] = {"buggy": (), "internal-id": ("8", "0")}
@@ -32,10 +33,8 @@ def unsupported_reason(workload: Workload, policy: str,
         # vLLM before 0.14 keeps the caller's ID end to end (v1/engine/processor.py)
         return (f"policy 'internal-id' cannot run on the vllm backend with vLLM {release} "
                 f"(it assigns no internal IDs before 0.14); use buggy or suffix_hex=0")
-    if release is not None and release_key(release) < (0, 10) \
-            and workload.engine.async_scheduling:
-        return (f"engine.async_scheduling cannot run on the vllm backend with vLLM {release}: "
-                f"it has no AsyncScheduler (v1/core/sched/async_scheduler.py came in 0.10)")
+    if (gap := release_gap(workload, release)) is not None:
+        return gap
     if policy not in SUPPORTED_POLICIES:
         return (f"policy {policy!r} cannot run on the vllm backend (it changes vLLM's own "
                 f"code); the vllm backend runs: buggy, internal-id (suffix_hex 8 or 0)")
@@ -45,6 +44,17 @@ def unsupported_reason(workload: Workload, policy: str,
         return (f"policy {policy!r} with suffix_hex={suffix} cannot run on the vllm backend "
                 f"(vLLM's assign_request_id adds 8 hex characters, or none: suffix_hex 8 or 0)")
     return model_only_reason(workload)
+
+
+def release_gap(workload: Workload, release: str | None) -> str | None:
+    """Why vLLM ``release``'s own classes cannot run this scenario (one line), or None."""
+    from racesim.engine_vllm._api import release_key
+
+    if release is not None and release_key(release) < (0, 10) \
+            and workload.engine.async_scheduling:
+        return (f"engine.async_scheduling cannot run on the vllm backend with vLLM {release}: "
+                f"it has no AsyncScheduler (v1/core/sched/async_scheduler.py came in 0.10)")
+    return None
 
 
 def model_only_reason(workload: Workload) -> str | None:

@@ -58,11 +58,19 @@ def conform_cmd(scenarios: Sequence[str], vllm: str | None, policies: Sequence[s
     death. Exit 1 on a mismatch the known-mismatch table does not list, else 0."""
     scens = [load_scenario(n).with_vllm(vllm) for n in (scenarios or bundled_names())]
     if not scenarios:
-        # every bundled one: those needing a feature this release lacks run on neither backend
-        for scen in [x for x in scens if profile_gap(x.workload) is not None]:
-            click.echo(f"racesim: {scen.name}: {profile_gap(scen.workload)}; not conformed",
-                       err=True)
-        scens = [x for x in scens if profile_gap(x.workload) is None]
+        # every bundled one: those needing a feature this release lacks are left out
+        from racesim.engine_vllm.support import release_gap
+        from racesim.engines import installed_vllm
+
+        release = installed_vllm()
+        kept = []
+        for scen in scens:
+            gap = profile_gap(scen.workload) or release_gap(scen.workload, release)
+            if gap is None:
+                kept.append(scen)
+            else:
+                click.echo(f"racesim: {scen.name}: {gap}; not conformed", err=True)
+        scens = kept
     options = _options(policy_opts)
     cells = ([(p, options) for p in policies]
              or [(p, {**o, **options}) for p, o in _default_policies(scens)])

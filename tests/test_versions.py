@@ -29,8 +29,8 @@ def test_every_point_has_a_width_in_every_profile() -> None:
         assert profile.width("frontend.abort:after_pop") == "latent"
         assert profile.width("ipc.input:transit") == "live"
         assert profile.width("frontend.output_handler:between_chunks") == "yield"
-    with pytest.raises(InputError, match=r"unknown vLLM version '0\.9'"):
-        get_profile("0.9")
+    with pytest.raises(InputError, match=r"unknown vLLM version '0\.7'"):
+        get_profile("0.7")
 
 
 def test_the_default_profile_is_033_and_a_scenario_can_name_another() -> None:

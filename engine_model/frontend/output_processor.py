@@ -98,6 +98,8 @@ class OutputProcessor:
         #: 0.33 output_processor.py:620-661: an abort by external ID pops the children's
         #: states but not their parent's parent_requests entry.
         self._external_abort_keeps_parent = profile.external_abort_parent == "keep"
+        #: before 0.10 (#22283) an abort made here gave the client no final output
+        self._abort_final_output = profile.abort_final_output
         #: under data parallelism each state's engine is the load balancer's choice, and the
         #: trace names it where an abort is issued (for the checker).
         self.dp = False
@@ -255,7 +257,7 @@ class OutputProcessor:
             state = self.request_states.get(rid)
             if state is None:
                 continue
-            if not state.finished:
+            if not state.finished and self._abort_final_output:
                 self._deliver(state, [], FinishReason.ABORT)
             self._pop(state, "abort")
             popped.append(rid)
