@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from racesim.cli import main
+from _cli import cli as _cli, one_line_error as _one_line_error
 from racesim.scenarios.limits import (
     MAX_FILE_BYTES,
     MAX_REQUESTS,
@@ -39,21 +39,6 @@ id = "X"
 """
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_:
-        main(list(args))
-    out = capsys.readouterr()
-    code = exit_.value.code
-    return (code if isinstance(code, int) else 1), out.out, out.err
-
-
-def _one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code == 2, err
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("racesim: error: "), err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
 
 
 @pytest.mark.parametrize(("top", "engine", "request_", "key"), [

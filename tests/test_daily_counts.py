@@ -7,20 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from racesim.cli import main
+from _cli import cli as _cli
 from racesim.explore import explore
 from racesim.reports.verdict import ACCOUNTING, RACE, verdict
 from racesim.runner import RunSpec
 from racesim.scenarios import load_scenario
 from racesim.sim.strategies import StrategyConfig, make_strategy
 
-
-def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_:
-        main(list(args))
-    out = capsys.readouterr()
-    code = exit_.value.code
-    return (code if isinstance(code, int) else 1), out.out, out.err
 
 
 def _recount(budget: int) -> tuple[int, int]:

@@ -12,26 +12,12 @@ from typing import Any
 
 import pytest
 
-from racesim.cli import main
+from _cli import cli as _cli, one_line_error as _one_line_error
 
 _SCRIPT = Path(sys.executable).with_name("racesim")
 COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "racesim"]
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_:
-        main(list(args))
-    out = capsys.readouterr()
-    code = exit_.value.code
-    return (code if isinstance(code, int) else 1), out.out, out.err
-
-
-def _one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code == 2, err
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("racesim: error: "), err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
 
 
 def _scenario(tmp_path: Path, extra: str) -> str:
