@@ -32,8 +32,8 @@ _SAME_WIDTHS = Behaviour(
     "await widths as 0.33: the ADD/ABORT send is an eager pyzmq send on a ROUTER with "
     "SNDHWM=0, and the output handler yields between chunks of "
     "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE=128",
-    "0.10.1.1 utils/__init__.py:2849, envs.py:113; 0.14.0 utils/network_utils.py:288; "
-    "0.20.0 utils/network_utils.py:315")
+    "0.9.2 utils/__init__.py:2585, envs.py:105; 0.10.1.1 utils/__init__.py:2849, envs.py:113; "
+    "0.14.0 utils/network_utils.py:288; 0.20.0 utils/network_utils.py:315")
 
 _NOT_MODELLED = Behaviour(
     "not modelled for this release (a scenario needing it is refused): data parallelism "
@@ -61,7 +61,7 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         behaviours=(
             Behaviour("Scheduler.add_request overwrites requests[id] with no check; the old "
                       "object stays in its queue", "0.10.1.1 v1/core/sched/scheduler.py:970-973 "
-                      "(0.11.0 the same)"),
+                      "(0.11.0 the same at :1097-1100)"),
             Behaviour("OutputProcessor.add_request raises 'Request id ... already running' for "
                       "a held ID", "0.10.1.1 v1/engine/output_processor.py:333-335"),
             Behaviour("no external/internal ID split: Processor passes the caller's ID "
@@ -80,8 +80,8 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
             Behaviour("P/D: the prefill side holds LENGTH_CAPPED requests' blocks for "
                       "VLLM_NIXL_ABORT_REQUEST_TIMEOUT=120 s; an aborted request waiting for "
                       "remote KV is freed at once", "0.10.1.1 envs.py:155, "
-                      "kv_connector/v1/nixl_connector.py:398, v1/core/sched/scheduler.py "
-                      "finish_requests"),
+                      "kv_connector/v1/nixl_connector.py:398, v1/core/sched/scheduler.py:999 "
+                      "(finish_requests)"),
             _NOT_MODELLED, _SAME_WIDTHS,
         ))
     p011 = replace(p010, name="0.11",

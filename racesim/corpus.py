@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from racesim.engine_model.versions import PROFILES
-from racesim.engines import installed_vllm, why_not_run
+from racesim.engines import SUPPORTED_VLLM, installed_vllm, why_not_run
 from racesim.engines import profile_of_release as engines_profile_of_release
 from racesim.explore import ExploreResult, explore
 from racesim.scenarios import Scenario, corpus_names, load_scenario
@@ -84,9 +84,15 @@ def profile_of_release(release: str) -> str | None:
     "0.8.1"), else None (neither backend follows that release)."""
     found = engines_profile_of_release(release)
     if found is not None:
-        return found
+        # a profile follows one patch release: an earlier patch (0.9.0 against 0.9.2's
+        # profile) may still hold the bug that patch fixed, so nothing follows it
+        return None if _patch_key(release) < _patch_key(SUPPORTED_VLLM[found]) else found
     matching = [name for name in PROFILES if release == name or release.startswith(name + ".")]
     return max(matching, key=len, default=None)
+
+
+def _patch_key(release: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in release.split(".") if p.isdigit())
 
 
 def release_python(venvs: Path | None, release: str) -> Path | None:

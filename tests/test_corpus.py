@@ -127,7 +127,8 @@ def test_corpus_skips_a_release_that_is_not_installed(tmp_path: Path) -> None:
     and the JSON document has its shape."""
     path = tmp_path / "1-example.toml"
     path.write_text(entry(buggy="0.9.2", fixed="0.10.1.1"), encoding="utf-8")
-    proc = racesim("corpus", str(path), "--json", "--out", str(tmp_path / "out"))
+    none = str(tmp_path / "no-venvs")  # whatever RACESIM_VLLM_VENVS names on this machine
+    proc = racesim("corpus", str(path), "--json", "--out", str(tmp_path / "out"), "--venvs", none)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert {"installed", "releases", "options", "entries", "found", "tried", "fixed_clean",
@@ -141,7 +142,7 @@ def test_corpus_skips_a_release_that_is_not_installed(tmp_path: Path) -> None:
         assert "racesim corpus --install DIR" in e[role]["reason"]
     assert (doc["found"], doc["tried"], doc["fixed_tried"]) == (0, 0, 0)
     assert len(doc["skipped"]) == 2
-    human = racesim("corpus", str(path), "--out", str(tmp_path / "out"), "--html",
+    human = racesim("corpus", str(path), "--out", str(tmp_path / "out"), "--venvs", none, "--html",
                     str(tmp_path / "corpus.html"))
     assert human.returncode == 0, human.stderr
     assert "skipped: vLLM 0.9.2 is not installed here" in human.stdout
