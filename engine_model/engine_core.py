@@ -99,7 +99,8 @@ class EngineCore(EngineShell):
 
     # -- sockets --------------------------------------------------------------------------------
 
-    def deliver_kv_notice(self, notice: KVDoneNotice | KVHeartbeat | KVPullRequest) -> None:
+    def deliver_kv_notice(self, notice: KVDoneNotice | KVHeartbeat | KVPullRequest
+                          | KVPushRegistration) -> None:
         """Prefill side: the decode side's transfer-done notice or heartbeat (NIXL side
         channel)."""
         if self.dead is not None or self.connector is None:

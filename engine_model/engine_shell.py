@@ -60,7 +60,9 @@ class EngineShell:
         self.name = name
         self.config = config
         #: decode side under P/D: the connector whose leases and heartbeats wake an idle loop.
-        self.connector: ConnectorScheduler | None = None
+        #: (the vllm backend's NixlTransport stands in for it: typed loosely, so the compiled
+        #: shell accepts that interpreted class)
+        self.connector: ConnectorScheduler | Any = None
         self.output_channels: dict[int, Channel] = {}
         #: decode side: where transfer-done notices go, by remote engine index.
         self.notify_channels: dict[int, Channel] = {}
