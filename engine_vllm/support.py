@@ -71,7 +71,7 @@ def model_only_reason(workload: Workload) -> str | None:
     release = workload.engine.vllm or DEFAULT_VLLM
     if workload.topology == "pd" and release != "0.33":
         return (f"P/D on the vllm backend runs vLLM 0.33's NIXL connector only, not "
-                f"{release}'s")
+                f"{release}'s: model-only there")
     if workload.topology == "pd" and workload.pd.connector != "nixl-pull":
         # push mode and Mooncake are checked on vLLM's own code by their vllm-marked tests
         # (test_push_vllm.py, test_mooncake_vllm.py), not wired into the backend's engines
