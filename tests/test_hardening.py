@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _cli import one_line_error
 
 from racesim.cli import main
 from racesim.explore import explore
@@ -62,15 +63,6 @@ def script(*args: str, cwd: Path | None = None, columns: int = 200,
     env.update(COLUMNS=str(columns), NO_COLOR="1")
     return subprocess.run([*COMMAND, *args], capture_output=True, text=True, env=env, cwd=cwd,
                           timeout=300, check=False, **kw)
-
-
-def one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code == 2, err
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("racesim: error: "), err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
 
 
 # -- 1. writing outputs --------------------------------------------------------------------------
