@@ -61,7 +61,7 @@ def model_only_reason(workload: Workload) -> str | None:
     """Why this scenario's deployment is model-only on the vllm backend (one line), or None.
 
     P/D runs vLLM's own NixlConnector scheduler side with a simulated transport
-    (:mod:`racesim.engine_vllm.nixl`), written against 0.33's ``v1/nixl/`` package (pull
+    (:mod:`racesim.engine_vllm.connectors.nixl`), written against 0.33's ``v1/nixl/`` package (pull
     scheduler and pull worker); older releases have another NIXL module and API
     (``v1/nixl_connector.py`` before 0.20), so P/D on them is model-only. Data parallelism runs
     (one vLLM Scheduler per DP rank; the DP client and coordinator are asyncio and socket

@@ -1,7 +1,7 @@
 """The modelled deployment with vLLM's own engine-side classes, and the run entry point.
 
 Everything asynchronous is the model's (clients, AsyncLLM tasks, sockets, timing); the engine is
-:class:`racesim.engine_vllm.engine_core.VllmEngineCore`, and ID assignment is vLLM's own
+:class:`racesim.engine_vllm.engine.core.VllmEngineCore`, and ID assignment is vLLM's own
 ``InputProcessor.assign_request_id`` for the ``internal-id`` policy; each frontend's request
 state is vLLM's own ``OutputProcessor`` (:mod:`racesim.engine_vllm.frontend`).
 
@@ -28,10 +28,10 @@ from racesim.engine_model.policies import LifecyclePolicy
 from racesim.engine_model.system import RunResult, System
 from racesim.engine_model.system import run_workload as _run_model
 from racesim.engine_vllm import _vllm
-from racesim.engine_vllm.engine_core import VllmEngineCore
+from racesim.engine_vllm.engine.core import VllmEngineCore
 from racesim.engine_vllm.frontend import VllmOutputProcessor
-from racesim.engine_vllm.nixl import NixlFabric, install_clock
-from racesim.engine_vllm.views import Vocabulary
+from racesim.engine_vllm.connectors.nixl import NixlFabric, install_clock
+from racesim.engine_vllm.engine.views import Vocabulary
 from racesim.sim.points import DelayPlan
 
 __all__ = ["VllmSystem", "run_workload"]
@@ -96,7 +96,7 @@ class VllmSystem(System):
     def new_pd_engine(self, index: int, role: str) -> Any:
         """A P/D engine whose Scheduler runs vLLM's own NixlConnector (kv_producer on the
         prefill side, kv_consumer on the decode side), its worker simulated
-        (:mod:`racesim.engine_vllm.nixl`)."""
+        (:mod:`racesim.engine_vllm.connectors.nixl`)."""
         wl = self.workload
         assert self.fabric is not None
         self.fabric.engine_ids[role] = index

@@ -218,7 +218,7 @@ def make_strategy(name: str, config: StrategyConfig) -> Strategy:
                                           "grid": GridStrategy}
     cls = classes.get(name)
     if cls is None:
-        # "hypothesis" is no Strategy: racesim.hypothesis_search drives hypothesis itself
+        # "hypothesis" is no Strategy: racesim.explore.hypothesis_search drives hypothesis itself
         raise InputError(f"unknown strategy {name!r} (known: {', '.join(classes)})")
     return cls(config)
 

@@ -73,7 +73,7 @@ def under_ci() -> bool:
 
 def vllm_missing() -> str | None:
     """Why the vllm backend cannot run here, or None (read from metadata: no import)."""
-    from racesim.engines import INSTALL_COMMAND, SUPPORTED_VLLM, installed_vllm
+    from racesim.runner.engines import INSTALL_COMMAND, SUPPORTED_VLLM, installed_vllm
 
     version = installed_vllm()
     if version is None:
@@ -103,7 +103,7 @@ def vllm_backend() -> Any:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    from racesim.engines import installed_vllm
+    from racesim.runner.engines import installed_vllm
 
     version = installed_vllm() or ""
     for item in items:

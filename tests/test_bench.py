@@ -16,7 +16,7 @@ from racesim.bench import (
     run_bench,
     storm_workload,
 )
-from racesim.bench_render import print_bench
+from racesim.bench.render import print_bench
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_bare_simpy_counts_steps() -> None:
 
 
 def test_the_vllm_figure_is_measured_or_says_why_not(doc: dict) -> None:
-    from racesim.engines import installed_vllm
+    from racesim.runner.engines import installed_vllm
 
     vllm = doc["vllm"]
     assert vllm["scenario"] == "abort-reuse" and vllm["vllm"] == "0.33"
@@ -125,7 +125,7 @@ def test_the_vllm_figure_is_measured_or_says_why_not(doc: dict) -> None:
 
 def test_without_vllm_the_figure_is_unavailable_not_an_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import racesim.bench_vllm as bench_vllm
+    import racesim.bench.vllm as bench_vllm
 
     monkeypatch.setattr(bench_vllm, "_unavailable", lambda: "vLLM is not installed")
     section = bench_vllm.measure_vllm(8, 1, lambda _msg: None)

@@ -217,7 +217,7 @@ def test_lane_labels_and_titles_are_whole(browser: str, pd_report: Path, tmp_pat
 
 def test_matrix_report_shows_parameters_legend_and_accounting_style(
         browser: str, tmp_path: Path) -> None:
-    from racesim.matrix import run_matrix
+    from racesim.explore.matrix import run_matrix
     from racesim.reports import write_matrix_report
 
     result = run_matrix([load_scenario("abort-reuse"), load_scenario("multi-frontend")],
@@ -248,8 +248,8 @@ def test_matrix_and_cell_reports_link_each_other_in_the_browser(browser: str,
     import re
     from urllib.parse import unquote
 
-    from racesim.matrix import run_matrix
-    from racesim.report_files import write_matrix_reports
+    from racesim.explore.matrix import run_matrix
+    from racesim.documents.report_files import write_matrix_reports
 
     result = run_matrix([load_scenario("duplicate-in-flight")], ["buggy"], budget=3, seed=0,
                         strategy="random", workers=1, dask=None, skip=(),

@@ -1,6 +1,6 @@
 """``racesim run`` and ``racesim list`` end to end, through the installed console script.
 
-The JSON document's contract (``run_document`` in racesim/documents.py), and bad input: exit
+The JSON document's contract (``run_document`` in racesim/documents/__init__.py), and bad input: exit
 status 2 with exactly one line on stderr and no traceback (the README's exit-status table).
 """
 

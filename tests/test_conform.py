@@ -15,8 +15,8 @@ from click.testing import CliRunner
 import racesim.conform as conform_module
 from racesim.cli import cli
 from racesim.conform import conform, lifecycle
-from racesim.conform_known import KNOWN, KnownMismatch, explain, markdown_table
-from racesim.conform_outcome import differences, outcome_of
+from racesim.conform.known import KNOWN, KnownMismatch, explain, markdown_table
+from racesim.conform.outcome import differences, outcome_of
 from racesim.documents import read_counterexample
 from racesim.engine_model import RunResult
 from racesim.runner import run_scenario
@@ -198,7 +198,7 @@ def test_conform_json_and_exit_status(monkeypatch: pytest.MonkeyPatch, tmp_path:
     page = html.read_text(encoding="utf-8")
     assert "Unlisted mismatch" in page and "--engine vllm" in page and "<script" not in page
 
-    import racesim.conform_known as known_module
+    import racesim.conform.known as known_module
     monkeypatch.setattr(known_module, "KNOWN", (KnownMismatch(
         "abort-storm", "internal-id", ("finish_reason:*",), "a test's listed cause"),))
     r = _cli(["conform", "abort-storm", "--budget", "2", "--workers", "1",

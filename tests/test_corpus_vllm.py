@@ -60,7 +60,7 @@ def test_the_readme_table_is_what_racesim_corpus_prints(vllm_backend: object,
     """Every entry is in the README; each cell of a release that ran here (installed, or in a
     venv under RACESIM_VLLM_VENVS) and every model cell equal the command's output with its
     default options."""
-    from racesim.cli_corpus import markdown_table
+    from racesim.cli.corpus import markdown_table
 
     doc = _corpus("--out", str(tmp_path))
     printed = {}

@@ -143,7 +143,7 @@ def _schedule(i: int) -> tuple[object, ...]:
 
 
 def test_distinct_schedules_are_counted_exactly_below_the_limit() -> None:
-    from racesim.distinct import DistinctCounter
+    from racesim.explore.distinct import DistinctCounter
 
     counter = DistinctCounter()
     for i in range(3000):
@@ -155,7 +155,7 @@ def test_distinct_schedules_are_counted_exactly_below_the_limit() -> None:
 def test_past_the_limit_the_count_is_a_marked_estimate_in_fixed_memory() -> None:
     import tracemalloc
 
-    from racesim.distinct import DistinctCounter
+    from racesim.explore.distinct import DistinctCounter
 
     counter = DistinctCounter(exact_limit=1000)
     for i in range(1000):

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 
 from racesim.cli import main
-from racesim.pytest_plugin import RaceFound, RaceSim
+from racesim.plugin import RaceFound, RaceSim
 from racesim.scenarios.strategies import scenarios
 
 HELD = ("frontend.abort:after_pop", None, 0.05)

@@ -17,7 +17,7 @@ import pytest
 from _hash_seeds import hashes_per_seed
 from click.testing import CliRunner
 
-from racesim import engines
+from racesim.runner import engines
 from racesim.cli import cli, main
 from racesim.documents import read_counterexample
 from racesim.engine_model import RunResult
@@ -141,7 +141,7 @@ def test_the_runners_own_error_kills_the_engine(monkeypatch: pytest.MonkeyPatch)
     executor's runner raising must end the run with a dead engine, not a racesim traceback.
     (The backend's own method is patched: a compiled runner's methods cannot be.)"""
     from racesim.engine_model.fatal import EngineFatal
-    from racesim.engine_vllm.engine_core import VllmEngineCore
+    from racesim.engine_vllm.engine.core import VllmEngineCore
 
     def broken(self: VllmEngineCore, so: object) -> object:
         raise EngineFatal("KeyError: 'X' in GPUModelRunner.requests (execute)")

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import racesim.engine_vllm.system as vsys
 from racesim.conform import conform, lifecycle
-from racesim.conform_outcome import differences, outcome_of
+from racesim.conform.outcome import differences, outcome_of
 from racesim.engine_model import EngineConfig, RequestSpec, Workload, load_policy, run_workload
 from racesim.engine_vllm import run_workload as run_on_vllm
 from racesim.runner import run_scenario

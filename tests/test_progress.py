@@ -17,7 +17,7 @@ from rich.console import Console
 import racesim.bench as bench_module
 import racesim.cli as cli_module
 from racesim.cli import main
-from racesim.progress import ProgressBar
+from racesim.cli.progress import ProgressBar
 
 
 def _log(text: io.StringIO) -> Console:
@@ -117,7 +117,7 @@ def test_bench_logs_one_line_per_phase(monkeypatch: pytest.MonkeyPatch,
         return {"fake": True}
 
     monkeypatch.setattr(bench_module, "run_bench", fake_bench)
-    monkeypatch.setattr("racesim.bench_render.print_bench", lambda console, doc: None)
+    monkeypatch.setattr("racesim.bench.render.print_bench", lambda console, doc: None)
     with pytest.raises(SystemExit):
         main(["bench", "--quick"])
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("racesim: bench")]

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from racesim.engine_model import INVARIANTS, POLICIES
-from racesim.render import print_matrix
+from racesim.cli.render import print_matrix
 from racesim.scenarios import bundled_names
 
 
@@ -109,8 +109,8 @@ def test_matrix_cells_link_their_reports_and_files_and_reports_link_back(
     import re
     from urllib.parse import unquote
 
-    from racesim.matrix import run_matrix
-    from racesim.report_files import write_matrix_reports
+    from racesim.explore.matrix import run_matrix
+    from racesim.documents.report_files import write_matrix_reports
     from racesim.scenarios import load_scenario
 
     out = tmp_path / "out"

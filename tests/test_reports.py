@@ -112,7 +112,7 @@ def test_run_report_verdict_lanes_violation_schedule_and_command(abort_reuse: An
 def test_the_terminal_numbers_incarnations_as_the_report_does(abort_reuse: Any) -> None:
     from rich.console import Console
 
-    from racesim.render import print_run
+    from racesim.cli.render import print_run
 
     _scen, result, command, html = abort_reuse
     console = Console(record=True, width=400)

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from racesim.engine_model.points import POINTS
-from racesim.render import timeline_events
+from racesim.cli.render import timeline_events
 from racesim.reports.focus import race_span
 from racesim.reports.model import TraceModel, topology_of
 from racesim.runner import RunSpec, parse_delay_option, run_scenario

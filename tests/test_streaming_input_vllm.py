@@ -162,7 +162,7 @@ def test_any_mix_of_sessions_and_duplicates_agrees_with_vllm(
         vllm_backend: Any) -> None:
     """Sessions (input_chunks > 0) and plain requests, sharing IDs, aborted, ended by EOS: the
     same outcomes on both backends, but for the listed difference after an engine death
-    (racesim/conform_known.py)."""
+    (racesim/conform/known.py)."""
     model, vllm = _runs("buggy" if equal_ids else "internal-id", *requests,
                         async_scheduling=async_scheduling)
     seen_model, seen_vllm = _seen(model), _seen(vllm)

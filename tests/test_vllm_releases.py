@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from racesim import engines
+from racesim.runner import engines
 from racesim.cli import main
 from racesim.conform import lifecycle
 from racesim.documents import Counterexample, read_counterexample, write_counterexample
 from racesim.engine_model.versions import PROFILES, RELEASE_OF
 from racesim.engine_vllm import unsupported_reason
-from racesim.releases import SUPPORTED, default_folder, venv_python, venv_release
+from racesim.corpus.releases import SUPPORTED, default_folder, venv_python, venv_release
 from racesim.runner import run_scenario
 from racesim.scenarios import bundled_names, load_scenario
 from racesim.sim import InputError

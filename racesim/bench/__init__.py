@@ -42,13 +42,13 @@ returns:
 ``feature_schedules_per_s``, ``features``
     exploration speed on newer lifecycle features' scenarios (prefix-reuse under internal-id, on
     its own profile), measured as ``schedules_per_s`` with a fifth of its budget
-    (:mod:`racesim.bench_features`).
+    (:mod:`racesim.bench.features`).
 ``vllm_schedules_per_s``, ``vllm``
     that explore on vLLM's own engine code (``--engine vllm``, 0.33) beside the model's at 0.33;
-    None when vLLM 0.33 is not importable (``vllm.unavailable``; :mod:`racesim.bench_vllm`).
+    None when vLLM 0.33 is not importable (``vllm.unavailable``; :mod:`racesim.bench.vllm`).
 ``vllm_harness_share``
     the share of that vllm-backend explore's time spent outside vLLM's own calls (target at
-    most 0.30; None without vLLM; :mod:`racesim.bench_vllm`).
+    most 0.30; None without vLLM; :mod:`racesim.bench.vllm`).
 ``build``, ``compiled``
     whether the simulation's hot modules run compiled (mypyc, the default install) or as
     Python source (``RACESIM_PURE=1``, or no compiler at install time), and why.
@@ -69,9 +69,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from racesim.bench_features import measure_feature_explores
-from racesim.bench_scale import BENCH_VLLM, in_fresh_process, measure_scale, storm_workload
-from racesim.bench_vllm import vllm_figures
+from racesim.bench.features import measure_feature_explores
+from racesim.bench.scale import BENCH_VLLM, in_fresh_process, measure_scale, storm_workload
+from racesim.bench.vllm import vllm_figures
 
 __all__ = ["run_bench", "storm_workload", "bare_simpy", "parallel_capacity",
            "RACE_SCENARIOS", "STRATEGIES", "TARGETS"]

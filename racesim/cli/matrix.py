@@ -9,24 +9,24 @@ from typing import Any
 
 import click
 
-from racesim.cli_options import engine_option as _engine
-from racesim.cli_options import matrix_options as _matrix_options
-from racesim.cli_options import vllm_option as _vllm_option
-from racesim.cli_support import BUDGET as _BUDGET
-from racesim.cli_support import check_workers as _check_workers
-from racesim.cli_support import console as _console
-from racesim.cli_support import emit_json as _emit_json
-from racesim.cli_support import fail as _fail
-from racesim.cli_support import output_dir as _output_dir
-from racesim.cli_support import output_file as _output_file
+from racesim.cli.options import engine_option as _engine
+from racesim.cli.options import matrix_options as _matrix_options
+from racesim.cli.options import vllm_option as _vllm_option
+from racesim.cli.support import BUDGET as _BUDGET
+from racesim.cli.support import check_workers as _check_workers
+from racesim.cli.support import console as _console
+from racesim.cli.support import emit_json as _emit_json
+from racesim.cli.support import fail as _fail
+from racesim.cli.support import output_dir as _output_dir
+from racesim.cli.support import output_file as _output_file
 from racesim.engine_model import POLICIES
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.policies import policy_spec
 from racesim.engine_vllm.support import SUPPORTED_POLICIES
-from racesim.engines import cannot_run, why_not_run
-from racesim.matrix import cell_outcome, run_matrix
-from racesim.progress import ProgressBar
-from racesim.render import matrix_summary, print_matrix
+from racesim.runner.engines import cannot_run, why_not_run
+from racesim.explore.matrix import cell_outcome, run_matrix
+from racesim.cli.progress import ProgressBar
+from racesim.cli.render import matrix_summary, print_matrix
 from racesim.reports.verdict import exit_status
 from racesim.runner import import_from_cwd
 from racesim.scenarios import bundled_names, load_scenario
@@ -80,7 +80,7 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     out = _output_dir("--out", out_dir)  # first: --html may name a file inside it
     _output_file("--html", html_file)
     if html_file:
-        from racesim.report_files import check_cells_dir
+        from racesim.documents.report_files import check_cells_dir
         if (why := check_cells_dir(Path(html_file))) is not None:
             raise InputError(f"--html {html_file!r}: {why}")
     _check_workers(workers, dask)
@@ -103,7 +103,7 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     doc = result.document()
     cells = None
     if html_file:
-        from racesim.report_files import write_matrix_reports
+        from racesim.documents.report_files import write_matrix_reports
         cells = write_matrix_reports(Path(html_file), doc, result)
     if as_json:
         _emit_json(doc)

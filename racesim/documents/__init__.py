@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from racesim.engine_model import RunResult
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.points import POINTS
-from racesim.engines import ENGINES
+from racesim.runner.engines import ENGINES
 from racesim.reports.verdict import verdict
 from racesim.scenarios import Scenario, scenario_from_dict
 from racesim.scenarios.limits import MAX_FILE_BYTES, MAX_SCHEDULE
@@ -296,7 +296,7 @@ def release_of_run(profile: str, engine: str) -> str:
     """The vLLM release a run on ``engine`` under ``profile`` follows: the installed one on the
     vllm backend (the check before the run made it that profile's), else the profile's."""
     from racesim.engine_model.versions import RELEASE_OF
-    from racesim.engines import installed_vllm
+    from racesim.runner.engines import installed_vllm
 
     if engine == "vllm":
         return installed_vllm() or RELEASE_OF.get(profile, "")

@@ -11,7 +11,7 @@ two runs are compared on what a user of vLLM can observe and what the checker co
 - engine death: which engines reached a fatal error.
 
 Any difference is a mismatch. A mismatch is saved as a counterexample file (it replays on either
-backend) and is *known* when :mod:`racesim.conform_known` explains every difference in it.
+backend) and is *known* when :mod:`racesim.conform.known` explains every difference in it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from racesim.conform_outcome import Outcome, differences, outcome_of
+from racesim.conform.outcome import Outcome, differences, outcome_of
 from racesim.documents import (
     Counterexample,
     free_path,
@@ -34,8 +34,8 @@ from racesim.documents import (
 from racesim.engine_model import RunResult
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.policies import policy_spec
-from racesim.engines import check_engine
-from racesim.parallel import executor, ordered_map
+from racesim.runner.engines import check_engine
+from racesim.explore.parallel import executor, ordered_map
 from racesim.runner import import_from_cwd, run_scenario
 from racesim.scenarios import Scenario
 from racesim.sim import Decision, InputError
@@ -87,7 +87,7 @@ def model_only(scenario: Scenario, policy: str, options: Mapping[str, str],
     why = model_only_reason(scenario.workload)
     if why is not None:
         return why
-    from racesim.engines import installed_vllm
+    from racesim.runner.engines import installed_vllm
 
     why = unsupported_reason(scenario.workload, policy, options, installed_vllm())
     if why is not None:
@@ -199,7 +199,7 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
     None; ``done`` cells finished of ``total``) and when it ends (its document).
 
     ``known(scenario, policy, differences, engine_died=)`` gives a listed mismatch's cause
-    (default: the table in :mod:`racesim.conform_known`)."""
+    (default: the table in :mod:`racesim.conform.known`)."""
     if strategy not in STRATEGIES:
         raise InputError(f"--strategy {strategy!r}: conform draws schedules with "
                          f"{', '.join(STRATEGIES)}")
@@ -214,7 +214,7 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
             if "vllm" in engines:
                 check_backend(scen)
     if known is None:
-        from racesim.conform_known import explain as known
+        from racesim.conform.known import explain as known
     started = time.monotonic()
     result = ConformResult([s.name for s in scenarios], [p for p, _ in policies], {
         "budget": budget, "strategy": strategy, "seed": seed, "skip": list(skip),

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from racesim.cli_support import BUDGET, check_workers, console, emit_json, output_dir, output_file
+from racesim.cli.support import BUDGET, check_workers, console, emit_json, output_dir, output_file
 from racesim.corpus import CorpusOptions, corpus_entries, install_releases, run_corpus
 from racesim.reports.text import printable
 from racesim.sim import InputError

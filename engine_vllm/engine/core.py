@@ -39,12 +39,14 @@ from racesim.engine_model.messages import (
 from racesim.engine_model.runner import ModelRunner
 from racesim.engine_model.scheduler import NewRequestData, SchedulerOutput
 from racesim.engine_model.versions import VllmProfile
-from racesim.engine_vllm import _vllm, pd, sessions
-from racesim.engine_vllm import engine_finishes as finishes
+from racesim.engine_vllm import _vllm
+from racesim.engine_vllm.connectors import pd
+from racesim.engine_vllm.engine import sessions
+from racesim.engine_vllm.engine import finishes
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
-from racesim.engine_vllm.nixl import NixlFabric, NixlTransport
+from racesim.engine_vllm.connectors.nixl import NixlFabric, NixlTransport
 from racesim.engine_vllm.oracle import vllm_raise
-from racesim.engine_vllm.views import EosIds, KvShadow, PromptTokens, SchedulerView, Vocabulary
+from racesim.engine_vllm.engine.views import EosIds, KvShadow, PromptTokens, SchedulerView, Vocabulary
 from racesim.sim.world import World
 
 __all__ = ["VllmEngineCore"]
@@ -376,7 +378,7 @@ class VllmEngineCore(EngineShell):
         if self.coordinator is not None:
             self.coordinator.note_change()
 
-    # -- P/D (racesim.engine_vllm.nixl drives these) --------------------------------------------
+    # -- P/D (racesim.engine_vllm.connectors.nixl drives these) --------------------------------------------
 
     def remote_inc(self, req: Any) -> int:
         """The prefill incarnation whose blocks ``req``'s kv_transfer_params name."""

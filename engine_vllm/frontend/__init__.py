@@ -58,7 +58,7 @@ from racesim.engine_model.frontend.outputs import (
 )
 from racesim.engine_model.messages import EngineCoreRequest, FinishReason
 from racesim.engine_vllm import _vllm
-from racesim.engine_vllm.views import PROMPT_TOKEN, StopTokenizer, Vocabulary
+from racesim.engine_vllm.engine.views import PROMPT_TOKEN, StopTokenizer, Vocabulary
 from racesim.sim.world import World
 
 __all__ = ["VllmOutputProcessor", "EngineCoreOutputs", "Envelope", "StopTokenizer"]

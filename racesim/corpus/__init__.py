@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from racesim.engine_model.versions import PROFILES
-from racesim.engines import SUPPORTED_VLLM, installed_vllm, why_not_run
-from racesim.engines import profile_of_release as engines_profile_of_release
+from racesim.runner.engines import SUPPORTED_VLLM, installed_vllm, why_not_run
+from racesim.runner.engines import profile_of_release as engines_profile_of_release
 from racesim.explore import ExploreResult, explore
 from racesim.scenarios import Scenario, corpus_names, load_scenario
 from racesim.sim import InputError
@@ -80,7 +80,7 @@ def corpus_entries(names: Iterable[str] = ()) -> list[Scenario]:
 
 def profile_of_release(release: str) -> str | None:
     """The version profile that follows ``release`` ("0.20" for "0.20.0"): the vllm
-    backend's (racesim.engines), else a model-only profile of the same line ("0.8" for
+    backend's (racesim.runner.engines), else a model-only profile of the same line ("0.8" for
     "0.8.1"), else None (neither backend follows that release)."""
     found = engines_profile_of_release(release)
     if found is not None:
@@ -97,7 +97,7 @@ def _patch_key(release: str) -> tuple[int, ...]:
 
 def release_python(venvs: Path | None, release: str) -> Path | None:
     """The interpreter of ``release``'s own virtual environment under ``venvs`` (the layout of
-    :mod:`racesim.releases`: ``venvs/<release>/bin/python``), if there."""
+    :mod:`racesim.corpus.releases`: ``venvs/<release>/bin/python``), if there."""
     if venvs is None:
         return None
     python = venvs / release / "bin" / "python"
@@ -294,9 +294,9 @@ def run_corpus(entries: Sequence[Scenario], *, opts: CorpusOptions, venvs: Path 
 
 def install_releases(entries: Sequence[Scenario], folder: Path) -> list[str]:
     """Install each release the entries need and this process lacks into ``folder/<version>``
-    (a venv with that vLLM, CPU only, and this racesim: :func:`racesim.releases.install`);
+    (a venv with that vLLM, CPU only, and this racesim: :func:`racesim.corpus.releases.install`);
     what was done, one line each. A release no adapter supports is left out with a line."""
-    from racesim import releases
+    from racesim.corpus import releases
 
     here = installed_vllm()
     needed = sorted({r for s in entries if s.corpus is not None

@@ -21,7 +21,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from racesim.distinct import DistinctCounter
+from racesim.explore.distinct import DistinctCounter
 from racesim.documents import (
     Counterexample,
     free_path,
@@ -32,16 +32,16 @@ from racesim.documents import (
 from racesim.engine_model import RunResult
 from racesim.engine_model.policies import PolicyImportError, policy_spec
 from racesim.engine_model.versions import get_profile, reach_of
-from racesim.explore_result import ExploreResult, counterexample_path, unshrunk_path
-from racesim.parallel import executor, ordered_map
+from racesim.explore.result import ExploreResult, counterexample_path, unshrunk_path
+from racesim.explore.parallel import executor, ordered_map
 from racesim.reports.verdict import RACE, verdict
-from racesim.run_summary import RunSummary
+from racesim.runner.summary import RunSummary
 from racesim.runner import RunSpec, import_from_cwd
 from racesim.scenarios import Scenario
-from racesim.shrink import shrink
+from racesim.explore.shrink import shrink
 from racesim.sim import InputError
 from racesim.sim.strategies import STRATEGIES, StrategyConfig, make_strategy
-from racesim.unreached import unreached_warnings
+from racesim.explore.unreached import unreached_warnings
 
 __all__ = ["ExploreResult", "RunSummary", "explore", "counterexample_path",
            "unshrunk_path"]
@@ -167,7 +167,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
         if stop_at_target and res.target_run is not None:
             budget = 1  # the baseline already shows it
         if strategy == "hypothesis":
-            from racesim.hypothesis_search import hypothesis_search
+            from racesim.explore.hypothesis_search import hypothesis_search
             minimal = hypothesis_search(spec, config, budget - 1, standing, record,
                                         lambda: _over(started, time_limit), progress, out_dir)
             if res.runs < budget and not res.interrupted:

@@ -13,7 +13,7 @@ from racesim.engine_model import POLICIES, RunResult, load_policy, run_workload
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.points import POINTS, UnknownPointError
 from racesim.engine_model.policies import LifecyclePolicy, policy_spec
-from racesim.engines import check_engine, installed_vllm, why_not_run
+from racesim.runner.engines import check_engine, installed_vllm, why_not_run
 from racesim.reports.commands import replay_command, run_command
 from racesim.scenarios import Scenario
 from racesim.sim import Decider, Decision, DelayPlan, InputError, parse_point_key

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from racesim.bench_scale import in_fresh_process
+from racesim.bench.scale import in_fresh_process
 
 __all__ = ["measure_vllm", "vllm_figures", "VLLM_SCENARIO", "VLLM_PROFILE", "VLLM_POLICY",
            "VLLM_TARGET", "HARNESS_TARGET"]
@@ -97,7 +97,7 @@ def _harness_child(budget: int) -> dict[str, Any]:
 
 def _unavailable() -> str | None:
     """Why the vllm backend cannot run here, without importing vLLM; None when it can."""
-    from racesim.engines import check_engine
+    from racesim.runner.engines import check_engine
     from racesim.sim import InputError
 
     try:

@@ -11,11 +11,11 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from racesim.cli_support import BUDGET, check_workers, console, emit_json, output_dir, output_file
-from racesim.cli_support import parse_options as _options
+from racesim.cli.support import BUDGET, check_workers, console, emit_json, output_dir, output_file
+from racesim.cli.support import parse_options as _options
 from racesim.conform import STRATEGIES, conform, lifecycle
 from racesim.engine_model.versions import ALIASES, PROFILES, profile_gap
-from racesim.progress import ProgressBar
+from racesim.cli.progress import ProgressBar
 from racesim.reports.text import printable
 from racesim.scenarios import bundled_names, load_scenario
 
@@ -60,7 +60,7 @@ def conform_cmd(scenarios: Sequence[str], vllm: str | None, policies: Sequence[s
     if not scenarios:
         # every bundled one: those needing a feature this release lacks are left out
         from racesim.engine_vllm.support import release_gap
-        from racesim.engines import installed_vllm
+        from racesim.runner.engines import installed_vllm
 
         release = installed_vllm()
         kept = []

@@ -6,7 +6,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from racesim.run_summary import RunSummary
+from racesim.runner.summary import RunSummary
 from racesim.runner import RunSpec
 from racesim.sim.strategies import StrategyConfig, delay_alphabet
 

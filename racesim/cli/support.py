@@ -84,7 +84,7 @@ output_dir = check_output_dir
 
 def check_workers(workers: int | None, dask: str | None) -> None:
     """A worker count that is not sane fails now, not after the pool has started."""
-    from racesim.parallel import check_workers as check
+    from racesim.explore.parallel import check_workers as check
 
     if dask is None:
         check(workers)

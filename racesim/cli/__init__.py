@@ -12,32 +12,32 @@ from typing import Any
 
 import click
 
-from racesim.cli_conform import conform_cmd
-from racesim.cli_corpus import corpus_cmd
-from racesim.cli_matrix import matrix_cmd
-from racesim.cli_options import engine_option as _engine
-from racesim.cli_options import explore_options as _explore_options
-from racesim.cli_options import output_options as _outputs
-from racesim.cli_options import run_options as _run_options
-from racesim.cli_options import strict_option as _strict
-from racesim.cli_options import vllm_option as _vllm_option
-from racesim.cli_support import BUDGET as _BUDGET
-from racesim.cli_support import PipeAwareGroup, PipeClosed, quiet_stdout
-from racesim.cli_support import check_workers as _check_workers
-from racesim.cli_support import console as _console
-from racesim.cli_support import emit_json as _emit_json
-from racesim.cli_support import fail as _fail
-from racesim.cli_support import output_dir as _output_dir
-from racesim.cli_support import output_file as _output_file
-from racesim.cli_support import parse_options as _options
-from racesim.cli_support import replay_note as _replay_note
-from racesim.cli_support import warn_accounting as _warn_accounting
+from racesim.cli.conform import conform_cmd
+from racesim.cli.corpus import corpus_cmd
+from racesim.cli.matrix import matrix_cmd
+from racesim.cli.options import engine_option as _engine
+from racesim.cli.options import explore_options as _explore_options
+from racesim.cli.options import output_options as _outputs
+from racesim.cli.options import run_options as _run_options
+from racesim.cli.options import strict_option as _strict
+from racesim.cli.options import vllm_option as _vllm_option
+from racesim.cli.support import BUDGET as _BUDGET
+from racesim.cli.support import PipeAwareGroup, PipeClosed, quiet_stdout
+from racesim.cli.support import check_workers as _check_workers
+from racesim.cli.support import console as _console
+from racesim.cli.support import emit_json as _emit_json
+from racesim.cli.support import fail as _fail
+from racesim.cli.support import output_dir as _output_dir
+from racesim.cli.support import output_file as _output_file
+from racesim.cli.support import parse_options as _options
+from racesim.cli.support import replay_note as _replay_note
+from racesim.cli.support import warn_accounting as _warn_accounting
 from racesim.documents import read_counterexample, run_document
 from racesim.engine_model import INVARIANTS, POINTS, POLICIES
 from racesim.engine_model.versions import DEFAULT_VLLM, MID_STEP_WIDTHS, PROFILES, get_profile
 from racesim.explore import explore
-from racesim.progress import ProgressBar
-from racesim.render import print_explore, print_run
+from racesim.cli.progress import ProgressBar
+from racesim.cli.render import print_explore, print_run
 from racesim.reports.verdict import exit_status
 from racesim.runner import (
     RunSpec,
@@ -48,7 +48,7 @@ from racesim.runner import (
 )
 from racesim.scenarios import bundled_names, corpus_names, load_scenario
 from racesim.sim import InputError, build_info
-from racesim.unreached import unreached_warnings
+from racesim.explore.unreached import unreached_warnings
 
 __all__ = ["main", "cli"]
 
@@ -140,7 +140,7 @@ def _versions_rows() -> list[dict[str, Any]]:
     """One row per profile: its release, what each backend runs of it, and the install state
     (read from package metadata, without importing vLLM)."""
     from racesim.engine_model.versions import RELEASE_OF
-    from racesim.engines import SUPPORTED_VLLM, install_command, installed_vllm
+    from racesim.runner.engines import SUPPORTED_VLLM, install_command, installed_vllm
 
     installed = installed_vllm()
     rows = []
@@ -365,7 +365,7 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
 def bench_cmd(quick: bool, as_json: bool) -> None:
     """Measure simulation speed against bare simpy, time to first bug, scaling and speedup."""
     from racesim.bench import run_bench
-    from racesim.bench_render import print_bench
+    from racesim.bench.render import print_bench
 
     if as_json:
         doc = run_bench(quick=quick)
