@@ -73,8 +73,11 @@ COMPILED = (
     "racesim.engine_model.monitors.engine",
     "racesim.engine_model.monitors.leaks",
     "racesim.engine_model.client",
+    "racesim.engine_model.pd_proxy",
     "racesim.engine_model.frontend.outputs",
+    "racesim.engine_model.frontend.request_state",
     "racesim.engine_model.frontend.output_processor",
+    "racesim.engine_model.frontend.engine_io",
     "racesim.engine_model.frontend.async_llm",
 )
 #: The top-level folders the compiled modules live in (package-dir in pyproject.toml).
