@@ -375,7 +375,7 @@ def test_unexpected_exceptions_become_input_errors(monkeypatch: pytest.MonkeyPat
     def boom(*args: object) -> None:
         raise RuntimeError("internal")
 
-    monkeypatch.setattr(loader, "_requests", boom)
+    monkeypatch.setattr(loader, "check_requests", boom)
     with pytest.raises(InputError, match=r"^x\.toml: invalid scenario: RuntimeError"):
         parse_scenario(BASE, "x.toml")
 
