@@ -16,9 +16,9 @@ from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, accounting_warning, verdict
 from racesim.sim import InputError
 
-__all__ = ["fail", "clip", "MAX_ERROR_LINE", "parse_options", "output_file", "output_dir", "warn_accounting", "BUDGET",
-           "emit_json", "console", "check_workers", "replay_note", "PipeClosed", "PipeAwareGroup",
-           "quiet_stdout", "say_written"]
+__all__ = ["fail", "clip", "MAX_ERROR_LINE", "parse_options", "output_file", "output_dir",
+           "warn_accounting", "BUDGET", "emit_json", "console", "check_workers", "replay_note",
+           "PipeClosed", "PipeAwareGroup", "quiet_stdout", "say_written"]
 
 
 class PipeClosed(Exception):
