@@ -16,6 +16,7 @@ from racesim.cli.conform import conform_cmd
 from racesim.cli.corpus import corpus_cmd
 from racesim.cli.matrix import matrix_cmd
 from racesim.cli.options import engine_option as _engine
+from racesim.cli.options import ids_option as _ids
 from racesim.cli.options import explore_options as _explore_options
 from racesim.cli.options import output_options as _outputs
 from racesim.cli.options import run_options as _run_options
@@ -192,17 +193,18 @@ def show_cmd(scenario: str) -> None:
               help="Delay every occurrence of a point, or only its K-th (from 0).")
 @_outputs
 def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
-            skip: Sequence[str], vllm: str | None, engine: str | None, strict: bool,
-            witness: bool, delays: Sequence[str],
+            skip: Sequence[str], ids: str | None, vllm: str | None, engine: str | None,
+            strict: bool, witness: bool, delays: Sequence[str],
             as_json: bool, html_file: str | None, trace_file: str | None) -> None:
     """Run SCENARIO (bundled name or path) once and check every invariant."""
     spec = RunSpec(load_scenario(scenario).with_vllm(vllm), policy,
-                   tuple(_options(policy_opts).items()), seed, tuple(skip), engine or "model")
+                   tuple(_options(policy_opts).items()), seed, tuple(skip), engine or "model",
+                   ids)
     plan = [parse_delay_option(d) for d in delays]
     _check_outputs(html_file, trace_file)
     result = spec.run(witness=witness, delays=plan)
     command = run_command(scenario, policy, spec.option_dict, seed, result.schedule, skip,
-                          vllm=result.vllm, engine=result.engine)
+                          vllm=result.vllm, engine=result.engine, ids=spec.ids)
     warnings = [*unreached_warnings("[delays]", spec.scenario.delays, result.occurrences),
                 *(unreached_warnings("[witness]", spec.scenario.witness, result.occurrences)
                   if witness else ()),
@@ -281,7 +283,7 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
                          f"imports a module:Class policy only with --allow-import")
     _check_outputs(html_file, trace_file)
     spec = RunSpec(cx.scenario.with_vllm(vllm), cx.policy, tuple(cx.options.items()), cx.seed,
-                   cx.skip, engine or cx.engine)
+                   cx.skip, engine or cx.engine, cx.ids)
     result = spec.run(schedule=cx.schedule)
     note = _replay_note(counterexample, cx, result, as_json)
     if note:
@@ -305,12 +307,14 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
                    "profile (races vLLM can hit as released).")
 @_vllm_option()
 @_engine()
+@_ids
 @_explore_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
               help="Write the HTML explore report.")
 def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: int,
-                strict: bool, time_limit: float | None, reach: str, vllm: str | None,
+                strict: bool, time_limit: float | None, reach: str, ids: str | None,
+                vllm: str | None,
                 engine: str | None, skip: Sequence[str], strategy: str, seed: int,
                 workers: int | None, dask: str | None, out_dir: str, as_json: bool,
                 html_file: str | None) -> None:
@@ -329,7 +333,8 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
     try:
         res = explore(scen, policy, options=options, strategy=strategy, budget=budget,
                       time_limit=time_limit, seed=seed, workers=workers, dask=dask, skip=skip,
-                      out_dir=out, progress=bar, reach=reach, engine=engine or "model")
+                      out_dir=out, progress=bar, reach=reach, engine=engine or "model",
+                      ids=ids)
     finally:
         bar.close()
     doc = res.document()

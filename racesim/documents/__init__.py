@@ -57,6 +57,7 @@ def run_document(spec: RunSpec, result: RunResult) -> dict[str, Any]:
         "scenario": spec.scenario.name,
         "policy": spec.policy,
         "policy_options": spec.option_dict,
+        "ids": spec.id_scheme,
         "vllm": result.vllm,
         "engine": result.engine,
         "vllm_release": release_of_run(result.vllm, result.engine),
@@ -96,6 +97,9 @@ class Counterexample:
     #: the vLLM release it ran on: the installed one on the vllm backend, the release the
     #: profile follows on the model ("" until written: then it is filled in).
     vllm_release: str = ""
+    #: the request-ID scheme it ran with: "given", "release" or "own" (the policy's); "legacy"
+    #: in a file written before the axis existed (the policy's own assign_request_id)
+    ids: str = "legacy"
 
     @property
     def vllm(self) -> str:
@@ -113,6 +117,7 @@ class Counterexample:
             "scenario": self.scenario.with_vllm(self.vllm).to_dict(),
             "policy": self.policy,
             "policy_options": dict(self.options),
+            "ids": self.ids,
             "seed": self.seed,
             "schedule": [d.as_dict() for d in self.schedule],
             "skip": list(self.skip),
@@ -284,12 +289,15 @@ def read_counterexample(path: str) -> Counterexample:
     if engine not in ENGINES:
         raise InputError(f"{src}: 'engine' must be one of {', '.join(ENGINES)} (got {engine!r})")
     release = data.get("vllm_release")
+    ids = data.get("ids", "legacy")
+    if ids not in ("given", "release", "own", "legacy"):
+        raise InputError(f"{src}: 'ids' must be given, release or own (got {ids!r})")
     return Counterexample(scenario, policy, options, seed, schedule, tuple(skip),
                           tuple(v for v in violations if isinstance(v, dict)), trace_hash,
                           shrunk if isinstance(shrunk, int) and not isinstance(shrunk, bool)
                           else None, found_by, reach if reach in ("live", "latent") else None,
                           version if isinstance(version, str) else "", engine,
-                          release if isinstance(release, str) else "")
+                          release if isinstance(release, str) else "", ids)
 
 
 def release_of_run(profile: str, engine: str) -> str:

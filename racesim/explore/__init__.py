@@ -90,7 +90,8 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             skip: Sequence[str] = (), out_dir: Path | None = None,
             progress: Progress | None = None, shrink_runs: int = 400,
             reach: str = "all", engine: str = "model", target: str | None = None,
-            symptom: str | None = None, stop_at_target: bool = False) -> ExploreResult:
+            symptom: str | None = None, stop_at_target: bool = False,
+            ids: str | None = None) -> ExploreResult:
     """Explore ``budget`` schedules of ``scenario`` under ``policy`` (run 0 = baseline).
 
     ``reach="live"`` delays only the await points that are live or yield in the scenario's
@@ -109,7 +110,9 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
         raise InputError(f"--time-limit must be > 0 seconds, got {time_limit}")
     import_from_cwd(policy)  # a module:Class in the current folder, as run and matrix find it
     policy_spec(policy)  # fail fast on an unknown policy, before any worker starts
-    spec = RunSpec.of(scenario, policy, options=options, seed=seed, skip=skip, engine=engine)
+    spec = RunSpec.of(scenario, policy, options=options, seed=seed, skip=skip, engine=engine,
+                      ids=ids)
+    _ = spec.id_scheme  # refuse --ids for a policy that assigns its own IDs, before any run
     started = time.monotonic()
     res = ExploreResult(spec, strategy, reach=reach,
                         key=_exploration_key(spec, strategy, reach, budget, time_limit),
@@ -275,6 +278,7 @@ def _exploration_key(spec: RunSpec, strategy: str, reach: str, budget: int,
     return {"scenario": spec.scenario.name,
             "scenario_sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
             "vllm": spec.scenario.vllm, "engine": spec.engine, "policy": spec.policy,
+            "ids": spec.id_scheme,
             "options": dict(sorted(spec.option_dict.items())), "seed": spec.seed,
             "skip": list(spec.skip), "strategy": strategy, "reach": reach, "budget": budget,
             "time_limit": time_limit}
@@ -302,7 +306,7 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
                           {"strategy": res.strategy, "run": found_at,
                            "shrunk": shrunk_from is not None, "reach": res.reach,
                            "exploration": res.key}, reach,
-                          engine=res.engine)
+                          engine=res.engine, ids=res.spec.id_scheme)
 
 
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:

@@ -77,7 +77,12 @@ class ExploreResult:
     def first_path(self, out_dir: Path) -> Path:
         """The name this exploration's counterexample takes when no other file has it."""
         spec = self.spec
-        return counterexample_path(out_dir, spec.scenario.name, spec.policy, self.strategy,
+        from racesim.engine_model.policies import policy_spec
+
+        tag = spec.policy
+        if spec.ids is not None and spec.id_scheme != policy_spec(spec.policy).ids:
+            tag += f"+ids-{spec.id_scheme}"  # not the policy's default: say so in the name
+        return counterexample_path(out_dir, spec.scenario.name, tag, self.strategy,
                                    spec.seed, spec.engine)
 
     @property
@@ -136,6 +141,7 @@ class ExploreResult:
             "scenario": self.scenario.name,
             "policy": self.policy,
             "policy_options": self.options,
+            "ids": self.spec.id_scheme if self.error is None else self.spec.ids,
             "vllm": self.scenario.vllm,
             "engine": self.engine,
             "search": self.reach,
