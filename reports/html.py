@@ -164,8 +164,11 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
     viol: dict[int, list[str]] = {}
     for v in result.violations:
         viol.setdefault(v.event, []).append(v.invariant)
+    from racesim.reports.provenance import run_components, violation_provenance
+
     violations = [{"invariant": v.invariant, "time": v.time, "request": v.request,
                    "event": v.event, "detail": model.relabel(v.detail),
+                   "provenance": violation_provenance(result, v.as_dict()),
                    "meaning": INVARIANTS.get(v.invariant, ""), "where": v.where,
                    "what": (f"{by_seq[v.event].component}: "
                             f"{model.relabel(describe(by_seq[v.event]))}"
@@ -193,7 +196,7 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
         "scenario": scenario, "policy": policy, "options": dict(options), "result": result,
         "command": command, "violated": [(n, INVARIANTS.get(n, "")) for n in result.violated],
         "violations": violations, "first": first, "verdict": verdict(result.violated),
-        "vllm": result.vllm, "engine": result.engine,
+        "vllm": result.vllm, "engine": result.engine, "components": run_components(result),
         "reach": (result.reach_text() if verdict(result.violated) == RACE
                   else result.unverified),
         "policy_summary": _policy_summary(policy),

@@ -19,7 +19,7 @@ from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, RACE, verdict
 from racesim.sim.trace import TraceEvent
 
-__all__ = ["print_run", "timeline_events", "print_matrix", "matrix_summary"]
+__all__ = ["print_run", "print_components", "timeline_events", "print_matrix", "matrix_summary"]
 
 #: Component styles by kind (engines: by P/D role).
 _KIND_STYLE = {"client": "cyan", "frontend": "green", "channel": "dim", "proxy": "yellow"}
@@ -78,12 +78,30 @@ def print_command(console: Console, label: str, command: str) -> None:
     console.print(Text(f"{label}: {printable(command)}"), soft_wrap=True)
 
 
+def print_components(console: Console, result: RunResult) -> None:
+    """One line: which components of the run were vLLM's own code, which simulated."""
+    from racesim.documents import run_provenance
+
+    p = run_provenance(result)
+    if not p["vllm_code"]:
+        console.print(Text("every component is racesim's model of vLLM (--engine model)",
+                           style="dim"))
+        return
+    console.print(Text(f"vLLM's own code: {', '.join(p['vllm_code'])}; simulated: "
+                       + ", ".join(sorted(set(p["simulated"].values())))
+                       + (f"; vLLM code fingerprint {p['vllm_fingerprint'][:16]}"
+                          if p["vllm_fingerprint"] else ""), style="dim"))
+
+
 def print_run(console: Console, title: str, result: RunResult, command: str,
               skip: Sequence[str] = ()) -> None:
     console.print(Text.assemble(_verdict_text(result.violated),
                                 f"  {printable(title)}  vLLM {result.vllm}  seed={result.seed}  "
                                 f"events={result.events}  sim_time={result.sim_time:.4f}s"))
-    console.print(f"trace hash {result.trace_hash}")
+    console.print(Text(f"trace hash {result.trace_hash}"),
+                  Text(" (simulated events' SHA-256: same schedule, same hash; not a "
+                       "fingerprint of vLLM's code)", style="dim"))
+    print_components(console, result)
     if verdict(result.violated) == RACE:
         reach = result.reach()
         console.print(Text(result.reach_text(),
@@ -119,6 +137,11 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
                        str(v.event) if v.event >= 0 else "end",
                        Text(printable(relabel_incs(v.detail, numbers))))
         console.print(vt)
+        from racesim.documents import violation_dicts
+
+        for d in dict.fromkeys((d["invariant"], d["provenance"]["text"])
+                               for d in violation_dicts(result)):
+            console.print(Text(f"decided by ({d[0]}): {printable(d[1])}", style="dim"))
     events = timeline_events(result)
     if events and result.trace:
         marked = _marked(result)

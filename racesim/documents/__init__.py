@@ -26,7 +26,7 @@ from racesim.sim.points import delay_entry
 if TYPE_CHECKING:
     from racesim.runner import RunSpec
 
-__all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
+__all__ = ["run_document", "run_provenance", "Counterexample", "write_counterexample", "read_counterexample",
            "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts",
            "racesim_version", "LEGACY_VLLM", "free_path", "release_of_run", "write_claimed",
            "replaceable"]
@@ -43,12 +43,25 @@ def safe_file_name(text: str) -> str:
 
 
 def violation_dicts(result: RunResult) -> list[dict[str, Any]]:
-    """Each violation with its reach: ``live``, or ``latent`` and the latent points it needs."""
+    """Each violation with its reach (``live``, or ``latent`` and the latent points it needs)
+    and its ``provenance``: vLLM's own code or a simulated part (racesim.reports.provenance)."""
+    from racesim.reports.provenance import violation_provenance
+
     out = []
     for v in result.violations:
         reach = result.reach(v)
-        out.append({**v.as_dict(), "reach": reach.reach, "needs": list(reach.needs)})
+        d = {**v.as_dict(), "reach": reach.reach, "needs": list(reach.needs)}
+        d["provenance"] = violation_provenance(result, d)
+        out.append(d)
     return out
+
+
+def run_provenance(result: RunResult) -> dict[str, Any]:
+    """Which components of ``result``'s run were vLLM's code and which were simulated
+    (:func:`racesim.reports.provenance.run_components`)."""
+    from racesim.reports.provenance import run_components
+
+    return run_components(result)
 
 
 def run_document(spec: RunSpec, result: RunResult) -> dict[str, Any]:
@@ -71,6 +84,7 @@ def run_document(spec: RunSpec, result: RunResult) -> dict[str, Any]:
         "reach": result.reach().reach if result.violations else None,
         "unverified": result.unverified or None,
         "requests": [r.as_dict() for r in result.requests],
+        "components": run_provenance(result),
     }
 
 
