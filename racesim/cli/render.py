@@ -19,7 +19,7 @@ from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, RACE, verdict
 from racesim.sim.trace import TraceEvent
 
-__all__ = ["print_run", "print_components", "timeline_events", "print_matrix", "matrix_summary"]
+__all__ = ["print_run", "print_components", "reached_rows", "timeline_events", "print_matrix", "matrix_summary"]
 
 #: Component styles by kind (engines: by P/D role).
 _KIND_STYLE = {"client": "cyan", "frontend": "green", "channel": "dim", "proxy": "yellow"}
@@ -165,6 +165,22 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
     print_command(console, "reproduce", command)
 
 
+def reached_rows(reached: dict[str, Any]) -> list[tuple[str, str]]:
+    """What a search reached, as rows: points never delayed, windows, invariants."""
+    if not reached:
+        return []
+    rows = [("never delayed", ", ".join(reached["never_delayed"]) or "none (every point passed "
+                                                                      "was delayed)")]
+    if reached.get("not_delayable"):
+        rows.append(("not delayed (latent)", ", ".join(reached["not_delayable"])))
+    rows += [("windows opened", f"{reached['windows_opened']} (point, occurrence) passes held "
+                                f"open by a delay; the unperturbed run makes "
+                                f"{reached['windows_available']} delayable passes"),
+             ("invariants evaluated", ", ".join(reached["invariants_evaluated"]) or "none"),
+             ("never evaluated", ", ".join(reached["invariants_never_evaluated"]) or "none")]
+    return rows
+
+
 def _explore_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     runs, violating = doc["runs"], doc["violating_runs"]
     baseline = list(doc["baseline_violations"])
@@ -179,9 +195,10 @@ def _explore_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
         ("first run violating more than run 0" if baseline else "first violating run",
          "none" if first is None else str(first)),
         ("invariants violated", ", ".join(doc["invariants"]) or "none"),
-        ("verdict", verdict(doc["invariants"])),
+        ("verdict", doc.get("finding") or verdict(doc["invariants"])),
         ("points perturbed (runs)", ", ".join(f"{p} ({n})" for p, n in
                                              doc["coverage"].items()) or "none"),
+        *reached_rows(doc.get("reached") or {}),
     ]
     pct, conf = doc.get("pct"), doc["confidence"]
     if isinstance(pct, dict):

@@ -67,6 +67,29 @@ class ExploreResult:
     target_s: float | None = None
     #: the ``.unshrunk.json`` stand-in this exploration wrote (removed once shrunk)
     stand_in: Path | None = None
+    #: what the search reached (``racesim.explore.reached``); {} until it ran
+    reached: dict[str, Any] = field(default_factory=dict)
+    #: how many distinct schedules the strategy has (grid: bounded), None when unbounded
+    space: int | None = None
+
+    @property
+    def exhaustive(self) -> bool:
+        """The search tried every schedule of a bounded space (the grid, to its end)."""
+        return (self.space is not None and self.runs >= self.space and not self.interrupted
+                and self.error is None)
+
+    def finding(self) -> str:
+        """The result in words: "live race", "latent hazard", "accounting gap", or, with
+        nothing found, "not found in N runs" ("safe" only for an exhaustive search, over the
+        bounded space it names)."""
+        from racesim.reports.verdict import found_words
+
+        return found_words(self.invariants, self._reach(), self.runs, self.exhaustive)
+
+    def _reach(self) -> str | None:
+        if verdict(self.baseline_violations) == "race":
+            return self.baseline_reach
+        return self.counterexample.reach if self.counterexample is not None else None
 
     def ours(self, data: Any) -> bool:
         """``data`` (a counterexample file's JSON) was written by this same exploration, asked
@@ -156,6 +179,9 @@ class ExploreResult:
             "distinct_traces": self.distinct_traces,
             "distinct_traces_estimated": self.distinct_estimated,
             "coverage": self.coverage,
+            "reached": self.reached,
+            "exhaustive": self.exhaustive,
+            "finding": self.finding(),
             "baseline_violations": list(self.baseline_violations),
             "baseline_reach": self.baseline_reach,
             "unverified": unverified_note(self.scenario.vllm,
