@@ -19,7 +19,8 @@ from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, RACE, verdict
 from racesim.sim.trace import TraceEvent
 
-__all__ = ["print_run", "print_components", "reached_rows", "timeline_events", "print_matrix", "matrix_summary"]
+__all__ = ["print_run", "print_components", "reached_rows", "timeline_events", "print_matrix",
+           "matrix_summary"]
 
 #: Component styles by kind (engines: by P/D role).
 _KIND_STYLE = {"client": "cyan", "frontend": "green", "channel": "dim", "proxy": "yellow"}
@@ -254,16 +255,41 @@ _CELL_STYLE = {RACE: "red", ACCOUNTING: "yellow"}
 
 
 def print_matrix(console: Console, doc: dict[str, Any]) -> None:
+    """Each of the matrix's tables (the shipped configuration first), then its footnotes."""
+    groups = doc.get("tables") or [{"title": "", "policies": doc["policies"]}]
+    for g in groups:
+        if len(groups) > 1 or g["title"] not in ("", "Results"):
+            console.print(Text(printable(g["title"]), style="bold underline"))
+        _print_matrix_table(console, doc, list(g["policies"]))
+        summary = matrix_summary({"cells": [c for c in doc["cells"]
+                                            if c["policy"] in g["policies"]]})
+        console.print(Text(summary, style="dim"))
+    params = doc.get("parameters") or {}
+    if params:
+        console.print(Text(printable(", ".join(f"{k} {v}" for k, v in params.items()
+                                               if v not in (None, [])))), style="dim")
+    console.print("race: a safety or liveness invariant broke; accounting: only metrics-exact "
+                  "(a stats gap vLLM still has); not found in N runs: nothing broke in the runs "
+                  "explored (safe only when a grid tried every schedule). racing/runs: runs that "
+                  "raced; +N acct.: runs with only an accounting gap.", style="dim")
+    notes = dict.fromkeys(c["unverified"] for c in doc["cells"] if c.get("unverified"))
+    for note in notes:
+        console.print(Text(f"(unverified): {note}", style="yellow"))
+
+
+def _print_matrix_table(console: Console, doc: dict[str, Any], policies: list[str]) -> None:
     """One line per cell under its scenario, readable at 80 columns: every name stays whole,
     and the invariants wrap between names (a table column as wide as the longest scenario
-    name would leave the invariants a few characters, cut inside names)."""
+    name would leave the invariants a few characters, cut inside names). With one policy,
+    one line per scenario."""
     cells = {(c["scenario"], c["policy"]): c for c in doc["cells"]}
+    single = len(policies) == 1
     rows: dict[str, list[tuple[Text, Text, str, Text]]] = {}
     for s in doc["scenarios"]:
         rows[s] = []
-        for p in doc["policies"]:
+        for p in policies:
             c = cells.get((s, p))
-            name = Text("  " + printable(p))
+            name = Text(printable(s) if single else "  " + printable(p))
             if c is None:
                 rows[s].append((name, Text("not run", style="dim"), "", Text("")))
             elif c.get("error"):
@@ -273,23 +299,33 @@ def print_matrix(console: Console, doc: dict[str, Any]) -> None:
                 v = verdict(c["invariants"])
                 style = ("magenta" if (c.get("label") or "").startswith("latent hazard")
                          else _CELL_STYLE.get(v, "green"))
+                if c.get("ids") and not single:
+                    name.append(f" (ids {c['ids']})", style="dim")
                 rows[s].append((name, Text(c.get("label") or v, style=style),
                                 _runs_text(c),
                                 Text(", ".join(c["invariants"]))))
     every = [r for rs in rows.values() for r in rs]
-    widths = [max([len("  policy"), *(len(r[0]) for r in every)]),
+    first = "scenario" if single else "  policy"
+    widths = [max([len(first), *(len(r[0]) for r in every)]),
               max([len("verdict"), *(len(r[1]) for r in every)]),
               max([len("racing/runs"), *(len(line) for r in every for line in r[2].split("\n"))])]
 
     def table(header: bool) -> Table:
         t = Table(box=None, show_header=header, header_style="bold", pad_edge=False,
                   padding=(0, 2, 0, 0))
-        for title, width in zip(("  policy", "verdict", "racing/runs"), widths, strict=True):
+        for title, width in zip((first, "verdict", "racing/runs"), widths, strict=True):
             t.add_column(title, width=width, no_wrap=True,
                          justify="right" if title.startswith("racing") else "left")
         t.add_column("invariants violated", ratio=1, overflow="fold")
         return t
 
+    if single:
+        t = table(True)
+        for s in doc["scenarios"]:
+            for row in rows[s]:
+                t.add_row(*row)
+        console.print(t)
+        return
     console.print(table(True))  # the header once; each scenario's name heads its own rows
     for s in doc["scenarios"]:
         console.print(Text(printable(s), style="bold"))
@@ -297,16 +333,6 @@ def print_matrix(console: Console, doc: dict[str, Any]) -> None:
         for row in rows[s]:
             t.add_row(*row)
         console.print(t)
-    params = doc.get("parameters") or {}
-    if params:
-        console.print(Text(printable(", ".join(f"{k} {v}" for k, v in params.items()
-                                               if v not in (None, [])))), style="dim")
-    console.print("race: a safety or liveness invariant broke; accounting: only metrics-exact "
-                  "(a stats gap vLLM still has); safe: nothing broke. racing/runs: runs that "
-                  "raced; +N acct.: runs with only an accounting gap.", style="dim")
-    notes = dict.fromkeys(c["unverified"] for c in doc["cells"] if c.get("unverified"))
-    for note in notes:
-        console.print(Text(f"(unverified): {note}", style="yellow"))
 
 
 
@@ -321,13 +347,16 @@ def _runs_text(cell: dict[str, Any]) -> str:
 def matrix_summary(doc: dict[str, Any]) -> str:
     """The matrix's last word: how many cells race (live, latent), have only an accounting
     gap, are safe, or could not run."""
-    labels = [("error" if c.get("error") else c.get("label") or verdict(c["invariants"]))
+    labels = [("error" if c.get("error") else
+               (c.get("label") or verdict(c["invariants"])).removesuffix(" (unverified)"))
               for c in doc["cells"]]
     live, latent = labels.count("live race"), labels.count("latent hazard")
     parts = [f"{live + latent} racing ({live} live, {latent} latent hazard"
              f"{'' if latent == 1 else 's'})",
              f"{labels.count('accounting gap')} accounting gap only",
-             f"{labels.count('safe')} safe"]
+             f"{sum(x.startswith('not found') for x in labels)} not found"]
+    if safe := sum(x.startswith("safe") for x in labels):
+        parts.append(f"{safe} safe (exhaustive grid)")
     if labels.count("error"):
         parts.append(f"{labels.count('error')} failed to run")
     return f"cells: {', '.join(parts)} (of {len(labels)})"
