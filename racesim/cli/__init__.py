@@ -194,7 +194,7 @@ def show_cmd(scenario: str) -> None:
 @_outputs
 def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
             skip: Sequence[str], ids: str | None, vllm: str | None, engine: str | None,
-            strict: bool, witness: bool, delays: Sequence[str],
+            strict: bool, witness: bool, delays: Sequence[str], check_det: bool,
             as_json: bool, html_file: str | None, trace_file: str | None) -> None:
     """Run SCENARIO (bundled name or path) once and check every invariant."""
     spec = RunSpec(load_scenario(scenario).with_vllm(vllm), policy,
@@ -209,7 +209,17 @@ def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
                 *(unreached_warnings("[witness]", spec.scenario.witness, result.occurrences)
                   if witness else ()),
                 *unreached_warnings("--delay", plan, result.occurrences)]
-    _finish_run(spec, result, command, as_json, html_file, trace_file, strict, warnings)
+    det = _determinism(check_det, result, lambda: spec.run(witness=witness, delays=plan))
+    _finish_run(spec, result, command, as_json, html_file, trace_file, strict, warnings, det)
+
+
+def _determinism(asked: bool, result: Any, again: Any) -> Any:
+    """The second run of ``--check-determinism`` compared with the first, or None."""
+    if not asked:
+        return None
+    from racesim.runner.determinism import check_determinism
+
+    return check_determinism(result, again)
 
 
 def _check_outputs(html_file: str | None, trace_file: str | None) -> None:
@@ -231,7 +241,8 @@ def _is_char_device(path: str) -> bool:
 
 
 def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_file: str | None,
-                trace_file: str | None, strict: bool, warnings: Sequence[str] = ()) -> None:
+                trace_file: str | None, strict: bool, warnings: Sequence[str] = (),
+                det: Any = None) -> None:
     if html_file:
         from racesim.reports import write_run_report
         write_run_report(Path(html_file), spec.scenario, spec.policy, spec.option_dict, result,
@@ -240,7 +251,8 @@ def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_fi
         from racesim.reports import write_chrome_trace
         write_chrome_trace(Path(trace_file), result)
     if as_json:
-        _emit_json(run_document(spec, result))
+        _emit_json({**run_document(spec, result),
+                    **({"determinism": det.as_dict()} if det is not None else {})})
     else:
         print_run(_console(), f"{spec.scenario.name} under {policy_title(spec.policy)}", result,
                   command, spec.skip)
@@ -249,6 +261,10 @@ def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_fi
         click.echo(f"racesim: {line}", err=True)
     if not as_json:
         _warn_accounting(result.violated, strict)
+        for line in det.lines() if det is not None else ():
+            click.echo(line)
+    if det is not None and not det.same:
+        sys.exit(1)
     sys.exit(exit_status(result.violated, strict=strict))
 
 
@@ -271,7 +287,7 @@ def _say_written(html_file: str | None, trace_file: str | None) -> None:
 @_strict
 @_outputs
 def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine: str | None,
-               strict: bool, as_json: bool, html_file: str | None,
+               strict: bool, check_det: bool, as_json: bool, html_file: str | None,
                trace_file: str | None) -> None:
     """Replay a counterexample file: the same trace, byte for byte, anywhere.
 
@@ -289,7 +305,8 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
     if note:
         click.echo(note, err=True)
     _finish_run(spec, result, replay_command(counterexample, cx.policy, result.engine), as_json,
-                html_file, trace_file, strict)
+                html_file, trace_file, strict, (),
+                _determinism(check_det, result, lambda: spec.run(schedule=cx.schedule)))
 
 
 # -- explore / matrix ---------------------------------------------------------------------------

@@ -66,6 +66,9 @@ def strict_option(f: Callable[..., Any], note: str = "") -> Callable[..., Any]:
 
 
 def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--check-determinism", "check_det", is_flag=True,
+                     help="Run the schedule a second time and compare the traces; show the "
+                          "first differing event (exit 1 when they differ).")(f)
     f = click.option("--trace", "trace_file", type=click.Path(dir_okay=False),
                      help="Write Chrome trace-event JSON (opens in Perfetto).")(f)
     f = click.option("--html", "html_file", type=click.Path(dir_okay=False),
