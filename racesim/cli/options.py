@@ -11,7 +11,8 @@ from racesim.engine_model.versions import ALIASES, DEFAULT_VLLM, PROFILES
 from racesim.runner.engines import ENGINES
 from racesim.sim.strategies import STRATEGIES
 
-__all__ = ["vllm_option", "engine_option", "ids_option", "run_options", "strict_option", "output_options",
+__all__ = ["vllm_option", "engine_option", "ids_option", "run_options", "strict_option",
+           "output_options",
            "explore_options", "matrix_options"]
 
 

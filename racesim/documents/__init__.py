@@ -26,7 +26,8 @@ from racesim.sim.points import delay_entry
 if TYPE_CHECKING:
     from racesim.runner import RunSpec
 
-__all__ = ["run_document", "run_provenance", "Counterexample", "write_counterexample", "read_counterexample",
+__all__ = ["run_document", "run_provenance", "Counterexample", "write_counterexample",
+           "read_counterexample",
            "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts",
            "racesim_version", "LEGACY_VLLM", "free_path", "release_of_run", "write_claimed",
            "replaceable"]

@@ -43,9 +43,9 @@ def parse_delay_option(text: str) -> PlanEntry:
 class RunSpec:
     """What a run is of, apart from its delays: a scenario, a policy and its options, a seed,
     the invariants left unchecked, the backend (``engine``) and the request-ID scheme (``ids``:
-    "given", "release", or None for the policy's default; see ``engine_model.policies``). Explore, shrink, matrix and
-    the hypothesis search pass one around (it pickles, for worker processes); :meth:`run` runs
-    it with a delay source."""
+    "given", "release", or None for the policy's default; see ``engine_model.policies``).
+    Explore, shrink, matrix and the hypothesis search pass one around (it pickles, for worker
+    processes); :meth:`run` runs it with a delay source."""
 
     scenario: Scenario
     policy: str
