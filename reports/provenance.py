@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from racesim.engine_model import RunResult
 
 __all__ = ["COMPONENTS", "VLLM_CODE", "READS", "components", "provenance", "vllm_fingerprint",
-           "TRACE_HASH_MEANING", "run_components", "violation_provenance"]
+           "TRACE_HASH_MEANING", "run_components", "violation_provenance", "components_doc"]
 
 #: What each component is on each backend: "vllm" or the simulated part that runs instead.
 COMPONENTS: dict[str, dict[str, str]] = {
@@ -161,10 +161,15 @@ def violation_provenance(result: RunResult, violation: Mapping[str, Any]) -> dic
 def run_components(result: RunResult) -> dict[str, Any]:
     """Which components of ``result``'s run were vLLM's code and which were simulated, the
     fingerprint of the vLLM code that ran (None on the model), and what the trace hash means."""
-    table = components(result.engine, _topology_kind(result))
+    return components_doc(result.engine, _topology_kind(result))
+
+
+def components_doc(engine: str, topology: str = "") -> dict[str, Any]:
+    """:func:`run_components` for a backend and topology (an exploration's, a matrix's)."""
+    table = components(engine, topology)
     return {"vllm_code": sorted(c for c, i in table.items() if i == "vllm"),
             "simulated": {c: i for c, i in table.items() if i != "vllm"},
-            "vllm_fingerprint": vllm_fingerprint() if result.engine == "vllm" else None,
+            "vllm_fingerprint": vllm_fingerprint() if engine == "vllm" else None,
             "trace_hash_meaning": TRACE_HASH_MEANING}
 
 

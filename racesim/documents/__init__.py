@@ -140,6 +140,8 @@ class Counterexample:
             "trace_hash": self.trace_hash,
             "shrunk_from": self.shrunk_from,
             "found_by": dict(self.found_by),
+            # the vLLM code that ran (None on the model): stock and patched trees differ here
+            "vllm_fingerprint": _fingerprint(self.engine),
         }
 
 
@@ -313,6 +315,12 @@ def read_counterexample(path: str) -> Counterexample:
                           else None, found_by, reach if reach in ("live", "latent") else None,
                           version if isinstance(version, str) else "", engine,
                           release if isinstance(release, str) else "", ids)
+
+
+def _fingerprint(engine: str) -> str | None:
+    from racesim.reports.provenance import vllm_fingerprint
+
+    return vllm_fingerprint() if engine == "vllm" else None
 
 
 def release_of_run(profile: str, engine: str) -> str:

@@ -25,6 +25,7 @@ from racesim.explore.distinct import DistinctCounter
 from racesim.documents import (
     Counterexample,
     free_path,
+    release_of_run,
     replaceable,
     violation_dicts,
     write_claimed,
@@ -324,8 +325,13 @@ def _over(started: float, limit: float | None) -> bool:
 def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | RunSummary,
                     shrunk_from: int | None, found_at: int) -> Counterexample:
     violations: tuple[dict[str, Any], ...]
-    if isinstance(run, RunSummary):
-        violations = tuple({"invariant": v} for v in run.violated)
+    if isinstance(run, RunSummary):  # an unshrunk find: its invariants, and what decides each
+        from racesim.reports.provenance import provenance
+
+        release = release_of_run(scenario.vllm, res.engine)
+        violations = tuple({"invariant": v, "provenance": provenance(
+            {"invariant": v}, res.engine, release, scenario.workload.topology)}
+            for v in run.violated)
         fixed = [(p, d) for p, _k, d in scenario.delays]
         widened = frozenset(run.widened)
         reach = reach_of(get_profile(scenario.vllm),

@@ -10,6 +10,7 @@ from typing import Any
 from racesim.documents import Counterexample, safe_file_name
 from racesim.engine_model import RunResult
 from racesim.engine_model.versions import unverified_note
+from racesim.reports.provenance import components_doc
 from racesim.reports.verdict import verdict
 from racesim.runner.summary import RunSummary
 from racesim.runner import RunSpec
@@ -195,6 +196,7 @@ class ExploreResult:
             "stopped_early": self.stopped_early,
             "warnings": list(self.warnings),
             "error": self.error,
+            "components": components_doc(self.engine, self.scenario.workload.topology),
         }
 
 
