@@ -268,6 +268,8 @@ def print_matrix(console: Console, doc: dict[str, Any]) -> None:
     if params:
         console.print(Text(printable(", ".join(f"{k} {v}" for k, v in params.items()
                                                if v not in (None, [])))), style="dim")
+    console.print("Each cell answers: does any explored schedule race? (the README's findings "
+                  "table answers: what do the unperturbed run and the witness show?)", style="dim")
     console.print("race: a safety or liveness invariant broke; accounting: only metrics-exact "
                   "(a stats gap vLLM still has); not found in N runs: nothing broke in the runs "
                   "explored (safe only when a grid tried every schedule). racing/runs: runs that "
