@@ -235,8 +235,9 @@ def test_matrix_on_vllm_defaults_to_the_policies_it_runs(tmp_path: Path) -> None
     doc = json.loads(res.stdout)
     assert doc["parameters"]["engine"] == "vllm"
     cells = {c["policy"]: c["invariants"] for c in doc["cells"]}
-    assert set(cells) == {"buggy", "internal-id"}
-    assert "engine-alive" in cells["buggy"] and cells["internal-id"] == []
+    assert set(cells) == {"shipped", "buggy"}  # the release as shipped first
+    assert "engine-alive" in cells["buggy"] and cells["shipped"] == []
+    assert doc["tables"][0]["policies"] == ["shipped"]
 
 
 # -- the frontend on vLLM's own OutputProcessor -------------------------------------------------
