@@ -50,6 +50,7 @@ from racesim.runner import (
 from racesim.scenarios import bundled_names, corpus_names, load_scenario
 from racesim.sim import InputError, build_info
 from racesim.explore.unreached import unreached_warnings
+from racesim.runner.determinism import check_determinism
 
 __all__ = ["main", "cli"]
 
@@ -209,17 +210,8 @@ def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
                 *(unreached_warnings("[witness]", spec.scenario.witness, result.occurrences)
                   if witness else ()),
                 *unreached_warnings("--delay", plan, result.occurrences)]
-    det = _determinism(check_det, result, lambda: spec.run(witness=witness, delays=plan))
+    det = check_determinism(result, lambda: spec.run(witness=witness, delays=plan), check_det)
     _finish_run(spec, result, command, as_json, html_file, trace_file, strict, warnings, det)
-
-
-def _determinism(asked: bool, result: Any, again: Any) -> Any:
-    """The second run of ``--check-determinism`` compared with the first, or None."""
-    if not asked:
-        return None
-    from racesim.runner.determinism import check_determinism
-
-    return check_determinism(result, again)
 
 
 def _check_outputs(html_file: str | None, trace_file: str | None) -> None:
@@ -306,7 +298,7 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
         click.echo(note, err=True)
     _finish_run(spec, result, replay_command(counterexample, cx.policy, result.engine), as_json,
                 html_file, trace_file, strict, (),
-                _determinism(check_det, result, lambda: spec.run(schedule=cx.schedule)))
+                check_determinism(result, lambda: spec.run(schedule=cx.schedule), check_det))
 
 
 # -- explore / matrix ---------------------------------------------------------------------------

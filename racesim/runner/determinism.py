@@ -59,9 +59,12 @@ def _show(ev: TraceEvent | None) -> str:
     return json.dumps(ev.as_list(), ensure_ascii=False, default=str)
 
 
-def check_determinism(first: RunResult, again: Callable[[], RunResult]) -> DeterminismCheck:
+def check_determinism(first: RunResult, again: Callable[[], RunResult],
+                      asked: bool = True) -> DeterminismCheck | None:
     """Compare ``first`` (a run with its trace kept) with ``again()``, a second run of the same
-    spec and schedule."""
+    spec and schedule (None when not ``asked``: ``--check-determinism`` was not given)."""
+    if not asked:
+        return None
     second = again()
     a, b = first.trace, second.trace
     for i in range(max(len(a), len(b))):
