@@ -15,7 +15,7 @@ import click
 from racesim.cli.conform import conform_cmd
 from racesim.cli.corpus import corpus_cmd
 from racesim.cli.matrix import matrix_cmd
-from racesim.cli.options import engine_option as _engine
+from racesim.cli.options import backend_options as _backend
 from racesim.cli.options import explore_options as _explore_options
 from racesim.cli.options import output_options as _outputs
 from racesim.cli.options import run_options as _run_options
@@ -40,7 +40,11 @@ from racesim.cli.progress import ProgressBar
 from racesim.cli.render import print_explore, print_run
 from racesim.reports.verdict import exit_status
 from racesim.runner import (
+    MODEL,
+    Backend,
     RunSpec,
+    as_backend,
+    from_record,
     parse_delay_option,
     policy_title,
     replay_command,
@@ -186,28 +190,35 @@ def show_cmd(scenario: str) -> None:
 @click.argument("scenario")
 @_run_options
 @_vllm_option()
-@_engine()
+@_backend()
 @click.option("--witness", is_flag=True, help="Apply the scenario's [witness] schedule.")
 @click.option("--delay", "delays", multiple=True, metavar="POINT[#K]=SECONDS",
               help="Delay every occurrence of a point, or only its K-th (from 0).")
 @_outputs
 def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
-            skip: Sequence[str], vllm: str | None, engine: str | None, strict: bool,
+            skip: Sequence[str], vllm: str | None, backend: Backend | None, strict: bool,
             witness: bool, delays: Sequence[str],
             as_json: bool, html_file: str | None, trace_file: str | None) -> None:
     """Run SCENARIO (bundled name or path) once and check every invariant."""
-    spec = RunSpec(load_scenario(scenario).with_vllm(vllm), policy,
-                   tuple(_options(policy_opts).items()), seed, tuple(skip), engine or "model")
+    backend = backend or MODEL
+    spec = RunSpec(load_scenario(scenario).with_vllm(_profile(vllm, backend)), policy,
+                   tuple(_options(policy_opts).items()), seed, tuple(skip), backend)
     plan = [parse_delay_option(d) for d in delays]
     _check_outputs(html_file, trace_file)
     result = spec.run(witness=witness, delays=plan)
     command = run_command(scenario, policy, spec.option_dict, seed, result.schedule, skip,
-                          vllm=result.vllm, engine=result.engine)
+                          vllm=result.vllm, engine=result.engine,
+                          backend_args=backend.cli_args() if backend.has_tree else ())
     warnings = [*unreached_warnings("[delays]", spec.scenario.delays, result.occurrences),
                 *(unreached_warnings("[witness]", spec.scenario.witness, result.occurrences)
                   if witness else ()),
                 *unreached_warnings("--delay", plan, result.occurrences)]
     _finish_run(spec, result, command, as_json, html_file, trace_file, strict, warnings)
+
+
+def _profile(vllm: str | None, backend: Backend) -> str | None:
+    """The profile a run takes: ``--vllm``, else a tree's generation, else the scenario's."""
+    return vllm or (backend.base if backend.has_tree else None)
 
 
 def _check_outputs(html_file: str | None, trace_file: str | None) -> None:
@@ -265,10 +276,11 @@ def _say_written(html_file: str | None, trace_file: str | None) -> None:
                    "written before profiles].")
 @click.option("--allow-import", is_flag=True,
               help="Let the file's module:Class policy be imported (it runs that code).")
-@_engine("the file's")
+@_backend("the file's")
 @_strict
 @_outputs
-def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine: str | None,
+def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool,
+               backend: Backend | None,
                strict: bool, as_json: bool, html_file: str | None,
                trace_file: str | None) -> None:
     """Replay a counterexample file: the same trace, byte for byte, anywhere.
@@ -280,14 +292,23 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
         raise InputError(f"{counterexample}: its policy {cx.policy!r} is not built in; replay "
                          f"imports a module:Class policy only with --allow-import")
     _check_outputs(html_file, trace_file)
+    # the file's own tree (its hash checked) unless another backend is asked for
+    recorded = from_record(cx.vllm_tree, counterexample) if cx.vllm_tree and backend is None \
+        else None
+    backend = backend or recorded or as_backend(cx.engine)
     spec = RunSpec(cx.scenario.with_vllm(vllm), cx.policy, tuple(cx.options.items()), cx.seed,
-                   cx.skip, engine or cx.engine)
+                   cx.skip, backend)
     result = spec.run(schedule=cx.schedule)
     note = _replay_note(counterexample, cx, result, as_json)
     if note:
         click.echo(note, err=True)
-    _finish_run(spec, result, replay_command(counterexample, cx.policy, result.engine), as_json,
-                html_file, trace_file, strict)
+    if cx.vllm_tree and backend.sha256 != cx.vllm_tree.get("sha256"):
+        click.echo(f"racesim: {counterexample} was recorded on {cx.vllm_tree['kind']} "
+                   f"{cx.vllm_tree['path']} (sha256 {str(cx.vllm_tree['sha256'])[:12]}); "
+                   f"replayed on {backend.label}", err=True)
+    _finish_run(spec, result, replay_command(counterexample, cx.policy, result.engine,
+                                             backend.cli_args() if backend.has_tree else ()),
+                as_json, html_file, trace_file, strict)
 
 
 # -- explore / matrix ---------------------------------------------------------------------------
@@ -304,32 +325,33 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
               help="'live': delay only await points that are live or yield in the vLLM "
                    "profile (races vLLM can hit as released).")
 @_vllm_option()
-@_engine()
+@_backend()
 @_explore_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
               help="Write the HTML explore report.")
 def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: int,
                 strict: bool, time_limit: float | None, reach: str, vllm: str | None,
-                engine: str | None, skip: Sequence[str], strategy: str, seed: int,
+                backend: Backend | None, skip: Sequence[str], strategy: str, seed: int,
                 workers: int | None, dask: str | None, out_dir: str, as_json: bool,
                 html_file: str | None) -> None:
     """Search SCENARIO's schedules for a race under POLICY (the [witness] is never read)."""
     from racesim.explore import counterexample_path, unshrunk_path
 
-    scen = load_scenario(scenario).with_vllm(vllm)
+    backend = backend or MODEL
+    scen = load_scenario(scenario).with_vllm(_profile(vllm, backend))
     options = _options(policy_opts)
     out = _output_dir("--out", out_dir)  # first: --html may name a file inside it
     _output_file("--html", html_file)
     _check_workers(workers, dask)
-    cx_path = counterexample_path(out, scen.name, policy, strategy, seed, engine or "model")
+    cx_path = counterexample_path(out, scen.name, policy, strategy, seed, backend.file_tag)
     _output_file("--out", str(cx_path))
     _output_file("--out", str(unshrunk_path(cx_path)))
     bar = ProgressBar(not as_json, f"{scen.name} / {policy}", time_limit=time_limit)
     try:
         res = explore(scen, policy, options=options, strategy=strategy, budget=budget,
                       time_limit=time_limit, seed=seed, workers=workers, dask=dask, skip=skip,
-                      out_dir=out, progress=bar, reach=reach, engine=engine or "model")
+                      out_dir=out, progress=bar, reach=reach, engine=backend)
     finally:
         bar.close()
     doc = res.document()
@@ -344,7 +366,8 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
         _emit_json(doc)
     else:
         print_explore(_console(), doc, after,
-                      replay_command(res.counterexample_path, policy, res.engine)
+                      replay_command(res.counterexample_path, policy, res.engine,
+                                     backend.cli_args() if backend.has_tree else ())
                       if res.counterexample_path else "")
         _say_written(html_file, None)
     for line in res.warnings:

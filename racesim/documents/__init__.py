@@ -59,7 +59,9 @@ def run_document(spec: RunSpec, result: RunResult) -> dict[str, Any]:
         "policy_options": spec.option_dict,
         "vllm": result.vllm,
         "engine": result.engine,
-        "vllm_release": release_of_run(result.vllm, result.engine),
+        "vllm_release": spec.backend.release if spec.backend.has_tree
+        else release_of_run(result.vllm, result.engine),
+        **({"vllm_tree": spec.backend.tree_record()} if spec.backend.has_tree else {}),
         "seed": result.seed,
         "trace_hash": result.trace_hash,
         "events": result.events,
@@ -96,6 +98,10 @@ class Counterexample:
     #: the vLLM release it ran on: the installed one on the vllm backend, the release the
     #: profile follows on the model ("" until written: then it is filled in).
     vllm_release: str = ""
+    #: the vLLM tree it ran on, when not the installed release: ``kind`` ("src" or "patch"),
+    #: ``path``, ``sha256`` (the diff's, or the tree's .py files'), ``base`` and ``release``
+    #: (Backend.as_dict); replay runs on it again and checks the hash. None: the release.
+    vllm_tree: Mapping[str, Any] | None = None
 
     @property
     def vllm(self) -> str:
@@ -120,6 +126,7 @@ class Counterexample:
             "trace_hash": self.trace_hash,
             "shrunk_from": self.shrunk_from,
             "found_by": dict(self.found_by),
+            **({"vllm_tree": dict(self.vllm_tree)} if self.vllm_tree else {}),
         }
 
 
@@ -284,12 +291,18 @@ def read_counterexample(path: str) -> Counterexample:
     if engine not in ENGINES:
         raise InputError(f"{src}: 'engine' must be one of {', '.join(ENGINES)} (got {engine!r})")
     release = data.get("vllm_release")
+    tree = data.get("vllm_tree")
+    if tree is not None and not (isinstance(tree, dict) and tree.get("kind") in ("src", "patch")
+                                 and isinstance(tree.get("path"), str)
+                                 and isinstance(tree.get("sha256"), str)):
+        raise InputError(f"{src}: 'vllm_tree' must be an object with kind (src or patch), "
+                         f"path and sha256")
     return Counterexample(scenario, policy, options, seed, schedule, tuple(skip),
                           tuple(v for v in violations if isinstance(v, dict)), trace_hash,
                           shrunk if isinstance(shrunk, int) and not isinstance(shrunk, bool)
                           else None, found_by, reach if reach in ("live", "latent") else None,
                           version if isinstance(version, str) else "", engine,
-                          release if isinstance(release, str) else "")
+                          release if isinstance(release, str) else "", tree)
 
 
 def release_of_run(profile: str, engine: str) -> str:

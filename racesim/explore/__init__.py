@@ -36,7 +36,7 @@ from racesim.explore.result import ExploreResult, counterexample_path, unshrunk_
 from racesim.explore.parallel import executor, ordered_map
 from racesim.reports.verdict import RACE, verdict
 from racesim.runner.summary import RunSummary
-from racesim.runner import RunSpec, import_from_cwd
+from racesim.runner import Backend, RunSpec, import_from_cwd
 from racesim.scenarios import Scenario
 from racesim.explore.shrink import shrink
 from racesim.sim import InputError
@@ -89,7 +89,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             seed: int = 0, workers: int | None = 1, dask: str | None = None,
             skip: Sequence[str] = (), out_dir: Path | None = None,
             progress: Progress | None = None, shrink_runs: int = 400,
-            reach: str = "all", engine: str = "model", target: str | None = None,
+            reach: str = "all", engine: str | Backend = "model", target: str | None = None,
             symptom: str | None = None, stop_at_target: bool = False) -> ExploreResult:
     """Explore ``budget`` schedules of ``scenario`` under ``policy`` (run 0 = baseline).
 
@@ -275,6 +275,7 @@ def _exploration_key(spec: RunSpec, strategy: str, reach: str, budget: int,
     return {"scenario": spec.scenario.name,
             "scenario_sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
             "vllm": spec.scenario.vllm, "engine": spec.engine, "policy": spec.policy,
+            **({"vllm_tree": spec.backend.tree_record()} if spec.backend.has_tree else {}),
             "options": dict(sorted(spec.option_dict.items())), "seed": spec.seed,
             "skip": list(spec.skip), "strategy": strategy, "reach": reach, "budget": budget,
             "time_limit": time_limit}
@@ -302,7 +303,9 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
                           {"strategy": res.strategy, "run": found_at,
                            "shrunk": shrunk_from is not None, "reach": res.reach,
                            "exploration": res.key}, reach,
-                          engine=res.engine)
+                          engine=res.engine, vllm_tree=res.spec.backend.tree_record(),
+                          vllm_release=res.spec.backend.release or ""
+                          if res.spec.backend.has_tree else "")
 
 
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:

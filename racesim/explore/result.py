@@ -78,7 +78,7 @@ class ExploreResult:
         """The name this exploration's counterexample takes when no other file has it."""
         spec = self.spec
         return counterexample_path(out_dir, spec.scenario.name, spec.policy, self.strategy,
-                                   spec.seed, spec.engine)
+                                   spec.seed, spec.backend.file_tag)
 
     @property
     def scenario(self) -> Scenario:
@@ -138,6 +138,8 @@ class ExploreResult:
             "policy_options": self.options,
             "vllm": self.scenario.vllm,
             "engine": self.engine,
+            **({"vllm_tree": self.spec.backend.tree_record()} if self.spec.backend.has_tree
+               else {}),
             "search": self.reach,
             "strategy": self.strategy,
             "seed": self.seed,
