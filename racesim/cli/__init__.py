@@ -14,6 +14,7 @@ import click
 
 from racesim.cli.conform import conform_cmd
 from racesim.cli.corpus import corpus_cmd
+from racesim.cli.diff import diff_cmd
 from racesim.cli.matrix import matrix_cmd
 from racesim.cli.options import backend_options as _backend
 from racesim.cli.options import explore_options as _explore_options
@@ -406,6 +407,7 @@ def bench_cmd(quick: bool, as_json: bool) -> None:
 cli.add_command(matrix_cmd)
 cli.add_command(conform_cmd)
 cli.add_command(corpus_cmd)
+cli.add_command(diff_cmd)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

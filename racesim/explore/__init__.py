@@ -90,7 +90,8 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             skip: Sequence[str] = (), out_dir: Path | None = None,
             progress: Progress | None = None, shrink_runs: int = 400,
             reach: str = "all", engine: str | Backend = "model", target: str | None = None,
-            symptom: str | None = None, stop_at_target: bool = False) -> ExploreResult:
+            symptom: str | None = None, stop_at_target: bool = False,
+            on_run: Callable[[RunSummary], None] | None = None) -> ExploreResult:
     """Explore ``budget`` schedules of ``scenario`` under ``policy`` (run 0 = baseline).
 
     ``reach="live"`` delays only the await points that are live or yield in the scenario's
@@ -98,7 +99,8 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     names an invariant whose first violating run is recorded (``target_run``; with ``symptom``,
     only a violation whose detail or vLLM file:line contains that text counts); with
     ``stop_at_target`` the search ends there (runs arrive in order, so the run is the same
-    for any worker count)."""
+    for any worker count). ``on_run`` sees every run's summary, in run order (``racesim diff``
+    keeps the violating schedules to replay them on the other tree)."""
     if reach not in ("all", "live"):
         raise InputError(f"--reach must be 'all' or 'live', got {reach!r}")
     if strategy not in STRATEGIES:
@@ -138,6 +140,8 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     invariants: dict[str, None] = {}
 
     def record(s: RunSummary) -> None:
+        if on_run is not None:
+            on_run(s)
         res.runs += 1
         traces.add(s.schedule)
         for point in dict.fromkeys(map(_POINT, s.schedule)):  # each point once per run
