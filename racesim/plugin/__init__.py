@@ -207,25 +207,27 @@ class RaceSim:
     def run(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id", *,
             options: Mapping[str, str] | None = None, witness: bool = False,
             delays: Iterable[DelaySpec] | Mapping[str, float] = (), skip: Iterable[str] = (),
-            seed: int | None = None, vllm: str | None = None) -> RunResult:
+            seed: int | None = None, vllm: str | None = None,
+            engine: str = "model") -> RunResult:
         """Run ``scenario`` (a bundled name, a path or a :class:`racesim.scenarios.Scenario`) under
         ``policy`` once and return its result; violations do not fail the test (see
         :meth:`check`). ``witness`` applies the scenario's ``[witness]`` schedule, ``delays``
         exact delays on top, ``skip`` leaves invariants unchecked, ``vllm`` picks the vLLM
-        profile (default: the scenario's, else the newest). Bad input raises
-        ``racesim.sim.InputError``."""
-        return self._run(*self._spec(scenario, policy, options, skip, seed, vllm), witness,
-                         delays)[0]
+        profile (default: the scenario's, else the newest), ``engine`` the backend ("model" or
+        "vllm", the installed release). Bad input raises ``racesim.sim.InputError``."""
+        return self._run(*self._spec(scenario, policy, options, skip, seed, vllm, engine),
+                         witness, delays)[0]
 
     def check(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id",
               *, options: Mapping[str, str] | None = None, witness: bool = False,
               delays: Iterable[DelaySpec] | Mapping[str, float] = (), skip: Iterable[str] = (),
-              seed: int | None = None, vllm: str | None = None) -> RunResult:
+              seed: int | None = None, vllm: str | None = None,
+              engine: str = "model") -> RunResult:
         """:meth:`run`, then fail the test if any (unskipped) invariant was violated: raise
         :class:`RaceFound` (an ``AssertionError``) with the violations, the one command that
         replays the run, and the counterexample."""
         __tracebackhide__ = True
-        spec, replay_name = self._spec(scenario, policy, options, skip, seed, vllm)
+        spec, replay_name = self._spec(scenario, policy, options, skip, seed, vllm, engine)
         result, failed = self._run(spec, replay_name, witness, delays)
         if failed:
             raise RaceFound(failed, result, self._counterexample(spec, result))
@@ -233,16 +235,45 @@ class RaceSim:
 
     def _spec(self, scenario: object, policy: str, options: Mapping[str, str] | None,
               skip: Iterable[str], seed: int | None,
-              vllm: str | None) -> tuple[RunSpec, str | None]:
+              vllm: str | None, engine: str = "model") -> tuple[RunSpec, str | None]:
         """What to run (options and skipped invariants in the caller's order, as the replay
         command and the counterexample write them), and the name ``racesim run`` finds the
         scenario by (None: no file)."""
-        from racesim.runner import RunSpec
+        from racesim.runner import RunSpec, as_backend
 
         scen, replay_name = _load(scenario)
         skipped = (skip,) if isinstance(skip, str) else tuple(skip)
         return RunSpec(scen.with_vllm(vllm), policy, tuple(_options(options).items()),
-                       self._seed if seed is None else seed, skipped), replay_name
+                       self._seed if seed is None else seed, skipped,
+                       as_backend(engine)), replay_name
+
+    def explore(self, scenario: str | os.PathLike[str] | Scenario,
+                policy: str = "internal-id", **kwargs: Any) -> list[Any]:
+        """Search ``scenario``'s schedules (``budget=100``, ``reach="all"`` or ``"live"``,
+        ``engine="model"`` or ``"vllm"``, ``vllm_src=``/``vllm_patch=``/``vllm_base=``,
+        ``strategy``, ``options``, ``skip``, ``vllm``, ``seed``): the races found, each with the
+        command that replays it; ``[]`` when clean (racesim/plugin/search.py)."""
+        from racesim.plugin.search import explore
+
+        seed = kwargs.pop("seed", None)
+        return explore(scenario, policy, self._out_dir(), self._seed if seed is None else seed,
+                       **kwargs)
+
+    def diff(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id",
+             **kwargs: Any) -> list[Any]:
+        """What a vLLM change (``vllm_src=`` or ``vllm_patch=``) opens against the installed
+        release (or ``base_src=``/``base_patch=``), as ``racesim diff`` decides it: one finding
+        per opened invariant; ``[]`` when it opens nothing."""
+        from racesim.plugin.search import diff
+
+        seed = kwargs.pop("seed", None)
+        return diff(scenario, policy, self._out_dir(), self._seed if seed is None else seed,
+                    **kwargs)
+
+    def _out_dir(self) -> Path:
+        """Where searches write counterexample files: ``--racesim-report``, else
+        ``racesim-out`` in the current folder (absolute, so a replay command works anywhere)."""
+        return (self._report_dir or Path("racesim-out")).resolve()
 
     def _run(self, spec: RunSpec, replay_name: str | None, witness: bool,
              delays: Iterable[DelaySpec] | Mapping[str, float]) -> tuple[RunResult, str]:
@@ -272,16 +303,17 @@ class RaceSim:
         return Counterexample(spec.scenario, spec.policy, spec.option_dict, result.seed,
                               result.schedule, spec.skip,
                               tuple(v.as_dict() for v in result.violations), result.trace_hash,
-                              None, {"pytest": self._test})
+                              None, {"pytest": self._test}, engine=spec.engine)
 
     def _command(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> str | None:
         from racesim.runner import replay_command, run_command
 
         if self._report_dir is not None:
-            return replay_command(str(self._report_dir / f"{self._stem(spec)}.json"))
+            return replay_command(str(self._report_dir / f"{self._stem(spec)}.json"),
+                                  spec.policy, spec.engine)
         if replay_name is not None:
             return run_command(replay_name, spec.policy, spec.option_dict, result.seed,
-                               result.schedule, spec.skip, vllm=result.vllm)
+                               result.schedule, spec.skip, vllm=result.vllm, engine=spec.engine)
         return None
 
     def _explain(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> str:
@@ -351,60 +383,4 @@ class RaceSim:
         self._reports.extend(p for p in written if p not in self._reports)
 
 
-# -- argument handling ---------------------------------------------------------------------------
-
-def _load(scenario: object) -> tuple[Scenario, str | None]:
-    """The Scenario, and the name or path ``racesim run`` would find it by (None: no file)."""
-    from racesim.scenarios import Scenario, load_scenario
-
-    if isinstance(scenario, Scenario):
-        source = scenario.source
-        if source.startswith("<bundled ") and source.endswith(">"):
-            return scenario, source[len("<bundled "):-1]
-        return scenario, None if source.startswith("<") else source
-    if isinstance(scenario, os.PathLike):
-        path = os.fspath(scenario)
-        if not isinstance(path, str):
-            raise TypeError(f"scenario path must be text, got {path!r}")
-        if "/" not in path and not path.endswith(".toml"):
-            path = os.path.join(".", path)  # a path, never a bundled name
-        return load_scenario(path), path
-    if isinstance(scenario, str):
-        return load_scenario(scenario), scenario
-    raise TypeError(f"scenario must be a bundled name, a path or a racesim.scenarios.Scenario, "
-                    f"got {scenario!r}")
-
-
-def _options(options: Mapping[str, str] | None) -> dict[str, str]:
-    from racesim.sim import InputError
-
-    out = dict(options or {})
-    for k, v in out.items():
-        if not (isinstance(k, str) and isinstance(v, str)):
-            raise InputError(f"policy options map names to strings, got {k!r}: {v!r}")
-    return out
-
-
-def _plan(delays: Iterable[DelaySpec] | Mapping[str, float]) -> list[tuple[str, int | None,
-                                                                        float]]:
-    from racesim.engine_model.points import POINTS
-    from racesim.runner import parse_delay_option
-    from racesim.sim import Decision, InputError, plan_entries
-    from racesim.sim.points import delay_entry
-
-    if isinstance(delays, Mapping):
-        return plan_entries(delays, POINTS, "delays")
-    if isinstance(delays, str):
-        delays = [delays]
-    out: list[tuple[str, int | None, float]] = []
-    for d in delays:
-        if isinstance(d, Decision):
-            d = (d.point, d.occurrence, d.delay)
-        if isinstance(d, str):
-            out.append(parse_delay_option(d))
-        elif isinstance(d, tuple) and len(d) == 3:
-            out.append(delay_entry(*d, POINTS, f"delay {d!r}"))
-        else:
-            raise InputError(f"delay {d!r}: expected a racesim.sim.Decision, (point, occurrence, "
-                             f"seconds) or 'POINT[#K]=SECONDS'")
-    return out
+from racesim.plugin.args import _load, _options, _plan  # noqa: E402  (below: no cycle)
