@@ -70,6 +70,7 @@ def test_a_patch_that_drops_an_abort_opens_a_live_race_shrunk_and_replayable(
 def test_the_empty_patch_opens_nothing_and_the_converse_closes_what_the_patch_opened(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, racesim: object) -> None:
     monkeypatch.setenv("RACESIM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # the fixture's files go to racesim-out/ here
     patch = _drop_waiting_abort(tmp_path)
     empty = tmp_path / "empty.diff"
     empty.write_text("")
