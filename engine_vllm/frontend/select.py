@@ -1,0 +1,41 @@
+"""Which frontend ``--engine vllm`` runs: the model's AsyncLLM over vLLM's OutputProcessor
+(``model``), or vLLM's own AsyncLLM (``asyncllm``, :mod:`racesim.engine_vllm.frontend.system`).
+
+Chosen by the environment variable ``RACESIM_VLLM_FRONTEND`` (read at each run, and inherited
+by exploration's worker processes), documented in docs/backends.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["ENV", "CHOICES", "real_frontend", "real_unsupported"]
+
+ENV = "RACESIM_VLLM_FRONTEND"
+CHOICES = ("model", "asyncllm")
+#: the lifecycles vLLM's own frontend runs: the release with or without ID randomization
+LIFECYCLES = ("buggy", "internal-id")
+
+
+def real_frontend() -> bool:
+    """Whether ``--engine vllm`` runs vLLM's own AsyncLLM (``RACESIM_VLLM_FRONTEND=asyncllm``)."""
+    from racesim.sim.errors import InputError
+
+    value = os.environ.get(ENV, "model") or "model"
+    if value not in CHOICES:
+        raise InputError(f"{ENV}={value!r}: expected one of {', '.join(CHOICES)}")
+    return value == "asyncllm"
+
+
+def real_unsupported(workload: object, policy: str) -> str | None:
+    """Why this run cannot use vLLM's own frontend (one line), or None."""
+    if policy not in LIFECYCLES:
+        return (f"policy {policy!r} is not vLLM's code: on vLLM's own frontend "
+                f"({ENV}=asyncllm) the lifecycle is the release's, buggy or internal-id; "
+                f"express the change as a patch (--vllm-patch FILE.diff)")
+    from racesim.engine_vllm.frontend.system import unsupported
+
+    why = unsupported(workload)  # type: ignore[arg-type]
+    if why is not None:
+        return f"vLLM's own frontend ({ENV}=asyncllm) does not run {why} yet"
+    return None
