@@ -90,6 +90,8 @@ class RealFrontend:
 
     dp = None
     engine_dead: str | None = None
+    #: the run is over: vLLM's cleanup (closing coroutines) is no longer traced or sent
+    closed = False
 
     def __init__(self, system: Any, index: int, name: str, engine: Any, loop: SimLoop,
                  count: int) -> None:
@@ -140,6 +142,8 @@ class RealFrontend:
         states = op.request_states
 
         def add_request(request: Any, *args: Any, **kw: Any) -> Any:
+            if self.closed:
+                return real_add(request, *args, **kw)
             before = dict(states)
             parent = args[1] if len(args) > 1 else kw.get("parent_req")
             if parent is not None and not isinstance(parent.child_requests, _OrderedIds):
@@ -154,6 +158,8 @@ class RealFrontend:
             rid = request.request_id
             inc = self.system.next_inc()
             uid = client.uid if client is not None else 0
+            if client is not None:
+                client.accepted = True  # add_request registered it (the model's "accepted")
             spec = client.spec if client is not None else None
             self._pending.append((rid, AddTruth(
                 inc, uid, spec.eos_at if spec is not None else None,
@@ -176,6 +182,8 @@ class RealFrontend:
             return result
 
         def abort_requests(request_ids: Any, *args: Any, **kw: Any) -> Any:
+            if self.closed:
+                return real_abort(request_ids, *args, **kw)
             before = dict(states)
             ids = real_abort(request_ids, *args, **kw)
             asked = list(request_ids)
@@ -189,6 +197,8 @@ class RealFrontend:
             return ids
 
         def process_outputs(outputs: Any, *args: Any, **kw: Any) -> Any:
+            if self.closed:
+                return real_process(outputs, *args, **kw)
             before = dict(states)
             for out in outputs:
                 if out.request_id not in before:
@@ -213,6 +223,8 @@ class RealFrontend:
             return result
 
         def propagate_error(exc: Exception) -> Any:
+            if self.closed:
+                return None
             for rid, state in list(states.items()):
                 b = self._bound.get(id(state))
                 if b is not None:
@@ -249,6 +261,8 @@ class RealFrontend:
 
     def send_wire(self, msg: Any) -> None:
         """The message enters the connection's FIFO pipe (``ipc.input:transit``)."""
+        if self.closed:
+            return
         if isinstance(msg, EngineCoreRequest):
             rid, truth = msg.truth
             self.input_channel.send(msg, [rid], incs=[truth.inc])

@@ -41,7 +41,7 @@ class RealClient:
         self.name = f"client{index}"
         self.tokens = 0
         self.finish_reason: str | None = None
-        self._accepted = False
+        self.accepted = False
         loop = fe.loop
         self.task = loop.create_task(self._run(), name=f"{self.name}:generate")
         fe.clients[self.task] = self
@@ -94,7 +94,6 @@ class RealClient:
         decode = self.vocab.decode
         try:
             async for out in llm.generate(self._prompt(), self._params(), spec.id):
-                self._accepted = True
                 tokens = []
                 for c in out.outputs:
                     for t in c.token_ids:
@@ -131,7 +130,7 @@ class RealClient:
         self.task.cancel()
 
     def _abort_at(self) -> None:
-        if self.done or not self._accepted:
+        if self.done or not self.accepted:
             return
         self.world.emit(self.name, self.spec.id, 0, ClientAbort(self.uid))
         # a router's /abort_requests handler: AsyncLLM.abort by the external ID

@@ -186,7 +186,22 @@ class SimLoop(asyncio.BaseEventLoop):
         self._env.process(self.kernel())
 
     def finish(self) -> None:
-        """End of a run: drop what is left (tasks still waiting are not errors)."""
+        """End of a run: close every coroutine still suspended, now, while the loop is open
+        (left to the garbage collector, they would run their cleanup later, in another run's
+        time), then drop what is left. The caller has silenced the frontend first."""
+        self._wakeup = None
+        old = events._get_running_loop()
+        events._set_running_loop(self)
+        try:
+            for task in self.all:
+                if not task.done():
+                    coro = task.get_coro()
+                    try:
+                        coro.close()
+                    except BaseException:  # a coroutine that cannot close cleanly: dropped
+                        pass
+        finally:
+            events._set_running_loop(old)
         self._ready.clear()  # type: ignore[attr-defined]
         self._scheduled.clear()  # type: ignore[attr-defined]
         self.all.clear()

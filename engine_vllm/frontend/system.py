@@ -95,6 +95,7 @@ class RealFrontendSystem(VllmSystem):
         for loop in self.loops:
             loop.start()
         self.topology = self._topology([])
+        _LAST.system = self
 
     def engine_shape(self) -> Any:
         wl = self.workload
@@ -122,8 +123,22 @@ class RealFrontendSystem(VllmSystem):
         return deliver
 
     def finish(self) -> None:
+        """After the run: silence every API server, then close what is still suspended."""
+        for fe in self.frontends:
+            fe.closed = True
         for loop in self.loops:
             loop.finish()
+        for fe in self.frontends:
+            fe.clients.clear()
+
+
+class _Last:
+    """The system of the run in progress (the model's run_workload builds it)."""
+
+    system: RealFrontendSystem | None = None
+
+
+_LAST = _Last()
 
 
 def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
@@ -140,5 +155,8 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
                           retain_trace=retain_trace, hash_trace=hash_trace,
                           system_cls=RealFrontendSystem, engine="vllm")
     finally:
+        system, _LAST.system = _LAST.system, None
+        if system is not None:
+            system.finish()
         if enabled:
             gc.enable()

@@ -118,6 +118,10 @@ class FakeRouter(_Socket):
     def send_multipart(self, msg: Any, copy: bool = True, track: bool = False,
                        **_kw: Any) -> Any:
         loop = self.loop
+        if self.frontend.closed:
+            fut = loop.create_future()
+            fut.set_result(None)
+            return fut
         frames = tuple(bytes(f) if not isinstance(f, bytes) else f for f in msg[1:])
         kind, cls, truth = self.frontend.classify(frames)
         point, where = _caller_point(kind)
