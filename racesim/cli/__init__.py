@@ -80,11 +80,21 @@ def cli() -> None:
                                    "versions"]))
 @_vllm_option(f"{DEFAULT_VLLM}; the profile whose await-point widths are listed")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
-def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
+@click.option("--engine", type=click.Choice(["model", "vllm"]), default="model",
+              help="'vllm': the await points of the installed vLLM's own frontend, read from "
+                   "its code (async_llm.py, core_client.py).")
+def list_cmd(what: str | None, vllm: str | None, as_json: bool, engine: str) -> None:
     """List bundled scenarios, corpus entries (real vLLM bugs), policies, await points (with
     their width in a vLLM profile), invariants or vLLM version profiles."""
     profile = get_profile(vllm)
     sections: dict[str, list[dict[str, Any]]] = {}
+    if engine == "vllm" and what == "points":
+        from racesim.engine_vllm.frontend.points import catalogue
+
+        _release, rows = catalogue()
+        sections["points"] = [{**r, "meaning": f"{r['meaning']} (line {r['line']})"
+                               if r["line"] else r["meaning"]} for r in rows]
+        what = "vllm-points"
     if what in (None, "scenarios"):
         sections["scenarios"] = [{"name": n, "meaning": load_scenario(n).summary}
                                  for n in bundled_names()]
@@ -93,7 +103,7 @@ def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
     if what in (None, "policies"):
         sections["policies"] = [{"name": n, "meaning": f"{c.summary} [{c.source}]"}
                                 for n, c in POLICIES.items()]
-    if what in (None, "points"):
+    if what in (None, "points"):  # the model's catalogue
         sections["points"] = [{"name": p.name, "width": profile.width(p.name),
                                **({"width_mid_step": MID_STEP_WIDTHS[p.name]}
                                   if p.name in MID_STEP_WIDTHS else {}),
