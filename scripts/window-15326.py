@@ -1,7 +1,7 @@
 """Measure how often a scenario's runs reach #15326's window on a backend: an ABORT of X was
 issued after the frontend popped X (incarnation A), and an ADD of X for a later incarnation B
 reached the Scheduler before that ABORT did. Usage:
-python scripts/window-15326.py SCENARIO POLICY REACH BUDGET [ENGINE]
+python scripts/window-15326.py SCENARIO POLICY REACH BUDGET [ENGINE [VLLM]]
 (ENGINE vllm; RACESIM_VLLM_FRONTEND=asyncllm for vLLM's own frontend). Prints runs, runs that
 reached the window, and the first such run's schedule."""
 
@@ -17,13 +17,13 @@ from racesim.sim.strategies import StrategyConfig, make_strategy
 
 
 def reached(trace) -> bool:
-    """After the frontend popped X (incarnation A) in an abort, an ADD of X for another
+    """After the frontend popped X (incarnation A) in an abort or on a stop string, an ADD of X for another
     incarnation enters the frontend's pipe before that abort's ABORT does (one FIFO pipe per
     connection: it reaches the engine first)."""
     popped: dict[str, int] = {}  # rid -> the incarnation an abort popped, its ABORT not sent
     for ev in trace:
         d = ev.detail
-        if ev.kind == "fe.pop" and getattr(d, "why", "") == "abort":
+        if ev.kind == "fe.pop" and getattr(d, "why", "") in ("abort", "stop-string"):
             popped[ev.request] = ev.inc
         elif ev.kind == "ipc.send" and ev.component.startswith("ipc:frontend"):
             if d.type == "AbortMessage":
@@ -40,6 +40,8 @@ def main() -> None:
     name, policy, reach, budget = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     engine = sys.argv[5] if len(sys.argv) > 5 else "vllm"
     sc = load_scenario(name)
+    if len(sys.argv) > 6:  # a vLLM profile (0.20): the installed release's
+        sc = sc.with_vllm(sys.argv[6])
     spec = RunSpec.of(sc, policy, engine=engine)
     base = spec.run()
     occ = base.occurrences
