@@ -173,11 +173,11 @@ class RealFrontend:
                 index = args[2] if len(args) > 2 else kw.get("request_index", 0)
                 if old is not None:
                     self._popped(old, "stream-finished")
-                world.emit(name, rid, inc, FeAdd(uid, request.external_req_id or rid,
+                world.emit(name, rid, inc, FeAdd(uid, getattr(request, 'external_req_id', None) or rid,
                                                  int(index or 0)))
             else:
                 # vLLM kept the old state (a streaming update): this ADD is not tracked
-                world.emit(name, rid, inc, FeAdd(uid, request.external_req_id or rid, 0,
+                world.emit(name, rid, inc, FeAdd(uid, getattr(request, 'external_req_id', None) or rid, 0,
                                                  tracked=False))
             return result
 

@@ -134,6 +134,12 @@ def async_llm(fe: Any, count: int) -> Any:
     names = vllm_names()
     shape = fe.system.engine_shape()
     vc, _spec = _vllm._config(shape)
+    if getattr(vc, "observability_config", False) is None:
+        # 0.11's VllmConfig defaults it to None; EngineArgs.create_engine_config (what
+        # `vllm serve` builds) always sets one, which AsyncLLM.__init__ reads
+        from vllm.config import ObservabilityConfig
+
+        vc.observability_config = ObservabilityConfig()
     _RUN.building = fe
     try:
         llm = names.AsyncLLM(

@@ -42,6 +42,8 @@ class RealClient:
         self.tokens = 0
         self.finish_reason: str | None = None
         self.accepted = False
+        #: what generate() raised (the client saw an error)
+        self.error = ""
         loop = fe.loop
         self.task = loop.create_task(self._run(), name=f"{self.name}:generate")
         fe.clients[self.task] = self
@@ -118,7 +120,14 @@ class RealClient:
                     self.task.cancel()
         except asyncio.CancelledError:
             self._terminate(FinishReason.ABORT)
-        except Exception:  # EngineDeadError and what generate() raises on it
+        except Exception as exc:  # EngineDeadError and what generate() raises on it
+            cause = exc.__cause__ or exc
+            self.error = f"{type(cause).__name__}: {cause}"
+            tb = cause.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            if tb is not None and "/engine_vllm/frontend/" in tb.tb_frame.f_code.co_filename:
+                self.fe.system.crashes.append(self.error)  # racesim's bug, not vLLM's answer
             self._terminate(FinishReason.ERROR)
         if not self.done:  # generate() ended with no finished output
             self._terminate(FinishReason.ABORT)

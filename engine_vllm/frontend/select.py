@@ -27,8 +27,16 @@ def real_frontend() -> bool:
     return value == "asyncllm"
 
 
-def real_unsupported(workload: object, policy: str) -> str | None:
+def real_unsupported(workload: object, policy: str, release: str | None = None) -> str | None:
     """Why this run cannot use vLLM's own frontend (one line), or None."""
+    if policy == "buggy" and release is not None:
+        from racesim.engine_vllm._api import release_key
+
+        if (0, 14) <= release_key(release) < (0, 20):
+            # 0.14.0 v1/engine/input_processor.py:444 randomizes unconditionally
+            return (f"policy 'buggy' on vLLM's own frontend is the release with "
+                    f"VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1, which vLLM {release} does not "
+                    f"have (it always randomizes); run internal-id")
     if policy not in LIFECYCLES:
         return (f"policy {policy!r} is not vLLM's code: on vLLM's own frontend "
                 f"({ENV}=asyncllm) the lifecycle is the release's, buggy or internal-id; "

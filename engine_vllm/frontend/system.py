@@ -68,6 +68,8 @@ class RealFrontendSystem(VllmSystem):
         self.policy = policy
         self.profile = profile
         self._inc = 0
+        #: exceptions racesim's own adapter raised inside vLLM's calls (a bug: the run fails)
+        self.crashes: list[str] = []
         self._roles: dict[str, str] = {}
         self._channels: list[Any] = []
         self.vocab = Vocabulary()
@@ -158,5 +160,7 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
         system, _LAST.system = _LAST.system, None
         if system is not None:
             system.finish()
+            if system.crashes:
+                raise RuntimeError(f"racesim's frontend adapter failed: {system.crashes[0]}")
         if enabled:
             gc.enable()
