@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ENV", "CHOICES", "real_frontend", "real_unsupported"]
+__all__ = ["ENV", "CHOICES", "REAL_FRONTEND", "real_frontend", "real_unsupported"]
 
 ENV = "RACESIM_VLLM_FRONTEND"
 CHOICES = ("model", "asyncllm")
+#: profile -> what vLLM's own frontend runs on it (measured: its AsyncLLM builds on the
+#: client_addresses path and runs abort-reuse); the profiles not listed have none
+REAL_FRONTEND = {"0.33": "buggy, internal-id", "0.20": "buggy, internal-id",
+                 "0.14": "internal-id (no randomization switch)",
+                 "0.11": "buggy = internal-id (no internal IDs)",
+                 "0.10": "buggy = internal-id (no internal IDs)"}
 #: the lifecycles vLLM's own frontend runs: the release with or without ID randomization
 LIFECYCLES = ("buggy", "internal-id")
 
@@ -29,9 +35,13 @@ def real_frontend() -> bool:
 
 def real_unsupported(workload: object, policy: str, release: str | None = None) -> str | None:
     """Why this run cannot use vLLM's own frontend (one line), or None."""
-    if policy == "buggy" and release is not None:
+    if release is not None:
         from racesim.engine_vllm._api import release_key
 
+        if release_key(release) < (0, 10):
+            return (f"vLLM's own frontend ({ENV}=asyncllm) is not built for vLLM {release} "
+                    f"(measured on 0.10.1.1 to 0.33.0); unset {ENV}")
+    if policy == "buggy" and release is not None:
         if (0, 14) <= release_key(release) < (0, 20):
             # 0.14.0 v1/engine/input_processor.py:444 randomizes unconditionally
             return (f"policy 'buggy' on vLLM's own frontend is the release with "

@@ -161,10 +161,14 @@ def _versions_rows() -> list[dict[str, Any]]:
             (installed == release or installed.startswith(f"{v.name}."))
         state = ("installed" if here else f"not installed: {install_command(release)}"
                  ) if backend else "model only"
+        from racesim.engine_vllm.frontend.select import REAL_FRONTEND
+
+        real = REAL_FRONTEND.get(v.name)
         tag = (f"[release {release}; model: yes; vllm backend: "
-               f"{'yes' if backend else 'no'} ({state})] ")
+               f"{'yes' if backend else 'no'} ({state}); vLLM's own frontend: "
+               f"{real or 'no'}] ")
         rows.append({"name": v.name, "release": release, "model": True, "vllm_backend": backend,
-                     "installed": here,
+                     "installed": here, "vllm_frontend": real is not None,
                      "meaning": tag + v.release + (" (default)" if v.name == DEFAULT_VLLM
                                                    else ""),
                      "behaviours": [{"text": b.text, "source": b.source} for b in v.behaviours]})
