@@ -166,6 +166,7 @@ class RealFrontend:
                 (spec.prompt if spec is not None and spec.prompt is not None else f"#{uid}"))))
             state = states.get(rid)
             old = before.get(rid)
+            external = getattr(request, "external_req_id", None) or rid
             if state is not None and state is not old:
                 self._bound[id(state)] = _Bound(state, inc, uid, rid)
                 if parent is not None:
@@ -173,12 +174,13 @@ class RealFrontend:
                 index = args[2] if len(args) > 2 else kw.get("request_index", 0)
                 if old is not None:
                     self._popped(old, "stream-finished")
-                world.emit(name, rid, inc, FeAdd(uid, getattr(request, 'external_req_id', None) or rid,
-                                                 int(index or 0)))
+                world.emit(name, rid, inc, FeAdd(uid, external, int(index or 0)))
             else:
-                # vLLM kept the old state (a streaming update): this ADD is not tracked
-                world.emit(name, rid, inc, FeAdd(uid, getattr(request, 'external_req_id', None) or rid, 0,
-                                                 tracked=False))
+                # vLLM took it as the held state's streaming update (0.20+
+                # output_processor.py add_request): this ADD is never registered, and a
+                # non-resumable one finishes the held state (_finish_request, STREAM_FINISHED)
+                world.emit(name, rid, inc, FeAdd(uid, external, 0, tracked=False))
+                self._diff(before, "stream-finished")
             return result
 
         def abort_requests(request_ids: Any, *args: Any, **kw: Any) -> Any:

@@ -27,7 +27,7 @@ from typing import Any
 
 from racesim.engine_vllm import _vllm
 
-__all__ = ["vllm_names", "async_llm", "bind_run", "set_lifecycle"]
+__all__ = ["vllm_names", "async_llm", "bind_run", "set_lifecycle", "restore_env"]
 
 
 class _Run:
@@ -122,11 +122,27 @@ def bind_run(world: Any) -> None:
     _RUN.world = world
 
 
-def set_lifecycle(policy: str, chunk_size: int) -> None:
+_ENV_KEYS = ("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE")
+
+
+def set_lifecycle(policy: str, chunk_size: int) -> dict[str, str | None]:
     """``buggy``: the release with ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1``; ``internal-id``:
-    as shipped. vLLM's ``envs`` reads the environment at each access (envs.py ``__getattr__``)."""
+    as shipped. vLLM's ``envs`` reads the environment at each access (envs.py ``__getattr__``).
+    Returns what to restore after the run (:func:`restore_env`)."""
+    saved = {k: os.environ.get(k) for k in _ENV_KEYS}
     os.environ["VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"] = "1" if policy == "buggy" else "0"
     os.environ["VLLM_V1_OUTPUT_PROC_CHUNK_SIZE"] = str(chunk_size)
+    return saved
+
+
+def restore_env(saved: dict[str, str | None]) -> None:
+    """Put the environment back: a later run in this process (the other frontend, which calls
+    vLLM's assign_request_id too) must not inherit this run's lifecycle."""
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def async_llm(fe: Any, count: int) -> Any:

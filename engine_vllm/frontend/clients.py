@@ -129,8 +129,10 @@ class RealClient:
             if tb is not None and "/engine_vllm/frontend/" in tb.tb_frame.f_code.co_filename:
                 self.fe.system.crashes.append(self.error)  # racesim's bug, not vLLM's answer
             self._terminate(FinishReason.ERROR)
-        if not self.done:  # generate() ended with no finished output
-            self._terminate(FinishReason.ABORT)
+        if not self.done:
+            # generate() ended on vLLM's STREAM_FINISHED sentinel, which it does not yield
+            # (async_llm.py generate): the stream ended with no finish reason
+            self._terminate(FinishReason.STREAM_FINISHED)
 
     def _cancel_at(self) -> None:
         if self.done or self.task.done():

@@ -76,7 +76,7 @@ class RealFrontendSystem(VllmSystem):
         self.fabric = None
         build.vllm_names()
         build.bind_run(world)
-        build.set_lifecycle(policy.name, workload.frontend.output_chunk_size)
+        self.saved_env = build.set_lifecycle(policy.name, workload.frontend.output_chunk_size)
         engine = self.new_engine(0, "engine")
         self.engines = [engine]
         count = workload.frontends
@@ -160,6 +160,7 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
         system, _LAST.system = _LAST.system, None
         if system is not None:
             system.finish()
+            build.restore_env(system.saved_env)
             if system.crashes:
                 raise RuntimeError(f"racesim's frontend adapter failed: {system.crashes[0]}")
         if enabled:
