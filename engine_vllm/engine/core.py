@@ -145,13 +145,9 @@ class VllmEngineCore(EngineShell):
         return req
 
     def deliver_vllm(self, request_type: Any, request: Any, truth: Any) -> None:
-        """An input as ``EngineCoreProc``'s input thread decodes it: vLLM's own
-        ``(EngineCoreRequestType, request)`` with racesim's ground truth beside it (the real
-        frontend's seam, /work/tools/SEAMS.md); mapped onto the shell's inputs."""
+        """vLLM's decoded ``(EngineCoreRequestType, request)``, ground truth beside (SEAMS.md)."""
         from racesim.engine_vllm.frontend.engine_side import to_shell
-
-        msg = to_shell(self, request_type, request, truth)
-        if msg is not None:
+        if (msg := to_shell(self, request_type, request, truth)) is not None:
             self.deliver(msg)
 
     def _reject(self, rid: str, inc: int, client: int, why: str) -> None:
