@@ -132,9 +132,9 @@ class VllmEngineShape:
     max_model_len: int
     async_scheduling: bool
     prefix_caching: bool
-    #: P/D: (kv_role, engine_id, kv_lease_duration, kv_load_failure_policy) of the engine's
-    #: NixlConnector, or None for no KV connector
-    kv_transfer: tuple[str, str, int, str] | None = None
+    #: P/D: (kv_role, engine_id, kv_lease_duration, kv_load_failure_policy, connector class
+    #: name: "NixlConnector" or "NixlPushConnector"), or None for no KV connector
+    kv_transfer: tuple[str, str, int, str, str] | None = None
 
 
 @cache
@@ -158,11 +158,11 @@ def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
     if shape.kv_transfer is not None:
         # what `vllm serve --kv-transfer-config '{"kv_connector":"NixlConnector",...}'` sets;
         # the Scheduler then builds vLLM's own connector (scheduler.py:174-203)
-        role, engine_id, lease, on_failure = shape.kv_transfer
+        role, engine_id, lease, on_failure, connector = shape.kv_transfer
         from vllm.config import KVTransferConfig
 
         vc.kv_transfer_config = KVTransferConfig(
-            kv_connector="NixlConnector", kv_role=role, engine_id=engine_id,
+            kv_connector=connector, kv_role=role, engine_id=engine_id,
             kv_load_failure_policy=on_failure,
             kv_connector_extra_config={"kv_lease_duration": lease})
     spec = v.api.attention_spec(v.FullAttentionSpec, block_size=shape.block_size,

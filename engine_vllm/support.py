@@ -72,11 +72,14 @@ def model_only_reason(workload: Workload) -> str | None:
     if workload.topology == "pd" and release != "0.33":
         return (f"P/D on the vllm backend runs vLLM 0.33's NIXL connector only, not "
                 f"{release}'s: model-only there")
-    if workload.topology == "pd" and workload.pd.connector != "nixl-pull":
-        # push mode and Mooncake are checked on vLLM's own code by their vllm-marked tests
-        # (test_push_vllm.py, test_mooncake_vllm.py), not wired into the backend's engines
+    if workload.topology == "pd" and workload.pd.connector == "nixl-push" and release != "0.33":
+        return (f"pd.connector = 'nixl-push' on the vllm backend runs vLLM 0.33's push "
+                f"connector only, not {release}'s: model-only there")
+    if workload.topology == "pd" and workload.pd.connector not in ("nixl-pull", "nixl-push"):
+        # Mooncake is checked on vLLM's own code by its vllm-marked test
+        # (test_mooncake_vllm.py), not wired into the backend's engines
         return (f"pd.connector = {workload.pd.connector!r} is model-only on the vllm backend, "
-                f"which wires in NIXL's pull mode")
+                f"which wires in NIXL's pull and push modes")
     aborted = {r.id for r in workload.requests if r.abort_at is not None}
     if workload.topology == "pd" and any(
             sum(r.id == rid for r in workload.requests) > 1 for rid in aborted):

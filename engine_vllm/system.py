@@ -68,7 +68,7 @@ class VllmSystem(System):
         #: one fake vocabulary for every engine: a frontend decodes the tokens of any DP rank
         self.vocab = Vocabulary()
         #: P/D: the engines' NIXL IDs and the params the proxy forwards (None otherwise)
-        self.fabric = NixlFabric() if workload.topology == "pd" else None
+        self.fabric = NixlFabric(workload.pd.connector) if workload.topology == "pd" else None
         if self.fabric is not None:
             install_clock(lambda: float(world.now))
         super().__init__(world, workload, policy, profile)
@@ -104,7 +104,8 @@ class VllmSystem(System):
         return VllmEngineCore(self.world, index, role, wl.engine, self.policy, self.profile,
                               max_model_len=self._max_model_len(), vocab=self.vocab,
                               pd=(role, self.fabric, int(pd.hold_timeout),
-                                  pd.transfer_time if role == "decode" else 0.0))
+                                  pd.transfer_time if role == "decode" or
+                                  pd.connector == "nixl-push" else 0.0))
 
     def dp_rank(self, engine: Any, coordinator: DPCoordinator) -> None:
         """The rank's Scheduler already lists finished IDs per client; its steps tell the

@@ -54,7 +54,8 @@ from racesim.engine_model.messages import KVDoneNotice, KVHeartbeat, KVTransferP
 __all__ = ["NixlFabric", "NixlTransport", "install_clock", "producer_params"]
 
 _NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
-_CLOCKED = ("base_scheduler", "pull_scheduler", "base_worker", "pull_worker")
+_CLOCKED = ("base_scheduler", "pull_scheduler", "base_worker", "pull_worker", "push_scheduler",
+            "push_worker")
 
 
 class _SimTime:
@@ -99,9 +100,29 @@ class NixlFabric:
     """What connects the engines: their NIXL engine IDs, and each prefill's
     ``kv_transfer_params`` as the proxy forwards them to the decode engine."""
 
-    def __init__(self) -> None:
+    def __init__(self, connector: str = "nixl-pull") -> None:
+        #: the scenario's ``[pd] connector``: "nixl-pull" or "nixl-push"
+        self.connector = connector
         self.engine_ids: dict[str, int] = {}
         self._params: dict[KVTransferParams, str] = {}
+        #: push mode: each D request's incarnation by its ID (what P's WRITE names), and each
+        #: PUSH_REG's bytes as D's writer sent them, by the message that carries them
+        self.push_incs: dict[str, int] = {}
+        self.push_bytes: dict[Any, bytes] = {}
+
+    @property
+    def connector_class(self) -> str:
+        """The ``kv_connector`` vLLM builds (factory.py registers both names)."""
+        return "NixlPushConnector" if self.connector == "nixl-push" else "NixlConnector"
+
+    def new_transport(self, core: Any, engine_id: str, lease: int,
+                      transfer_time: float) -> NixlTransport:
+        """The engine's NIXL worker: pull (this module) or push (connectors/push.py)."""
+        if self.connector == "nixl-push":
+            from racesim.engine_vllm.connectors.push import NixlPushTransport
+
+            return NixlPushTransport(core, engine_id, lease, transfer_time, self)
+        return NixlTransport(core, engine_id, lease, transfer_time, self)
 
     def from_prefill(self, params: dict[str, Any], inc: int) -> KVTransferParams | None:
         """The model's view of the params a prefill request finished with (kept for D)."""
@@ -123,6 +144,10 @@ class NixlFabric:
         if params.do_remote_decode:
             return producer_params()
         body = self._params.get(params)
+        if body is None and self.connector == "nixl-push" and params.do_remote_prefill:
+            from racesim.engine_vllm.connectors.push import push_decode_params
+
+            return push_decode_params(self, str(params.remote_request_id))
         return json.loads(body) if body is not None else None
 
 

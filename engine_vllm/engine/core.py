@@ -84,7 +84,7 @@ class VllmEngineCore(EngineShell):
         kv_transfer = None
         if pd is not None:  # P/D: "prefill" or "decode", the fabric, the lease, the read time
             kv_transfer = ("kv_producer" if pd[0] == "prefill" else "kv_consumer", pd[0], pd[2],
-                           config.kv_load_failure_policy or "fail")
+                           config.kv_load_failure_policy or "fail", pd[1].connector_class)
         shape = _vllm.VllmEngineShape(config.num_blocks, config.block_size, config.max_num_seqs,
                                       config.max_num_batched_tokens, max_model_len,
                                       bool(config.async_scheduling), bool(config.prefix_caching),
@@ -115,7 +115,7 @@ class VllmEngineCore(EngineShell):
         self.fabric: NixlFabric | None = None
         if pd is not None:
             self.fabric = pd[1]
-            self.transport = NixlTransport(self, pd[0], pd[2], pd[3], pd[1])
+            self.transport = pd[1].new_transport(self, pd[0], pd[2], pd[3])
             self.connector = self.transport  # type: ignore[assignment]
         self.start()
 
@@ -398,6 +398,24 @@ class VllmEngineCore(EngineShell):
         channel = self.notify_channels.get(engine)
         if channel is not None:
             channel.send(KVHeartbeat(request_ids), list(request_ids))
+
+    def send_push_registration(self, engine: int, msg: Any) -> None:
+        """D, NIXL push mode: a PUSH_REG to prefill engine ``engine`` (NIXL's side channel)."""
+        channel = self.notify_channels.get(engine)
+        if channel is not None:
+            channel.send(msg, [msg.request_id])
+
+    def send_push_done(self, notice: KVDoneNotice) -> None:
+        """P, NIXL push mode: a WRITE's notification to the decode engine."""
+        for engine in sorted(self.push_channels):
+            self.push_channels[engine].send(notice, [notice.request_id],
+                                            remote_inc=notice.remote_inc)
+
+    def deliver_push_done(self, notice: KVDoneNotice) -> None:
+        """D, NIXL push mode: P's WRITE notification arrived."""
+        if self.dead is not None or self.transport is None:
+            return
+        self.transport.deliver_write_notice(notice)  # type: ignore[attr-defined]
 
     def deliver_kv_notice(self, notice: KVDoneNotice | KVHeartbeat) -> None:
         """Prefill side: a transfer-done notice or heartbeat from the decode side."""
