@@ -50,6 +50,7 @@ from racesim.engine_model.events.pd import (
     PdRecvStart,
 )
 from racesim.engine_model.messages import KVDoneNotice, KVHeartbeat, KVTransferParams
+from racesim.engine_vllm.connectors.nixl_fakes import SimTime, Stats
 
 __all__ = ["NixlFabric", "NixlTransport", "install_clock", "producer_params"]
 
@@ -58,21 +59,7 @@ _CLOCKED = ("base_scheduler", "pull_scheduler", "base_worker", "pull_worker", "p
             "push_worker")
 
 
-class _SimTime:
-    """The ``time`` module as the NIXL modules see it: ``perf_counter`` is simulated."""
-
-    def __init__(self, real: Any) -> None:
-        self._real = real
-        self.now: Callable[[], float] = lambda: 0.0
-
-    def perf_counter(self) -> float:
-        return self.now()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
-_CLOCK: _SimTime | None = None
+_CLOCK: SimTime | None = None
 
 
 def install_clock(now: Callable[[], float]) -> None:
@@ -84,7 +71,7 @@ def install_clock(now: Callable[[], float]) -> None:
         for name in _CLOCKED:
             module = importlib.import_module(f"{_NIXL}.{name}")
             if _CLOCK is None:
-                _CLOCK = _SimTime(module.time)
+                _CLOCK = SimTime(module.time)
             module.time = _CLOCK
     _CLOCK.now = now
 
@@ -151,13 +138,6 @@ class NixlFabric:
         return json.loads(body) if body is not None else None
 
 
-class _Stats:
-    """``xfer_stats``: vLLM counts metrics here; nothing reads them."""
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
-
-
 class _Notifs:
     """``nixl_wrapper`` as ``_get_new_notifs`` reads it: the notices that have arrived."""
 
@@ -189,7 +169,7 @@ def _bare_worker(lease: int, read: Callable[[str, Any], None],
     w.expected_consumer_notifications_by_req = {}
     w._lease_extension = lease * 2 // 3  # base_worker.py:627-631
     w.transfer_topo = True  # the handshake's topology: _get_new_notifs asserts it is set
-    w.xfer_stats = _Stats()
+    w.xfer_stats = Stats()
     w.nixl_wrapper = _Notifs()
     w._read_blocks_for_req = read
     w._send_heartbeats = beat

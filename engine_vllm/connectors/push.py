@@ -18,7 +18,8 @@ Each engine's ``Scheduler`` builds vLLM's own ``NixlPushConnectorScheduler`` (``
   assert, base_worker.py:3787-3793). An exception in a pass is caught and logged by vLLM's own
   handler (:305-306), which ends that pass.
 
-What is simulated is only what NIXL itself does (:class:`_Agent`): memory registration and the
+What is simulated is only what NIXL itself does (connectors/nixl_fakes.py, which ``racesim
+repro`` copies into its scripts): memory registration and the
 handshake's results (one TP rank, equal block sizes; ``_ensure_handshake`` answers "connected",
 so its latency is not modelled), the notification channel (``send_notif`` /
 ``get_new_notifs`` over the World's ``pd.kv:notify`` channels) and the RDMA WRITE
@@ -29,11 +30,7 @@ transfer_time`` at ``pd.kv:push``, then its notification ``"<D id>:1"`` reaches 
 
 from __future__ import annotations
 
-import queue
 import sys
-import threading
-from collections import defaultdict
-from types import SimpleNamespace
 from typing import Any
 
 from racesim.engine_model.events.pd import (
@@ -44,7 +41,8 @@ from racesim.engine_model.events.pd import (
     PdPushWrite,
 )
 from racesim.engine_model.messages import KVDoneNotice, KVHeartbeat, KVPushRegistration
-from racesim.engine_vllm.connectors.nixl import _NIXL, NixlTransport, _Stats
+from racesim.engine_vllm.connectors.nixl import _NIXL, NixlTransport
+from racesim.engine_vllm.connectors.nixl_fakes import Agent, push_worker
 
 __all__ = ["NixlPushTransport", "push_decode_params"]
 
@@ -57,80 +55,6 @@ def push_decode_params(fabric: Any, remote_request_id: str) -> dict[str, Any]:
             "remote_engine_id": "prefill", "remote_request_id": remote_request_id,
             "remote_block_ids": None, "remote_host": "prefill", "remote_port": 5600,
             "tp_size": 1}
-
-
-class _Wake:
-    """``_push_writer_wake`` (a ``threading.Event``): ``set`` wakes the writer task."""
-
-    def __init__(self, wake: Any) -> None:
-        self._wake = wake
-
-    def set(self) -> None:
-        self._wake()
-
-    def is_set(self) -> bool:
-        return False
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return True
-
-    def clear(self) -> None:
-        pass
-
-
-class _OnePass:
-    """``_push_writer_stop``: lets ``_push_writer_loop`` run exactly one pass per call."""
-
-    def __init__(self) -> None:
-        self.passes = 0
-
-    def is_set(self) -> bool:
-        self.passes += 1
-        return self.passes % 2 == 0
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return False
-
-    def set(self) -> None:
-        pass
-
-
-class _Agent:
-    """``nixl_wrapper``: the notifications that arrived, and WRITE handles (the RDMA)."""
-
-    def __init__(self, transport: NixlPushTransport) -> None:
-        self.transport = transport
-        self.inbox: list[bytes] = []
-        self.handles: dict[int, str] = {}  # handle -> "PROC" | "DONE"
-        self._next = 0
-
-    def get_new_notifs(self) -> dict[str, list[bytes]]:
-        got, self.inbox = self.inbox, []
-        return {"peer": got} if got else {}
-
-    def send_notif(self, agent_name: str, notif_msg: bytes) -> None:
-        self.transport.send_registration(agent_name, notif_msg)
-
-    def make_prepped_xfer(self, op: str, local_handle: Any, local_descs: Any,
-                          remote_handle: Any, remote_descs: Any, notif_msg: bytes) -> int:
-        self._next += 1
-        self.handles[self._next] = "PROC"
-        self.transport.prepare_write(self._next, [int(b) for b in local_descs],
-                                     [int(b) for b in remote_descs], notif_msg)
-        return self._next
-
-    def transfer(self, handle: int) -> str:
-        self.transport.start_write(handle)
-        return "PROC"
-
-    def check_xfer_state(self, handle: int) -> str:
-        return self.handles[handle]
-
-    def get_xfer_telemetry(self, handle: int) -> None:
-        return None
-
-    def release_xfer_handle(self, handle: int) -> None:
-        self.handles.pop(handle, None)
 
 
 class NixlPushTransport(NixlTransport):
@@ -148,52 +72,13 @@ class NixlPushTransport(NixlTransport):
         self.world.env.process(self._writer())
 
     def _push_worker(self, lease: int) -> Any:
-        """A ``NixlPushConnectorWorker`` holding the state its ``__init__`` gives the methods
-        above (base_worker.py:602-1040, push_worker.py:90-138), and what a finished handshake
-        leaves for one TP rank with equal block sizes (``transfer_topo``, ``tp_mappings``,
-        the transfer handles and descriptor counts)."""
+        """vLLM's ``NixlPushConnectorWorker`` with the state its request and writer code reads
+        (:func:`nixl_fakes.push_worker`), its ``_do_start_push_kv`` observed."""
         cls = sys.modules[f"{_NIXL}.push_worker"].NixlPushConnectorWorker
-        w = cls.__new__(cls)
-        bs = self.core.config.block_size
-        blocks = self.core.config.num_blocks + 1
-        info = SimpleNamespace(remote_tp_size=1, remote_block_size=bs,
-                               remote_physical_blocks_per_logical=1)
-        state = dict(
-            engine_id=self.engine_id, world_size=1, tp_rank=0, pcp_rank=0,
-            pcp_dcp_sharded=False, _physical_blocks_per_logical_kv_block=1,
-            _lease_extension=lease * 2 // 3,  # base_worker.py:627-631
-            _recving_metadata={}, _recving_transfers=defaultdict(list), _reqs_to_send={},
-            _reqs_to_process=set(), _replicated_pcp_done_sending=set(),
-            consumer_notification_counts_by_req=defaultdict(int),
-            expected_consumer_notifications_by_req={}, _recv_failures=set(),
-            _failed_recv_reqs=queue.Queue(), _pending_recv_notifs={},
-            _invalid_block_ids=queue.Queue(), _is_hma_required=False, use_host_buffer=False,
-            enable_permute_local_kv=False, enable_heterogeneous_attn_post_process=False,
-            _sending_transfers=defaultdict(list), _send_failures=set(),
-            _sending_transfers_lock=threading.Lock(), _push_finished_blocks={},
-            _pending_d_registrations={}, _reg_send_inbox=queue.Queue(),
-            _finished_blocks_inbox=queue.Queue(), _pending_completion_notifs=queue.Queue(),
-            _evict_finished_inbox=queue.Queue(), _deferred_push_inbox=queue.Queue(),
-            _push_writer_wake=_Wake(self.wake_writer), _push_writer_stop=_OnePass(),
-            _handshake_lock=threading.Lock(), _remote_agents={}, _engine_last_active={},
-            transfer_topo=SimpleNamespace(get_engine_info=lambda engine_id: info,
-                                          tp_ratio=lambda tp: 1, block_size_ratio=lambda b: 1),
-            tp_mappings=defaultdict(lambda: SimpleNamespace(all_source_ranks=[0],
-                                                            source_ranks_per_group=[[0]])),
-            region_group_ids=[0], dst_region_group_ids=defaultdict(lambda: [0]),
-            _transfer_layer_group_ids=[], use_mla=False, _has_mamba=False,
-            _is_csa_linear=False, _group_spec_types=[None],
-            src_xfer_handles_by_block_size=defaultdict(int),
-            dst_xfer_side_handles=defaultdict(lambda: {0: 0}),
-            dst_num_blocks=defaultdict(lambda: blocks),
-            dst_region_num_blocks=defaultdict(lambda: None),
-            dst_uses_region_group_mapping=defaultdict(bool), _uses_region_group_mapping=False,
-            num_regions=1, block_len_per_layer=[1], xfer_stats=_Stats())
-        for name, value in state.items():
-            setattr(w, name, value)
-        w.nixl_wrapper = _Agent(self)
-        w._ensure_handshake = self._ensure_handshake
-        w._send_heartbeats = self._heartbeats
+        agent = Agent(self.send_registration, self.prepare_write, self.start_write)
+        w = push_worker(cls, self.engine_id, self.core.config.block_size,
+                        self.core.config.num_blocks + 1, lease, agent, self.wake_writer,
+                        self._heartbeats)
         real_start = w._do_start_push_kv
 
         def _do_start_push_kv(request_id: str, local_block_ids: Any, reg: dict[str, Any]) -> None:
@@ -214,12 +99,6 @@ class NixlPushTransport(NixlTransport):
 
         w._do_start_push_kv = _do_start_push_kv
         return w
-
-    def _ensure_handshake(self, engine_id: str, host: str, port: int, tp_size: int,
-                          **kwargs: Any) -> None:
-        """The handshake is done (``None``: no future to wait on); it leaves the peer's agent
-        (base_worker.py:1385-1460)."""
-        self.worker._remote_agents.setdefault(engine_id, {0: engine_id})
 
     # -- the scheduler side, observed -----------------------------------------------------------
 
