@@ -63,6 +63,9 @@ class NixlPushTransport(NixlTransport):
     def __init__(self, core: Any, engine_id: str, lease: int, transfer_time: float,
                  fabric: Any) -> None:
         super().__init__(core, engine_id, lease, transfer_time, fabric)
+        self.lease = lease
+        #: racesim repro's call journal (engine_vllm/journal.py), when recording
+        self.journal: Any = None
         self.worker = self._push_worker(lease)
         self._writes: dict[int, tuple[list[int], list[int], str]] = {}
         self._pairing: tuple[str, str] | None = None  # (P id, D id) of the WRITE being planned
@@ -134,6 +137,8 @@ class NixlPushTransport(NixlTransport):
                 yield ev
             if self.core.dead is not None:
                 return
+            if self.journal is not None:
+                self.journal.record(self.core.name, "writer_pass")
             self.worker._push_writer_loop()  # one pass (_OnePass)
             if not self.worker._pending_completion_notifs.empty():
                 self.core.wake()  # the engine thread drains them in get_transfer_results
@@ -180,19 +185,20 @@ class NixlPushTransport(NixlTransport):
                                     inc, how))
         if handle in self.worker.nixl_wrapper.handles:
             self.worker.nixl_wrapper.handles[handle] = "DONE"
+            if self.journal is not None:
+                self.journal.record(self.core.name, "write_done", handle=handle)
         self.core.send_push_done(KVDoneNotice(d_id, inc))
         self.core.wake()
 
     def deliver(self, notice: Any) -> None:
         """P: a PUSH_REG or heartbeat arrived in NIXL's notification queue."""
-        inbox = self.worker.nixl_wrapper.inbox
         if isinstance(notice, KVHeartbeat):
             self.world.emit(self.core.c_core, None, 0, PdHeartbeat(list(notice.request_ids)))
-            inbox.append(("HB:" + ",".join(notice.request_ids)).encode())
+            self._arrive(("HB:" + ",".join(notice.request_ids)).encode())
         elif isinstance(notice, KVPushRegistration):
             notif = self.fabric.push_bytes.pop(notice, None)
             if notif is not None:
-                inbox.append(notif)
+                self._arrive(notif)
         self.wake_writer()  # the spinning engine's next get_transfer_results wakes it
 
     def deliver_write_notice(self, notice: KVDoneNotice) -> None:
@@ -202,8 +208,14 @@ class NixlPushTransport(NixlTransport):
         if notice.request_id not in self.worker._recving_metadata:
             self.world.emit(self.core.c_core, notice.request_id, notice.remote_inc,
                             PdNoticeUnknown())  # push_worker.py:785-793 logs and drops it
-        self.worker.nixl_wrapper.inbox.append(notif)
+        self._arrive(notif)
         self.wake_writer()
+
+    def _arrive(self, notif: bytes) -> None:
+        """A notification reaches the agent (what vLLM's writer reads next), journaled."""
+        self.worker.nixl_wrapper.inbox.append(notif)
+        if self.journal is not None:
+            self.journal.record(self.core.name, "notif", data=self.journal.encode(notif))
 
     # -- the engine thread ----------------------------------------------------------------------
 
@@ -212,6 +224,8 @@ class NixlPushTransport(NixlTransport):
         for rid in meta.reqs_to_recv:
             if rid not in self.recv_objects and rid in requests:
                 self.recv_objects[rid] = requests[rid]
+        if self.journal is not None:
+            self.journal.record(self.core.name, "start_load_kv", step=self.journal.step_of(meta))
         self.worker.start_load_kv(meta)
 
     def has_results(self) -> bool:
@@ -229,6 +243,8 @@ class NixlPushTransport(NixlTransport):
         iterates them)."""
         w = self.worker
         before = dict(w._reqs_to_send)
+        if self.journal is not None:
+            self.journal.record(self.core.name, "transfer_results")
         results = w.get_transfer_results()
         for rid in sorted(results.finished_sending):
             expired = rid in before and before[rid] <= self.world.now

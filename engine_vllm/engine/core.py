@@ -117,6 +117,10 @@ class VllmEngineCore(EngineShell):
             self.fabric = pd[1]
             self.transport = pd[1].new_transport(self, pd[0], pd[2], pd[3])
             self.connector = self.transport  # type: ignore[assignment]
+        from racesim.engine_vllm import journal  # racesim repro: off unless recording
+
+        if (j := journal.active()) is not None:
+            j.attach(self, shape, dp)
         self.start()
 
     # -- ground truth ---------------------------------------------------------------------------

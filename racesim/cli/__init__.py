@@ -15,6 +15,7 @@ import click
 from racesim.cli.conform import conform_cmd
 from racesim.cli.corpus import corpus_cmd
 from racesim.cli.matrix import matrix_cmd
+from racesim.cli.repro import repro_cmd
 from racesim.cli.options import engine_option as _engine
 from racesim.cli.options import explore_options as _explore_options
 from racesim.cli.options import output_options as _outputs
@@ -383,6 +384,7 @@ def bench_cmd(quick: bool, as_json: bool) -> None:
 cli.add_command(matrix_cmd)
 cli.add_command(conform_cmd)
 cli.add_command(corpus_cmd)
+cli.add_command(repro_cmd)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
