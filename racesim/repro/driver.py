@@ -43,8 +43,19 @@ class Replay:
     def build(self) -> None:
         import importlib
 
-        import torch
         import vllm
+
+        want = self.journal["release"]
+        if vllm.__version__.split("+")[0] != want:
+            sys.exit(f"this reproducer needs vLLM {want}; vLLM {vllm.__version__} is installed")
+        platforms = importlib.import_module("vllm.platforms")
+        if getattr(platforms, "_current_platform", None) is None:
+            # before 0.33 a PyPI wheel ignores VLLM_TARGET_DEVICE=cpu: name the CPU platform
+            # before vllm.config resolves one (as racesim's backend does, _api.py)
+            from vllm.platforms.cpu import CpuPlatform
+
+            platforms._current_platform = CpuPlatform()
+        import torch
         from vllm.config import (
             CacheConfig,
             KVTransferConfig,
@@ -62,9 +73,6 @@ class Replay:
         )
         from vllm.v1.structured_output import StructuredOutputManager
 
-        want = self.journal["release"]
-        if vllm.__version__.split("+")[0] != want:
-            sys.exit(f"this reproducer needs vLLM {want}; vLLM {vllm.__version__} is installed")
         from vllm.utils.hashing import sha256
 
         init_none_hash(sha256)  # block hashes from sha256, as the backend does
