@@ -80,15 +80,6 @@ def model_only_reason(workload: Workload) -> str | None:
         # (test_mooncake_vllm.py), not wired into the backend's engines
         return (f"pd.connector = {workload.pd.connector!r} is model-only on the vllm backend, "
                 f"which wires in NIXL's pull and push modes")
-    aborted = {r.id for r in workload.requests if r.abort_at is not None}
-    if workload.topology == "pd" and any(
-            sum(r.id == rid for r in workload.requests) > 1 for rid in aborted):
-        # conform found 2 of 100 buggy schedules of pd-proxy-abort where the model and vLLM's
-        # own NixlConnector disagree, not yet explained: until they are, a proxy abort in P/D
-        # is not claimed on vLLM's code
-        return ("a client abort in P/D of an ID another request also uses (pd-proxy-abort) is "
-                "model-only on the vllm backend: conform has unexplained differences there "
-                "(docs/backends.md)")
     if workload.topology == "pd" and workload.pd.bidirectional_kv_xfer:
         return ("pd.bidirectional_kv_xfer is model-only on the vllm backend (its NixlConnector "
                 "is built without kv_connector_extra_config.bidirectional_kv_xfer)")

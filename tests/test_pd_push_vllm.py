@@ -85,3 +85,23 @@ def test_completions_against_chat_never_pairs(engine: str) -> None:
     assert "no-hang" in _invariants(result)
     assert not [e for e in result.trace if e.kind == "pd.push_write"]
     assert [q.finish_reason for q in result.requests] == [None]
+
+
+def test_a_prefill_output_delivered_by_id_names_its_producer() -> None:
+    """conform's pd-proxy-abort run 18 (buggy): client 1's aborted prefill X finishes anyway and
+    P's OutputProcessor hands its output, kv_transfer_params included, to client 2's state
+    registered under the same ID; client 2's decode then reads client 1's blocks. The vllm
+    backend used to label those params with the receiving state's incarnation (kv-ownership);
+    they are the producer's, so both backends report the crosstalk."""
+    from racesim.documents import read_counterexample
+    from racesim.runner import RunSpec
+
+    cx = read_counterexample(str(Path(__file__).parent / "fixtures" /
+                                 "pd-proxy-abort-buggy-run18.json"))
+    found = {}
+    for engine in ("model", "vllm"):
+        spec = RunSpec(cx.scenario, cx.policy, tuple(cx.options.items()), cx.seed, cx.skip,
+                       engine)
+        found[engine] = {v.invariant for v in spec.run(schedule=cx.schedule).violations}
+    assert found["model"] == found["vllm"] and "no-crosstalk" in found["vllm"]
+    assert "kv-ownership" not in found["vllm"]
