@@ -60,17 +60,18 @@ def release_gap(workload: Workload, release: str | None) -> str | None:
 def model_only_reason(workload: Workload) -> str | None:
     """Why this scenario's deployment is model-only on the vllm backend (one line), or None.
 
-    P/D runs vLLM's own NixlConnector scheduler side with a simulated transport
-    (:mod:`racesim.engine_vllm.connectors.nixl`), written against 0.33's ``v1/nixl/`` package (pull
-    scheduler and pull worker); older releases have another NIXL module and API
-    (``v1/nixl_connector.py`` before 0.20), so P/D on them is model-only. Data parallelism runs
+    P/D runs vLLM's own NixlConnector scheduler side and its worker's request bookkeeping with
+    a simulated transport: 0.33's ``v1/nixl/`` package (pull and push,
+    :mod:`racesim.engine_vllm.connectors.nixl`, ``push``), 0.20's ``nixl/`` package and
+    0.10-0.14's ``v1/nixl_connector.py`` (pull, ``nixl_legacy``); 0.9.2's is model-only. Data parallelism runs
     (one vLLM Scheduler per DP rank; the DP client and coordinator are asyncio and socket
     code, modelled on both backends), and so do streaming-input sessions."""
     from racesim.engine_model.versions import DEFAULT_VLLM
 
     release = workload.engine.vllm or DEFAULT_VLLM
-    if workload.topology == "pd" and release != "0.33":
-        return (f"P/D on the vllm backend runs vLLM 0.33's NIXL connector only, not "
+    if workload.topology == "pd" and release not in ("0.33", "0.20", "0.14", "0.11", "0.10"):
+        # 0.9.2's NixlConnector is another API again (no adapter, connectors/nixl_legacy.py)
+        return (f"P/D on the vllm backend runs the NIXL connector of vLLM 0.10-0.33, not "
                 f"{release}'s: model-only there")
     if workload.topology == "pd" and workload.pd.connector == "nixl-push" and release != "0.33":
         return (f"pd.connector = 'nixl-push' on the vllm backend runs vLLM 0.33's push "

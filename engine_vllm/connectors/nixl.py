@@ -52,11 +52,14 @@ from racesim.engine_model.events.pd import (
 from racesim.engine_model.messages import KVDoneNotice, KVHeartbeat, KVTransferParams
 from racesim.engine_vllm.connectors.nixl_fakes import SimTime, Stats
 
-__all__ = ["NixlFabric", "NixlTransport", "install_clock", "producer_params"]
+__all__ = ["NixlFabric", "NixlTransport", "install_clock", "producer_params", "first_group"]
 
 _NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 _CLOCKED = ("base_scheduler", "pull_scheduler", "base_worker", "pull_worker", "push_scheduler",
-            "push_worker")
+            "push_worker",
+            "scheduler", "worker")  # 0.20's nixl package (nixl/scheduler.py, nixl/worker.py)
+#: before 0.20 one module (kv_connector/v1/nixl_connector.py)
+_LEGACY = "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector"
 
 
 _CLOCK: SimTime | None = None
@@ -68,12 +71,24 @@ def install_clock(now: Callable[[], float]) -> None:
     if _CLOCK is None:
         import importlib
 
-        for name in _CLOCKED:
-            module = importlib.import_module(f"{_NIXL}.{name}")
+        for name in (*(f"{_NIXL}.{n}" for n in _CLOCKED), _LEGACY):
+            try:
+                module = importlib.import_module(name)
+            except ImportError:  # a module of another release's NIXL layout
+                continue
             if _CLOCK is None:
                 _CLOCK = SimTime(module.time)
             module.time = _CLOCK
     _CLOCK.now = now
+
+
+def first_group(blocks: Any) -> list[int]:
+    """The block IDs of the first KV cache group: grouped (0.20+ ``BlockIds``, a tuple of
+    lists) or flat (before 0.20, and what 0.20 passes ``request_finished`` for one group)."""
+    if not blocks:
+        return []
+    first = blocks[0]
+    return list(first) if isinstance(first, (list, tuple)) else list(blocks)
 
 
 def producer_params() -> dict[str, Any]:
@@ -109,18 +124,25 @@ class NixlFabric:
             from racesim.engine_vllm.connectors.push import NixlPushTransport
 
             return NixlPushTransport(core, engine_id, lease, transfer_time, self)
+        from racesim.engine_vllm.connectors.nixl_legacy import (
+            LegacyNixlTransport,
+            legacy_generation,
+        )
+
+        if legacy_generation() is not None:  # before 0.33: connectors/nixl_legacy.py
+            return LegacyNixlTransport(core, engine_id, lease, transfer_time, self)
         return NixlTransport(core, engine_id, lease, transfer_time, self)
 
     def from_prefill(self, params: dict[str, Any], inc: int) -> KVTransferParams | None:
         """The model's view of the params a prefill request finished with (kept for D)."""
         if not params or not params.get("do_remote_prefill"):
             return None
-        blocks = params.get("remote_block_ids") or [[]]
         model = KVTransferParams(
             do_remote_prefill=True,
             remote_engine=self.engine_ids.get(str(params.get("remote_engine_id")), -1),
             remote_request_id=str(params.get("remote_request_id")),
-            remote_block_ids=tuple(blocks[0]), remote_inc=inc)
+            remote_block_ids=tuple(first_group(params.get("remote_block_ids"))),
+            remote_inc=inc)
         self._params[model] = json.dumps(params)  # the proxy's JSON body
         return model
 
@@ -180,6 +202,10 @@ class NixlTransport:
     """One engine's NIXL worker: vLLM's own bookkeeping, simulated transfers. The engine shell
     reads :meth:`next_expiry` and :meth:`next_heartbeat` to wake an idle busy loop."""
 
+    #: what the Scheduler calls when a request is freed (0.33 scheduler.py:3399; before 0.33,
+    #: ``request_finished`` with one group's blocks, 0.20.0 scheduler.py:2036)
+    _FINISHED = "request_finished_all_groups"
+
     def __init__(self, core: Any, engine_id: str, lease: int, transfer_time: float,
                  fabric: NixlFabric) -> None:
         self.core = core
@@ -188,7 +214,7 @@ class NixlTransport:
         self.fabric = fabric
         self.transfer_time = transfer_time
         self.component = f"{core.name}.connector"
-        self.worker = _bare_worker(lease, self._read, self._heartbeats)
+        self.worker = self._make_worker(lease)
         self.scheduler = core.sched.connector.connector_scheduler
         self.scheduler._last_heartbeat_time = -math.inf
         self._interval = float(lease // 6)  # base_scheduler.py:88
@@ -202,23 +228,26 @@ class NixlTransport:
         self.causes: dict[str, str] = {}
         self._wrap_request_finished()
 
+    def _make_worker(self, lease: int) -> Any:
+        return _bare_worker(lease, self._read, self._heartbeats)
+
     # -- the scheduler side, observed -----------------------------------------------------------
 
     def _wrap_request_finished(self) -> None:
         """Record ``pd.hold`` when vLLM's own ``request_finished`` keeps a prefill's blocks."""
         connector = self.core.sched.connector
-        real = connector.request_finished_all_groups
+        real = getattr(connector, self._FINISHED)
 
         def request_finished_all_groups(request: Any, block_ids: Any) -> Any:
             delay, params = real(request, block_ids)
             if delay and params and params.get("do_remote_prefill"):
                 expiry = self.scheduler._reqs_need_send.get(request.request_id)
-                blocks = list((params.get("remote_block_ids") or [[]])[0])
+                blocks = first_group(params.get("remote_block_ids"))
                 self.world.emit(self.component, request.request_id, self.core.inc_of(request),
                                 PdHold(blocks, float(expiry) if expiry is not None else 0.0))
             return delay, params
 
-        connector.request_finished_all_groups = request_finished_all_groups
+        setattr(connector, self._FINISHED, request_finished_all_groups)
 
     def before_schedule(self) -> None:
         self.recv_objects = {rid: entry[0] for rid, entry in

@@ -62,11 +62,10 @@ class NixlPushTransport(NixlTransport):
 
     def __init__(self, core: Any, engine_id: str, lease: int, transfer_time: float,
                  fabric: Any) -> None:
-        super().__init__(core, engine_id, lease, transfer_time, fabric)
         self.lease = lease
+        super().__init__(core, engine_id, lease, transfer_time, fabric)
         #: racesim repro's call journal (engine_vllm/journal.py), when recording
         self.journal: Any = None
-        self.worker = self._push_worker(lease)
         self._writes: dict[int, tuple[list[int], list[int], str]] = {}
         self._pairing: tuple[str, str] | None = None  # (P id, D id) of the WRITE being planned
         self._held_inc: dict[str, int] = {}
@@ -74,7 +73,7 @@ class NixlPushTransport(NixlTransport):
         self._writer_ev: Any = None
         self.world.env.process(self._writer())
 
-    def _push_worker(self, lease: int) -> Any:
+    def _make_worker(self, lease: int) -> Any:
         """vLLM's ``NixlPushConnectorWorker`` with the state its request and writer code reads
         (:func:`nixl_fakes.push_worker`), its ``_do_start_push_kv`` observed."""
         cls = sys.modules[f"{_NIXL}.push_worker"].NixlPushConnectorWorker
