@@ -213,3 +213,11 @@ class LegacyNixlTransport(NixlTransport):
 
     def next_heartbeat(self) -> float | None:
         return None  # no heartbeats before 0.33
+
+    def next_expiry(self) -> float | None:
+        """A hold's timeout is seen only by a step's ``get_finished``, and EngineCore steps only
+        while its Scheduler has requests (it blocks on its input queue otherwise, 0.10.1.1
+        v1/engine/core.py:722-731): an idle engine is not woken for it."""
+        if not self.core.sched.has_requests():
+            return None
+        return super().next_expiry()
