@@ -82,6 +82,16 @@ def install_clock(now: Callable[[], float]) -> None:
     _CLOCK.now = now
 
 
+def push_decode_params(remote_request_id: str) -> dict[str, Any]:
+    """What the 0.33-era push demo proxy sends the decode leg (disagg_proxy_pushconnector_demo.py
+    before it gained a ``transfer_id``): P's coordinates and the proxy's request ID, no blocks
+    (D registers its own, push_scheduler.py:177-189 reads these keys)."""
+    return {"do_remote_prefill": True, "do_remote_decode": False,
+            "remote_engine_id": "prefill", "remote_request_id": remote_request_id,
+            "remote_block_ids": None, "remote_host": "prefill", "remote_port": 5600,
+            "tp_size": 1}
+
+
 def first_group(blocks: Any) -> list[int]:
     """The block IDs of the first KV cache group: grouped (0.20+ ``BlockIds``, a tuple of
     lists) or flat (before 0.20, and what 0.20 passes ``request_finished`` for one group)."""
@@ -117,22 +127,6 @@ class NixlFabric:
         """The ``kv_connector`` vLLM builds (factory.py registers both names)."""
         return "NixlPushConnector" if self.connector == "nixl-push" else "NixlConnector"
 
-    def new_transport(self, core: Any, engine_id: str, lease: int,
-                      transfer_time: float) -> NixlTransport:
-        """The engine's NIXL worker: pull (this module) or push (connectors/push.py)."""
-        if self.connector == "nixl-push":
-            from racesim.engine_vllm.connectors.push import NixlPushTransport
-
-            return NixlPushTransport(core, engine_id, lease, transfer_time, self)
-        from racesim.engine_vllm.connectors.nixl_legacy import (
-            LegacyNixlTransport,
-            legacy_generation,
-        )
-
-        if legacy_generation() is not None:  # before 0.33: connectors/nixl_legacy.py
-            return LegacyNixlTransport(core, engine_id, lease, transfer_time, self)
-        return NixlTransport(core, engine_id, lease, transfer_time, self)
-
     def from_prefill(self, params: dict[str, Any], inc: int) -> KVTransferParams | None:
         """The model's view of the params a prefill request finished with (kept for D)."""
         if not params or not params.get("do_remote_prefill"):
@@ -154,9 +148,7 @@ class NixlFabric:
             return producer_params()
         body = self._params.get(params)
         if body is None and self.connector == "nixl-push" and params.do_remote_prefill:
-            from racesim.engine_vllm.connectors.push import push_decode_params
-
-            return push_decode_params(self, str(params.remote_request_id))
+            return push_decode_params(str(params.remote_request_id))
         return json.loads(body) if body is not None else None
 
 

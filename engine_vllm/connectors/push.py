@@ -44,17 +44,7 @@ from racesim.engine_model.messages import KVDoneNotice, KVHeartbeat, KVPushRegis
 from racesim.engine_vllm.connectors.nixl import _NIXL, NixlTransport
 from racesim.engine_vllm.connectors.nixl_fakes import Agent, push_worker
 
-__all__ = ["NixlPushTransport", "push_decode_params"]
-
-
-def push_decode_params(fabric: Any, remote_request_id: str) -> dict[str, Any]:
-    """What the 0.33-era push demo proxy sends the decode leg (disagg_proxy_pushconnector_demo.py
-    before it gained a ``transfer_id``): P's coordinates and the proxy's request ID, no blocks
-    (D registers its own, push_scheduler.py:177-189 reads these keys)."""
-    return {"do_remote_prefill": True, "do_remote_decode": False,
-            "remote_engine_id": "prefill", "remote_request_id": remote_request_id,
-            "remote_block_ids": None, "remote_host": "prefill", "remote_port": 5600,
-            "tp_size": 1}
+__all__ = ["NixlPushTransport"]
 
 
 class NixlPushTransport(NixlTransport):
@@ -159,7 +149,9 @@ class NixlPushTransport(NixlTransport):
         msg = KVPushRegistration(rid, self.fabric.engine_ids.get(self.engine_id, -1),
                                  tuple(blocks), inc)
         self.fabric.push_bytes[msg] = notif
-        self.core.send_push_registration(engine, msg)
+        channel = self.core.notify_channels.get(engine)  # NIXL's side channel to P
+        if channel is not None:
+            channel.send(msg, [rid])
 
     def prepare_write(self, handle: int, local: list[int], remote: list[int],
                       notif: bytes) -> None:
@@ -186,7 +178,9 @@ class NixlPushTransport(NixlTransport):
             self.worker.nixl_wrapper.handles[handle] = "DONE"
             if self.journal is not None:
                 self.journal.record(self.core.name, "write_done", handle=handle)
-        self.core.send_push_done(KVDoneNotice(d_id, inc))
+        notice = KVDoneNotice(d_id, inc)  # the WRITE's notif_msg, delivered to D by NIXL
+        for engine in sorted(self.core.push_channels):
+            self.core.push_channels[engine].send(notice, [d_id], remote_inc=inc)
         self.core.wake()
 
     def deliver(self, notice: Any) -> None:

@@ -44,6 +44,7 @@ from racesim.engine_vllm.connectors import pd
 from racesim.engine_vllm.engine import sessions
 from racesim.engine_vllm.engine import finishes
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
+from racesim.engine_vllm.connectors import new_transport
 from racesim.engine_vllm.connectors.nixl import NixlFabric, NixlTransport
 from racesim.engine_vllm.oracle import vllm_raise
 from racesim.engine_vllm.engine.views import EosIds, KvShadow, PromptTokens, SchedulerView, Vocabulary
@@ -115,7 +116,7 @@ class VllmEngineCore(EngineShell):
         self.fabric: NixlFabric | None = None
         if pd is not None:
             self.fabric = pd[1]
-            self.transport = pd[1].new_transport(self, pd[0], pd[2], pd[3])
+            self.transport = new_transport(pd[1], self, pd[0], pd[2], pd[3])
             self.connector = self.transport  # type: ignore[assignment]
         from racesim.engine_vllm import journal  # racesim repro: off unless recording
 
@@ -402,18 +403,6 @@ class VllmEngineCore(EngineShell):
         channel = self.notify_channels.get(engine)
         if channel is not None:
             channel.send(KVHeartbeat(request_ids), list(request_ids))
-
-    def send_push_registration(self, engine: int, msg: Any) -> None:
-        """D, NIXL push mode: a PUSH_REG to prefill engine ``engine`` (NIXL's side channel)."""
-        channel = self.notify_channels.get(engine)
-        if channel is not None:
-            channel.send(msg, [msg.request_id])
-
-    def send_push_done(self, notice: KVDoneNotice) -> None:
-        """P, NIXL push mode: a WRITE's notification to the decode engine."""
-        for engine in sorted(self.push_channels):
-            self.push_channels[engine].send(notice, [notice.request_id],
-                                            remote_inc=notice.remote_inc)
 
     def deliver_push_done(self, notice: KVDoneNotice) -> None:
         """D, NIXL push mode: P's WRITE notification arrived."""
