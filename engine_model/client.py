@@ -376,7 +376,7 @@ class Proxy:
         world.emit(self.name, rid, 0, PdDecode(client_uid, tid))
         d_params = KVTransferParams(do_remote_prefill=True, remote_engine=0, transfer_id=tid)
         got = yield from self.decode.add_request(
-            d_id, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=max_tokens, n=n,
+            rid, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=max_tokens, n=n,
             eos_at=eos_at, stop_string_at=stop_string_at, kv_transfer_params=d_params,
             prompt=prompt, fault="kv-load" if fault == "kv-load" else "")
         yield from self._stream_decode(collector, request_id, got)
@@ -385,7 +385,7 @@ class Proxy:
                           eos_at: int | None, prompt: str, fault: str) -> Proc:
         """send_request_to_service: max_tokens = 1, the reply drained and dropped."""
         got = yield from self.prefill.add_request(
-            p_id, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=1, n=1,
+            rid, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=1, n=1,
             eos_at=eos_at,
             kv_transfer_params=KVTransferParams(do_remote_decode=True, transfer_id=tid),
             prompt=prompt, fault="preprocess" if fault == "preprocess" else "")
