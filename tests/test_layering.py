@@ -60,7 +60,8 @@ APP = {
     "corpus": {"runner", "explore", "conform"},
     "bench": {"runner", "explore"},
     "plugin": {"runner", "documents"},
-    "cli": {"runner", "documents", "explore", "conform", "corpus", "bench"},
+    "repro": {"runner", "documents"},
+    "cli": {"runner", "documents", "explore", "conform", "corpus", "bench", "repro"},
 }
 #: The only modules directly in racesim/: the public API, ``python -m racesim``, the console
 #: script's entry.
