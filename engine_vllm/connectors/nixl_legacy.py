@@ -116,6 +116,9 @@ class LegacyNixlTransport(NixlTransport):
             _ready_requests=queue.Queue(), consumer_notification_counts_by_req=defaultdict(int),
             _failed_recv_reqs=set(), _invalid_block_ids=set(), _remote_agents=_Connected(),
             _handshake_lock=threading.Lock(), xfer_stats=Stats(), nixl_wrapper=_Agent(),
+            # what 0.10-0.11's __del__ stops (nixl_connector.py:552-556): no threads here
+            _handshake_initiation_executor=SimpleNamespace(shutdown=lambda wait=True: None),
+            _nixl_handshake_listener_t=None,
             # what the handshake leaves: one TP rank, equal block sizes
             transfer_topo=SimpleNamespace(get_engine_info=lambda engine_id: one,
                                           block_size_ratio=lambda size: 1,
