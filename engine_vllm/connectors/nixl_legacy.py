@@ -119,6 +119,7 @@ class LegacyNixlTransport(NixlTransport):
             # what 0.10-0.11's __del__ stops (nixl_connector.py:552-556): no threads here
             _handshake_initiation_executor=SimpleNamespace(shutdown=lambda wait=True: None),
             _nixl_handshake_listener_t=None,
+            shutdown=lambda: None,  # 0.14-0.20's __del__ calls it: no NIXL handles to release
             # what the handshake leaves: one TP rank, equal block sizes
             transfer_topo=SimpleNamespace(get_engine_info=lambda engine_id: one,
                                           block_size_ratio=lambda size: 1,
