@@ -12,18 +12,15 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from racesim.engine_model.events.runner import RunnerBooks, RunnerInput
 from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.runner import ModelRunner
 from racesim.engine_model.scheduler import NewRequestData, SchedulerOutput
 
+from racesim.engine_vllm.runner.books import input_errors, runner_books
+from racesim.engine_vllm.runner.kind import runner_kind
+
 __all__ = ["runner_kind", "Executor"]
-
-
-def runner_kind(key: tuple[int, ...]) -> str:
-    """What steps the model on the vllm backend of release ``key``: vLLM's V1 CPUModelRunner
-    (0.20+; 0.33 picks V1 on CPU, cpu_worker.py:148-164, while its GPU default is Model
-    Runner V2, config/vllm.py:731-760, which needs Triton), or the model's fake runner."""
-    return "vllm-v1-cpu-runner" if key >= (0, 20) else "model-fake-runner"
 
 
 class Executor:
@@ -67,6 +64,7 @@ class Executor:
         core = self.core
         if self.real is not None:
             out = core.call(self.real.execute, so)
+            self._check(so, step)
             if out is self._empty:
                 out = copy.copy(out)  # a P/D transport sets kv_connector_output on it
             return out
@@ -82,6 +80,22 @@ class Executor:
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=[[vocab.encode(sampled[r])] if r in sampled else []
                                for r in req_ids])
+
+    def _check(self, so: Any, step: int) -> None:
+        """runner-books and input-integrity over this step's books (recorded when wrong)."""
+        core = self.core
+        trace = core.world.trace
+        if not trace.reads(RunnerBooks.KIND):
+            return
+        component = f"{core.name}.runner"
+        problems = runner_books(self.real, core.sched, so, core.inc_of)
+        if problems:
+            core.world.emit(component, None, 0, RunnerBooks(step, problems))
+        if so.total_num_scheduled_tokens:
+            requests = core.sched.requests
+            for rid, bad in input_errors(self.real, core.sched, core.inc_of).items():
+                core.world.emit(component, rid, core.inc_of(requests.get(rid)),
+                                RunnerInput(step, bad))
 
     @staticmethod
     def result(out: Any) -> Any:
