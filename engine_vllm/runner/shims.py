@@ -99,11 +99,15 @@ def stub_numba() -> None:
 
 def init_distributed(vc: Any) -> None:
     """World size 1, rank 0, gloo (what vLLM's runner tests do); once per process."""
+    import torch
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state
 
     if parallel_state.model_parallel_is_initialized():
         return
+    # One intra-op thread: the runner's tensors are a few hundred elements, and explore forks
+    # its workers from this process (an OpenMP pool used before fork hangs the child)
+    torch.set_num_threads(1)
     with set_current_vllm_config(vc):
         # the rendezvous file is named and removed by torch; nothing of it reaches a trace
         parallel_state.init_distributed_environment(
