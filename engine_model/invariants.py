@@ -40,11 +40,11 @@ INVARIANTS: dict[str, str] = {
     "runner-books": "after each step the model runner's requests and batch rows are exactly the "
                     "scheduler's live requests (or ones it finished and has not yet told the "
                     "runner), each once, and each runner state is the incarnation the "
-                    "scheduler holds under its ID (vllm backend, 0.20+)",
+                    "scheduler holds under its ID (vllm backend, 0.11+)",
     "input-integrity": "every token of a request's model input belongs to its incarnation (the "
                        "fake vocabulary tells) and equals its true sequence where known, at the "
                        "positions that incarnation's computed tokens give, after preemption and "
-                       "recompute too (vllm backend, 0.20+)",
+                       "recompute too (vllm backend, 0.11+)",
     "stranded-hold": "no prefill-side hold outlives its decode request: a hold whose decode "
                      "request is gone, and that no transfer-done notice ends, is reported with "
                      "how long it was held, even when its lease or timeout ends it later",

@@ -7,7 +7,7 @@ eager ``aborts_queue``, the GPU timing, ``engine.step:execute``, and death) and
 At each call site the real object is called instead of the model's, in the order of
 ``EngineCore.step`` / ``step_with_batch_queue`` (vllm/v1/engine/core.py:667-800): schedule ->
 execute -> ``_process_aborts_queue`` -> ``update_from_output``. The executor
-(racesim.engine_vllm.engine.executor) steps vLLM's own model runner on 0.20+ (the model's fake
+(racesim.engine_vllm.engine.executor) steps vLLM's own model runner on 0.11+ (the model's fake
 one before); either way sampled tokens carry their incarnation through ``Vocabulary``.
 An exception from vLLM's code is what kills EngineCoreProc (core.py:1582-1587): the engine dies.
 """
@@ -98,7 +98,7 @@ class VllmEngineCore(EngineShell):
         self._prompts = PromptTokens()
         self.scheduler = SchedulerView(self.sched, self.inc_of)
         self.vocab = vocab if vocab is not None else Vocabulary()  # DP: the ranks share one
-        #: execute_model / sample_tokens: vLLM's own model runner (0.20+), or the model's
+        #: execute_model / sample_tokens: vLLM's own model runner (0.11+), or the model's
         self.runner = Executor(self, shape, bool(config.async_scheduling))
         #: 0.11-0.20 step_with_batch_queue returns early only while the oldest batch is not
         #: done (0.20.0 core.py:500-507); 0.33 dropped that test (core.py:764-769)

@@ -13,7 +13,8 @@ RUNNER_NOTE = {
 
 
 def runner_kind(key: tuple[int, ...]) -> str:
-    """vLLM's V1 CPUModelRunner on 0.20+ (0.33 picks V1 on CPU, cpu_worker.py:148-164), else
-    the model's fake runner (0.10-0.14 not wired yet: their runners need the attention shims
-    of ../shared/research/runner.md)."""
-    return "vllm-v1-cpu-runner" if key >= (0, 20) else "model-fake-runner"
+    """vLLM's V1 CPUModelRunner on 0.11+ (0.33 picks V1 on CPU, cpu_worker.py:148-164), else
+    the model's fake runner (0.10.1.1 not wired yet: its CPU runner's _may_reorder_batch
+    asserts an attention builder, which needs an attention layer shim,
+    ../shared/research/runner.md)."""
+    return "vllm-v1-cpu-runner" if key >= (0, 11) else "model-fake-runner"

@@ -31,7 +31,14 @@ _new_tuple = tuple.__new__
 
 
 class _StubModel:
-    """The model's place: logits of width 1 (the sampler seam picks the token)."""
+    """The model's place: logits of width 1 (the sampler seam picks the token). Called by
+    ``execute_model`` itself before ``_model_forward`` existed (0.11 gpu_model_runner.py:2298)."""
+
+    def __init__(self, forward: Any) -> None:
+        self._forward = forward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward(*args, **kwargs)
 
     def compute_logits(self, hidden: Any, *args: Any) -> Any:
         return hidden
@@ -55,8 +62,22 @@ class RealRunner:
         self.torch = torch
         self.vocab = vocab
         self.truth = truth
-        with set_current_vllm_config(vc), shims.no_cuda():
-            runner = CPUModelRunner(vc, torch.device("cpu"))
+        sc = vc.scheduler_config
+        late_async = sc.async_scheduling and v.api.key < (0, 14)
+        if late_async:
+            # 0.11: the CPU runner's own event placeholder cannot record(stream) in __init__
+            # (gpu_model_runner.py:391): build it synchronous, then switch async on
+            sc.async_scheduling = False
+        try:
+            with set_current_vllm_config(vc), shims.no_cuda():
+                runner = CPUModelRunner(vc, torch.device("cpu"))
+        finally:
+            if late_async:
+                sc.async_scheduling = True
+        if late_async:
+            runner.use_async_scheduling = True
+            runner.async_output_copy_stream = shims.STREAM
+            runner.prepare_inputs_event = shims.STREAM
         for name in ("async_output_copy_stream", "prepare_inputs_event"):
             # the CPU runner's own placeholders (built inside its __init__) lack what the
             # async output calls (0.20: no wait_stream)
@@ -67,12 +88,13 @@ class RealRunner:
         runner.attn_groups = [[] for _ in kv_cache_config.kv_cache_groups]
         self._zero = torch.zeros((runner.max_num_tokens, 1), dtype=torch.float32)
         # the network's seams (module docstring): instance attributes, vLLM's classes untouched
-        runner.model = _StubModel()
+        runner.model = _StubModel(self._forward)
         runner._model_forward = self._forward
         runner._build_attention_metadata = lambda *a, **k: ({}, None)
         runner.sampler = self._sample
-        for table in runner.input_batch.block_table.block_tables:
-            table.compute_slot_mapping = shims.torch_slot_mapping(table)
+        if v.api.key >= (0, 20):  # a Triton kernel there; 0.14 and older compute it in numpy
+            for table in runner.input_batch.block_table.block_tables:
+                table.compute_slot_mapping = shims.torch_slot_mapping(table)
         self.runner = runner
         #: id(CachedRequestState) -> (it, incarnation, eos_at): the runner's request objects
         #: and the incarnation each was built for
