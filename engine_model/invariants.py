@@ -7,7 +7,7 @@ from typing import Any
 
 from racesim.sim.errors import InputError
 
-__all__ = ["INVARIANTS", "SAFETY_INVARIANTS", "ACCOUNTING_INVARIANTS", "Violation",
+__all__ = ["RUNNER_INVARIANTS", "INVARIANTS", "SAFETY_INVARIANTS", "ACCOUNTING_INVARIANTS", "Violation",
            "check_invariant_names"]
 
 INVARIANTS: dict[str, str] = {
@@ -56,6 +56,9 @@ INVARIANTS: dict[str, str] = {
 #: be freed by the connector after a timeout"): no request gets a wrong answer, crashes or hangs;
 #: a hold that never ends is also a ``no-leak`` violation, which is safety.
 ACCOUNTING_INVARIANTS = ("metrics-exact", "stranded-hold")
+
+#: Checked over vLLM's own model runner (vllm backend) only: conform leaves them out.
+RUNNER_INVARIANTS = ("runner-books", "input-integrity")
 
 #: The invariants whose violation is a race.
 SAFETY_INVARIANTS = tuple(n for n in INVARIANTS if n not in ACCOUNTING_INVARIANTS)
