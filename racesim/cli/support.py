@@ -16,9 +16,9 @@ from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, accounting_warning, verdict
 from racesim.sim import InputError
 
-__all__ = ["fail", "clip", "MAX_ERROR_LINE", "parse_options", "output_file", "output_dir", "warn_accounting", "BUDGET",
-           "emit_json", "console", "check_workers", "replay_note", "PipeClosed", "PipeAwareGroup",
-           "quiet_stdout"]
+__all__ = ["fail", "clip", "MAX_ERROR_LINE", "parse_options", "output_file", "output_dir",
+           "warn_accounting", "BUDGET", "emit_json", "console", "check_workers", "replay_note",
+           "PipeClosed", "PipeAwareGroup", "quiet_stdout", "say_written"]
 
 
 class PipeClosed(Exception):
@@ -123,3 +123,11 @@ def replay_note(path: str, cx: Any, result: Any, as_json: bool) -> str | None:
         return (f"warning: trace hash {result.trace_hash} differs from the recorded "
                 f"{cx.trace_hash} (the model changed since it was written)")
     return None
+
+
+def say_written(html_file: str | None, trace_file: str | None) -> None:
+    """Where the files asked for went (on stdout after the human-readable output)."""
+    if html_file:
+        click.echo(f"report: {html_file}")
+    if trace_file:
+        click.echo(f"trace: {trace_file} (open it in https://ui.perfetto.dev)")
