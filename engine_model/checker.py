@@ -72,6 +72,10 @@ EVALUATED_BY: dict[str, tuple[str, ...]] = {
     "metrics-exact": (FeAdd.KIND,),
     "kv-destination": (PdRead.KIND,),
     "stranded-hold": (PdHold.KIND,),
+    # checked at every step the vllm backend runs vLLM's own runner (0.11+); the model's
+    # runner has no such books, so a model run never records a step for them
+    "runner-books": (SchedStep.KIND,),
+    "input-integrity": (SchedStep.KIND,),
 }
 
 

@@ -96,6 +96,7 @@ class RealRunner:
             for table in runner.input_batch.block_table.block_tables:
                 table.compute_slot_mapping = shims.torch_slot_mapping(table)
         self.runner = runner
+        self._so: Any = None  # the SchedulerOutput being executed
         #: id(CachedRequestState) -> (it, incarnation, eos_at): the runner's request objects
         #: and the incarnation each was built for
         self._states: dict[int, tuple[Any, int, int | None]] = {}
@@ -110,6 +111,7 @@ class RealRunner:
         release's async output object under async scheduling (``get_output()`` later)."""
         runner = self.runner
         with shims.no_cuda():
+            self._so = so
             out = runner.execute_model(so)
             self.note_new(so)
             if out is None:
@@ -152,6 +154,8 @@ class RealRunner:
                 **kwargs: Any) -> Any:
         """The sampler seam: one token per batch row, from that row's last model input."""
         runner = self.runner
+        # before 0.14 execute_model samples inline: the rows' states are registered here
+        self.note_new(self._so)
         batch = runner.input_batch
         n = batch.num_reqs
         qsl = runner.query_start_loc.np
