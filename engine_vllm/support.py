@@ -29,7 +29,10 @@ def unsupported_reason(workload: Workload, policy: str,
                        release: str | None = None) -> str | None:
     """Why this run cannot use the vllm backend on vLLM ``release`` (one line), or None."""
     from racesim.engine_vllm._api import release_key
+    from racesim.engine_vllm.frontend.select import real_frontend, real_unsupported
 
+    if real_frontend():
+        return real_unsupported(workload, policy, release) or release_gap(workload, release)
     if policy == "internal-id" and release is not None and release_key(release) < (0, 14) \
             and (options or {}).get("suffix_hex", "8") != "0":
         # vLLM before 0.14 keeps the caller's ID end to end (v1/engine/processor.py)

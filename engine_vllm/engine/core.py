@@ -147,6 +147,12 @@ class VllmEngineCore(EngineShell):
         self._eos[id(req.sampling_params)] = (req.sampling_params, msg.eos_at)
         return req
 
+    def deliver_vllm(self, request_type: Any, request: Any, truth: Any) -> None:
+        """vLLM's decoded ``(EngineCoreRequestType, request)``, ground truth beside (SEAMS.md)."""
+        from racesim.engine_vllm.frontend.engine_side import to_shell
+        if (msg := to_shell(self, request_type, request, truth)) is not None:
+            self.deliver(msg)
+
     def _reject(self, rid: str, inc: int, client: int, why: str) -> None:
         finishes.reject(self, rid, inc, client, why)
 
