@@ -49,6 +49,7 @@ COMPILED = (
     "racesim.engine_model.events.pd",
     "racesim.engine_model.events.dp",
     "racesim.engine_model.events.api",
+    "racesim.engine_model.events.runner",
     "racesim.engine_model.messages",
     "racesim.engine_model.request",
     "racesim.engine_model.kv_cache",

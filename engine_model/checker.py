@@ -40,6 +40,7 @@ from racesim.engine_model.monitors.leaks import LeakAudit
 from racesim.engine_model.monitors.liveness import IdLiveness
 from racesim.engine_model.monitors.metrics import Metrics
 from racesim.engine_model.monitors.pd import PdTransfers
+from racesim.engine_model.monitors.runner import RunnerBooksMonitor
 from racesim.engine_model.monitors.truth import GroundTruth, Handler, Reporter
 from racesim.sim.trace import TraceEvent, TraceListener
 from racesim.sim.world import World
@@ -71,6 +72,10 @@ EVALUATED_BY: dict[str, tuple[str, ...]] = {
     "metrics-exact": (FeAdd.KIND,),
     "kv-destination": (PdRead.KIND,),
     "stranded-hold": (PdHold.KIND,),
+    # checked at every step the vllm backend runs vLLM's own runner (0.11+); the model's
+    # runner has no such books, so a model run never records a step for them
+    "runner-books": (SchedStep.KIND,),
+    "input-integrity": (SchedStep.KIND,),
 }
 
 
@@ -91,6 +96,7 @@ class Checker(TraceListener):
         self._isolation = AbortIsolation(self._truth, self._report)
         self._leaks = LeakAudit(self._truth, self._report)
         self._pd = PdTransfers(self._truth, self._report, self._kv)
+        self._runner = RunnerBooksMonitor(self._truth, self._report)
         self._system: SystemView | None = None
         # The monitors' order is the order they see an event both read (pd.release: liveness,
         # then KV; pd.read: KV, then crosstalk), and so the order of its violations. The P/D
@@ -100,7 +106,7 @@ class Checker(TraceListener):
         for handlers in (self._liveness.handlers(), self._kv.handlers(),
                          self._clients.handlers(), self._metrics.handlers(),
                          self._alive.handlers(), self._pd.handlers(),
-                         self._isolation.handlers()):
+                         self._isolation.handlers(), self._runner.handlers()):
             for kind, handler in handlers:
                 table.setdefault(kind, []).append(handler)
         self._table: dict[str, tuple[Handler, ...]] = {k: tuple(v) for k, v in table.items()}

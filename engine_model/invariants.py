@@ -7,7 +7,7 @@ from typing import Any
 
 from racesim.sim.errors import InputError
 
-__all__ = ["INVARIANTS", "SAFETY_INVARIANTS", "ACCOUNTING_INVARIANTS", "Violation",
+__all__ = ["RUNNER_INVARIANTS", "INVARIANTS", "SAFETY_INVARIANTS", "ACCOUNTING_INVARIANTS", "Violation",
            "check_invariant_names"]
 
 INVARIANTS: dict[str, str] = {
@@ -37,6 +37,14 @@ INVARIANTS: dict[str, str] = {
                      "counted once in finished-request stats",
     "kv-destination": "a remote KV read completes only into blocks that the reading incarnation "
                       "still owns (P/D decode side)",
+    "runner-books": "after each step the model runner's requests and batch rows are exactly the "
+                    "scheduler's live requests (or ones it finished and has not yet told the "
+                    "runner), each once, and each runner state is the incarnation the "
+                    "scheduler holds under its ID (vllm backend, 0.11+)",
+    "input-integrity": "every token of a request's model input belongs to its incarnation (the "
+                       "fake vocabulary tells) and equals its true sequence where known, at the "
+                       "positions that incarnation's computed tokens give, after preemption and "
+                       "recompute too (vllm backend, 0.11+)",
     "stranded-hold": "no prefill-side hold outlives its decode request: a hold whose decode "
                      "request is gone, and that no transfer-done notice ends, is reported with "
                      "how long it was held, even when its lease or timeout ends it later",
@@ -48,6 +56,9 @@ INVARIANTS: dict[str, str] = {
 #: be freed by the connector after a timeout"): no request gets a wrong answer, crashes or hangs;
 #: a hold that never ends is also a ``no-leak`` violation, which is safety.
 ACCOUNTING_INVARIANTS = ("metrics-exact", "stranded-hold")
+
+#: Checked over vLLM's own model runner (vllm backend) only: conform leaves them out.
+RUNNER_INVARIANTS = ("runner-books", "input-integrity")
 
 #: The invariants whose violation is a race.
 SAFETY_INVARIANTS = tuple(n for n in INVARIANTS if n not in ACCOUNTING_INVARIANTS)

@@ -79,7 +79,10 @@ def test_the_stale_inflight_race_shows_on_vllms_schedulers() -> None:
     scen = load_scenario("dp-stale-inflight")
     v = run_scenario(scen, "buggy", engine="vllm")
     m = run_scenario(scen, "buggy")
-    assert "frontend-covers-engine" in v.violated and v.violated == m.violated
+    # vLLM's runner also feeds the new X the old one's token (input-integrity), which the
+    # model's no-crosstalk shows at the client
+    seen = tuple(n for n in v.violated if n != "input-integrity")
+    assert "frontend-covers-engine" in seen and seen == m.violated
     assert [e.detail.ids for e in v.trace if e.kind == "dp.abort_unrouted"] == [["X"]]
     assert [(q.tokens, q.finish_reason) for q in v.requests] == \
         [(q.tokens, q.finish_reason) for q in m.requests]
@@ -111,7 +114,11 @@ def test_conform_agrees_on_every_dp_scenario(policy: str) -> None:
     res = conform(scens, [pol], budget=40, seed=0, workers=1)
     assert [c["model_only"] for c in res.cells] == [None] * len(scens)
     assert res.runs == 40 * len(scens)
-    assert [m.document() for m in res.mismatches] == []
+    # the only difference allowed is the listed one: vLLM's own runner feeds the re-added X the
+    # token the Scheduler recorded for it (racesim/conform/known.py)
+    assert [m.document() for m in res.mismatches if m.known is None] == []
+    assert all(m.differences and all(d.startswith("received:") for d in m.differences)
+               for m in res.mismatches)
     assert sum(c["violating_runs"] for c in res.cells) > 0
     if policy == "buggy":
         assert sum(c["engine_death_runs"] for c in res.cells) > 0

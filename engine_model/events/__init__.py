@@ -64,6 +64,7 @@ from racesim.engine_model.events.client import (
     PdDecode,
     PdPrefill,
 )
+from racesim.engine_model.events.runner import RunnerBooks, RunnerInput
 from racesim.engine_model.events.dp import DpAbortUnrouted, DpRoute
 from racesim.engine_model.events.engine import (
     MESSAGE_NAMES,
@@ -129,7 +130,7 @@ __all__ = [
     "FeError", "FeDrop",
     "FeStats", "FeOutput", "FePop", "FeUtility", "DpRoute", "DpAbortUnrouted",
     "IpcSend", "SchedAdd", "SchedDuplicate", "SchedAbortMiss", "SchedFinish", "SchedPreempt",
-    "SchedSession", "SchedStep", "SchedUpdate", "RunnerSample", "KvAlloc", "KvFree",
+    "SchedSession", "SchedStep", "SchedUpdate", "RunnerSample", "RunnerBooks", "RunnerInput", "KvAlloc", "KvFree",
     "KvHitAssert", "EngineFatalEvent", "EngineFault", "EngineResume", "IpcDropped",
     "EngineReject", "EngineUtility",
     "PdHold", "PdRelease", "PdRead", "PdReadFailed", "PdLoadFailed", "PdNotice",

@@ -6,8 +6,9 @@ eager ``aborts_queue``, the GPU timing, ``engine.step:execute``, and death) and
 ``engine.step:update_from_output``.
 At each call site the real object is called instead of the model's, in the order of
 ``EngineCore.step`` / ``step_with_batch_queue`` (vllm/v1/engine/core.py:667-800): schedule ->
-execute -> ``_process_aborts_queue`` -> ``update_from_output``. The model runner stays the
-model's (the fake executor: its sampled tokens carry their incarnation through ``Vocabulary``).
+execute -> ``_process_aborts_queue`` -> ``update_from_output``. The executor
+(racesim.engine_vllm.engine.executor) steps vLLM's own model runner on 0.11+ (the model's fake
+one before); either way sampled tokens carry their incarnation through ``Vocabulary``.
 An exception from vLLM's code is what kills EngineCoreProc (core.py:1582-1587): the engine dies.
 """
 
@@ -29,20 +30,18 @@ from racesim.engine_model.events.engine import (
     SchedStep,
     SchedUpdate,
 )
-from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.messages import (
     AbortMessage,
     EngineCoreRequest,
     KVDoneNotice,
     KVHeartbeat,
 )
-from racesim.engine_model.runner import ModelRunner
-from racesim.engine_model.scheduler import NewRequestData, SchedulerOutput
 from racesim.engine_model.versions import VllmProfile
 from racesim.engine_vllm import _vllm
 from racesim.engine_vllm.connectors import pd
 from racesim.engine_vllm.engine import sessions
 from racesim.engine_vllm.engine import finishes
+from racesim.engine_vllm.engine.executor import Executor
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
 from racesim.engine_vllm.connectors import new_transport
 from racesim.engine_vllm.connectors.nixl import NixlFabric, NixlTransport
@@ -99,8 +98,12 @@ class VllmEngineCore(EngineShell):
                            shape.prefix_caching)
         self._prompts = PromptTokens()
         self.scheduler = SchedulerView(self.sched, self.inc_of)
-        self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling))
         self.vocab = vocab if vocab is not None else Vocabulary()  # DP: the ranks share one
+        #: execute_model / sample_tokens: vLLM's own model runner (0.11+), or the model's
+        self.runner = Executor(self, shape, bool(config.async_scheduling))
+        #: 0.11-0.20 step_with_batch_queue returns early only while the oldest batch is not
+        #: done (0.20.0 core.py:500-507); 0.33 dropped that test (core.py:764-769)
+        self._wait_unless_done = (0, 11) <= self.v.api.key < (0, 33)
         self.coordinator: Any = None  # DP: told after each step (the model's DPCoordinator)
         self._batch_queue: deque[tuple[simpy.Event, Any, int]] = deque()
         self._step_no = 0
@@ -246,7 +249,8 @@ class VllmEngineCore(EngineShell):
                     transport is not None and transport.has_results()):
                 self._record_step(so)
                 queue.append((self._submit(so, executed), so, self._step_no))
-                if executed and len(queue) < self._max_batches:
+                if executed and len(queue) < self._max_batches and not (
+                        self._wait_unless_done and queue[0][0].processed):
                     return True  # async: do not block on the step in flight
             elif not queue:
                 return False
@@ -255,7 +259,7 @@ class VllmEngineCore(EngineShell):
         future, so, step = queue.popleft()
         if not future.processed:
             yield future
-        mro = future.value
+        mro = self.runner.result(future.value)
         if self.transport is not None:
             # the worker's get_transfer_results at the end of execute_model
             mro.kv_connector_output = self.call(self.transport.transfer_results, self.v)
@@ -296,39 +300,9 @@ class VllmEngineCore(EngineShell):
                         SchedStep(self._step_no, batch, sorted(so.finished_req_ids)))
 
     def _submit(self, so: Any, executes: bool) -> simpy.Event:
-        """execute_model(non_block=True) on the fake executor: the model's runner computes the
-        step's tokens now; they are ready when the GPU queue reaches this step."""
-        try:
-            sampled = self.runner.execute_model(self._runner_input(so))
-        except EngineFatal as exc:  # GPUModelRunner's own KeyError kills EngineCoreProc too
-            raise _Fatal(str(exc)) from None
-        vocab = self.vocab
-        req_ids = list(so.num_scheduled_tokens)
-        mro = self.v.api.model_runner_output(
-            self.v.ModelRunnerOutput, req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=[[vocab.encode(sampled[r])] if r in sampled else []
-                               for r in req_ids])
-        return self._on_gpu(mro, executes)
-
-    def _runner_input(self, so: Any) -> SchedulerOutput:
-        """The vLLM SchedulerOutput as the model's runner reads it (IDs, counts, new requests
-        with their incarnation, found through the scheduled Request object)."""
-        requests = self.sched.requests
-        new = []
-        for nr in so.scheduled_new_reqs:
-            req = requests.get(nr.req_id)
-            eos = self._eos.get(id(req.sampling_params))  # kept alive there: ids stay unique
-            new.append(NewRequestData(nr.req_id, self.inc_of(req), len(nr.prompt_token_ids or ()),
-                                      eos[1] if eos is not None else None, nr.num_computed_tokens))
-        cached = so.scheduled_cached_reqs
-        computed = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs}
-        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
-        return SchedulerOutput(self._step_no, scheduled_new_reqs=new,
-                               scheduled_cached_reqs=list(cached.req_ids),
-                               num_scheduled_tokens=dict(so.num_scheduled_tokens),
-                               num_computed_tokens=computed,
-                               finished_req_ids=sorted(so.finished_req_ids))
+        """execute_model(non_block=True): the runner computes the step's output now; it is
+        ready when the GPU queue reaches this step."""
+        return self._on_gpu(self.runner.execute(so, self._step_no), executes)
 
     def _update(self, so: Any, mro: Any, step: int) -> None:
         requests = self.sched.requests

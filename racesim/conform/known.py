@@ -45,6 +45,14 @@ KNOWN: tuple[KnownMismatch, ...] = (
         "(`output_processor.py:632-651`), after the error that ended its `generate()`: an output "
         "no client reads. The model drops each state on engine death, so the abort finds none.",
         after_engine_death=True),
+    KnownMismatch(
+        "dp-stale-inflight", "buggy", ("received:*",),
+        "vLLM's own model runner (vllm backend, 0.11+) builds the next step's input from the "
+        "tokens the Scheduler recorded: once the old X's in-flight output was applied to the "
+        "new X's Request (`unique-live-id`, the overwritten `Scheduler.requests['X']`), the new "
+        "X's next input is the old X's token, so its next token carries that origin "
+        "(`input-integrity` reports the step). The model's fake runner takes its input "
+        "from its own per-ID state and shows only the first, misrouted token."),
 )
 
 

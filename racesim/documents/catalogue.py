@@ -67,7 +67,9 @@ def _versions_rows() -> list[dict[str, Any]]:
     """One row per profile: its release, what each backend runs of it, and the install state
     (read from package metadata, without importing vLLM)."""
     from racesim.engine_model.versions import RELEASE_OF
+    from racesim.engine_vllm._api import release_key
     from racesim.engine_vllm.frontend.select import REAL_FRONTEND
+    from racesim.engine_vllm.runner.kind import RUNNER_NOTE, runner_kind
     from racesim.runner.engines import SUPPORTED_VLLM, install_command, installed_vllm
 
     installed = installed_vllm()
@@ -80,11 +82,14 @@ def _versions_rows() -> list[dict[str, Any]]:
             (installed == release or installed.startswith(f"{v.name}."))
         state = ("installed" if here else f"not installed: {install_command(release)}"
                  ) if backend else "model only"
+        runner = runner_kind(release_key(release)) if backend else None
         tag = (f"[release {release}; model: yes; vllm backend: "
                f"{'yes' if backend else 'no'} ({state}); vLLM's own frontend: "
-               f"{real or 'no'}] ")
+               f"{real or 'no'}"
+               + (f"; vllm backend's runner: {RUNNER_NOTE[runner]}" if runner else "") + "] ")
         rows.append({"name": v.name, "release": release, "model": True, "vllm_backend": backend,
                      "installed": here, "vllm_frontend": real is not None,
+                     "vllm_runner": runner,
                      "meaning": tag + v.release + (" (default)" if v.name == DEFAULT_VLLM
                                                    else ""),
                      "behaviours": [{"text": b.text, "source": b.source} for b in v.behaviours]})

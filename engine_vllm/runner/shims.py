@@ -1,0 +1,138 @@
+"""What vLLM's model runner needs to be built and stepped on this CPU machine without weights.
+
+Each shim replaces a piece of hardware or of the network, never bookkeeping:
+
+- CUDA events and streams are no-ops (:func:`no_cuda`): the runner builds a
+  ``prepare_inputs_event`` and, under async scheduling, ``AsyncGPUModelRunnerOutput`` records
+  one (0.33 gpu_model_runner.py:269-316, 0.20 :227-272); the CPU runner's own placeholders
+  (cpu_model_runner.py:141-161) lack ``record(stream)`` and ``torch.cuda.Event``;
+- the slot mapping is computed in torch where vLLM launches a Triton kernel (0.20
+  block_table.py:141-163, 0.33 :153-178): ``block_table[req, pos // bs] * bs + pos % bs``;
+- a ``numba`` stub before the runner is imported on 0.14 and older (only the ngram proposer
+  uses it; gpu_model_runner.py:153 imports it at module level; numba is not installed);
+- the distributed state of one rank (``_update_states`` reads ``get_pp_group()``), as vLLM's
+  own runner tests set it up, once per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+import types
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["STREAM", "no_cuda", "stub_numba", "init_distributed", "torch_slot_mapping"]
+
+
+class _Event:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, *args: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, *args: Any) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class _Stream(_Event):
+    def wait_stream(self, *args: Any) -> None:
+        pass
+
+    def wait_event(self, *args: Any) -> None:
+        pass
+
+
+STREAM = _Stream()
+
+
+@contextlib.contextmanager
+def no_cuda() -> Iterator[None]:
+    """CUDA events and streams as no-ops while the runner is built or steps (no GPU here)."""
+    import torch
+
+    cuda = torch.cuda
+    saved = (torch.Event, cuda.Event, cuda.Stream, cuda.current_stream, cuda.default_stream,
+             cuda.stream)
+    torch.Event = cuda.Event = _Event  # type: ignore[misc,assignment]
+    cuda.Stream = _Stream  # type: ignore[misc,assignment]
+    cuda.current_stream = cuda.default_stream = lambda *a, **k: STREAM  # type: ignore
+    cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        (torch.Event, cuda.Event, cuda.Stream, cuda.current_stream, cuda.default_stream,
+         cuda.stream) = saved  # type: ignore[misc]
+
+
+def stub_numba() -> None:
+    """A ``numba`` module whose ``jit``/``njit`` are identity decorators (0.14 and older import
+    it with the ngram proposer, which racesim never runs)."""
+    if "numba" in sys.modules:
+        return
+    try:
+        import numba  # noqa: F401
+        return
+    except ImportError:
+        pass
+
+    def jit(*args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and callable(args[0]) and not kwargs:
+            return args[0]
+        return lambda fn: fn
+
+    mod = types.ModuleType("numba")
+    mod.jit = mod.njit = jit  # type: ignore[attr-defined]
+    mod.prange = range  # type: ignore[attr-defined]
+    mod.get_num_threads = lambda: 1  # type: ignore[attr-defined]
+    mod.set_num_threads = lambda n: None  # type: ignore[attr-defined]
+    sys.modules["numba"] = mod
+
+
+def init_distributed(vc: Any) -> None:
+    """World size 1, rank 0, gloo (what vLLM's runner tests do); once per process."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        return
+    # One intra-op thread: the runner's tensors are a few hundred elements, and explore forks
+    # its workers from this process (an OpenMP pool used before fork hangs the child)
+    torch.set_num_threads(1)
+    with set_current_vllm_config(vc):
+        # the rendezvous file is named and removed by torch; nothing of it reaches a trace
+        parallel_state.init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, backend="gloo",
+            distributed_init_method=f"file://{tempfile.mktemp(prefix='racesim-')}")
+        parallel_state.ensure_model_parallel_initialized(1, 1)
+
+
+def torch_slot_mapping(block_table: Any) -> Any:
+    """``BlockTable.compute_slot_mapping`` for one block table, in torch (the kernel's
+    arithmetic, with -1 past the batch's tokens)."""
+    import torch
+
+    bs = block_table.block_size
+
+    def compute(num_reqs: int, query_start_loc: Any, positions: Any) -> None:
+        n = positions.shape[0]
+        qsl = query_start_loc[:num_reqs + 1].to(torch.int64)
+        counts = qsl[1:] - qsl[:-1]
+        rows = torch.repeat_interleave(torch.arange(num_reqs), counts)
+        pos = positions[:n].to(torch.int64)
+        table = block_table.block_table.gpu
+        slots = table[rows, pos // bs].to(torch.int64) * bs + pos % bs
+        out = block_table.slot_mapping.gpu
+        out[:n] = slots
+        out[n:].fill_(-1)
+
+    return compute
