@@ -189,7 +189,7 @@ def test_another_release_runs_in_its_venv_and_is_merged(tmp_path: Path) -> None:
     assert e["fixed"]["status"] == "skipped"  # 0.10.1.1 has no venv there
     assert (doc["found"], doc["tried"]) == (1, 1)
     called = args.read_text(encoding="utf-8").split()
-    assert called[:3] == ["-m", "racesim", "corpus"]
+    assert called[:4] == ["-I", "-m", "racesim", "corpus"]  # isolated: no current folder
     assert "--release" in called and called[called.index("--release") + 1] == "0.9.2"
     assert called[called.index("--budget") + 1] == "7"
     assert called[called.index("--seed") + 1] == "3"
