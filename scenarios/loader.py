@@ -29,7 +29,13 @@ from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import POLICIES
 from racesim.engine_model.versions import ALIASES, PROFILES, get_profile
 from racesim.scenarios._toml_writer import dumps, locate_key, toml_key
-from racesim.scenarios.limits import MAX_PLAN_ENTRIES, MAX_REQUESTS, MAXIMUM, over_limits
+from racesim.scenarios.limits import (
+    MAX_NAME,
+    MAX_PLAN_ENTRIES,
+    MAX_REQUESTS,
+    MAXIMUM,
+    over_limits,
+)
 from racesim.sim.errors import InputError
 from racesim.sim.points import plan_entries
 
@@ -439,6 +445,9 @@ def _build(data: object, source: str) -> Scenario:
         raise _Bad(("name",), "required key is missing")
     top: dict[str, Any] = {k: _value(data[k], kind, (k,), k)
                            for k, kind in _TOP_KINDS.items() if k in data}
+    if len(top["name"]) > MAX_NAME:
+        raise _Bad(("name",), f"is {len(top['name'])} characters long, more than racesim's cap "
+                   f"of {MAX_NAME} (files are named after it; docs/limits.md)")
     frontends = int(top.get("frontends", 1))
     tables = {k: cls(**_table(data.get(k, {}), (k,), cls, k)) for k, cls in _TABLES.items()}
     horizon = float(top.get("horizon", 30.0))
@@ -474,10 +483,29 @@ def scenario_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Scena
     return _checked(data, source, None)
 
 
+#: a ``[[request]]`` table header at the start of a line (what the early count looks for)
+_REQUEST_HEADER = re.compile(r"^[ \t]*\[\[[ \t]*request[ \t]*\]\]", re.MULTILINE)
+
+
+def _too_many_requests(text: str, source: str) -> None:
+    """Refuse a text with more ``[[request]]`` headers than MAX_REQUESTS before parsing it:
+    tomllib on a 10 MB file of 100,001 requests takes seconds and 200 MB, only for the count
+    to be refused afterwards. A header-like line inside a multi-line string counts too (a
+    file that has more than MAX_REQUESTS of them is refused either way in practice)."""
+    if text.count("[[", 0) <= MAX_REQUESTS:
+        return
+    for n, m in enumerate(_REQUEST_HEADER.finditer(text)):
+        if n == MAX_REQUESTS:
+            line = text.count("\n", 0, m.start()) + 1
+            raise InputError(f"{source}:{line}: request: more than {MAX_REQUESTS} [[request]] "
+                             f"entries, racesim's cap (docs/limits.md); not parsed further")
+
+
 def parse_scenario(text: str, source: str) -> Scenario:
     """Parse and validate scenario TOML text; ``source`` names it in error messages."""
     if not isinstance(text, str):
         raise InputError(f"{source}: scenario text must be a string (got {_show(text)})")
+    _too_many_requests(text, source)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
