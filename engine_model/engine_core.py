@@ -80,6 +80,7 @@ class EngineCore(EngineShell):
             self.connector = ConnectorScheduler(world, f"{name}.connector", index, self.kv,
                                                 hold_timeout, self._start_kv_read, profile,
                                                 self._send_heartbeat, self._send_notice)
+            self.connector.idle_step = config.step_time
             self.scheduler.connector = self.connector
             if kv_connector == "nixl-push":
                 self.connector.push = PushMatcher(self._start_push)
