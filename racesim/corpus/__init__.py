@@ -191,7 +191,8 @@ def _explore_one(scen: Scenario, release: str, role: str, engine: str, opts: Cor
 def _entry_doc(scen: Scenario) -> dict[str, Any]:
     info = scen.corpus
     assert info is not None
-    return {"name": scen.name, "issue": info.issue, "fix_pr": info.fix_pr, "title": info.title,
+    return {"name": scen.name, "issue": info.issue, "fix_pr": info.fix_pr,
+            "fix_kind": info.fix_kind, "fix_text": info.fix_text, "title": info.title,
             "invariant": info.invariant, "symptom": info.symptom or None,
             "buggy_release": info.buggy_release,
             "fixed_release": info.fixed_release, "policy": info.policy or None,
