@@ -114,15 +114,27 @@ class KVCacheManager:
         start = self.num_cached_block.get(rid, 0)
         end = min(num_tokens, request.num_tokens) // bs
         if end <= start:
+            # vLLM sets the count to this request's full blocks whatever it was
+            # (single_type_kv_cache_manager.py:154 in 0.11.0, :150 in 0.10.1.1, :156 in
+            # 0.9.2): for one request it never goes down, but under a shared block table (a
+            # duplicate ADD) it does, and the other request then re-hashes its blocks
+            self.num_cached_block[rid] = end
             return
         hashes = self._hash
         cached = self.cached
         for j in range(start, min(end, len(blocks))):
             b = blocks[j]
-            if hashes[b] is None:
-                h = request.block_hash(j, bs)
-                hashes[b] = h
-                cached.setdefault(h, []).append(b)
+            if hashes[b] is not None:
+                # block_pool.py cache_full_blocks asserts every newly full block is unhashed
+                # (0.11.0 :223, 0.10.1.1 and 0.9.2 alike): only a block table two requests
+                # share under one ID (a duplicate ADD that overwrote Scheduler.requests on
+                # 0.9-0.14) holds one the other request has hashed already
+                raise EngineFatal("AssertionError: assert blk.block_hash is None "
+                                  f"(block_pool.py cache_full_blocks: {rid!r}'s block table "
+                                  f"holds a block another request under that ID hashed)")
+            h = request.block_hash(j, bs)
+            hashes[b] = h
+            cached.setdefault(h, []).append(b)
         self.num_cached_block[rid] = end
 
     def _evict(self, block: int, h: BlockHash) -> None:
@@ -179,7 +191,7 @@ class KVCacheManager:
         if need <= 0 and not computed:
             # the common decode step: room already there; hash a block that just filled up
             if self.caching and not delay_cache and \
-                    min(total, request.num_tokens) // bs > self.num_cached_block.get(rid, 0):
+                    min(total, request.num_tokens) // bs != self.num_cached_block.get(rid, 0):
                 self._cache_blocks(request, blocks, total)
             return True
         # A hit block in the free queue is taken out of it (get_num_blocks_to_allocate counts
