@@ -74,6 +74,7 @@ class EngineCore(EngineShell):
         self.policy = policy
         self.kv = KVCacheManager(world, f"{name}.kv", config.num_blocks, config.block_size,
                                  bool(config.prefix_caching), profile.free_order)
+        self.kv.hash_by_id = "block-hashes-by-id" in profile.features
         self.scheduler = Scheduler(world, f"{name}.scheduler", config, self.kv, profile)
         self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling))
         if hold_timeout is not None:

@@ -46,7 +46,7 @@ class KVCacheManager:
 
     __slots__ = ("world", "component", "block_size", "num_blocks", "free_queue", "req_to_blocks",
                  "num_cached_block", "_owner", "caching", "_counted", "_lifo", "_ref", "_hash",
-                 "cached", "_sharers")
+                 "cached", "_sharers", "hash_by_id", "_hash_src")
 
     def __init__(self, world: World, component: str, num_blocks: int, block_size: int,
                  caching: bool = False, free_order: str = "append") -> None:
@@ -70,6 +70,10 @@ class KVCacheManager:
         #: cached_block_hash_to_block (block_pool.py:58-130): hash -> blocks holding it
         self.cached: dict[BlockHash, list[int]] = {}
         self._sharers: dict[int, list[int]] = {}
+        #: 0.9.2: block hashes kept by request ID (kv_cache_manager.py:112, 158-163, 373):
+        #: the request whose tokens an ID's hashes come from, until the ID is freed
+        self.hash_by_id = False
+        self._hash_src: dict[str, Request] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -99,8 +103,13 @@ class KVCacheManager:
         bs = self.block_size
         cached = self.cached
         hit: list[int] = []
+        src = request
+        if self.hash_by_id:  # 0.9.2: the hashes an ID was first given (a duplicate's too)
+            src = self._hash_src.setdefault(request.request_id, request)
         for j in range((request.num_tokens - 1) // bs):
-            blocks = cached.get(request.block_hash(j, bs))
+            if (j + 1) * bs > src.num_tokens:  # past the full blocks hashed under the ID
+                break
+            blocks = cached.get(src.block_hash(j, bs))
             if blocks is None:
                 break
             hit.append(blocks[0])
@@ -245,6 +254,7 @@ class KVCacheManager:
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, [])
         self.num_cached_block.pop(rid, None)
+        self._hash_src.pop(rid, None)
         if blocks:
             if self._counted:
                 self._free_counted(request, rid, blocks)
