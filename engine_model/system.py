@@ -11,13 +11,14 @@ import simpy
 
 from racesim.engine_model.api_server import ApiServer
 from racesim.engine_model.checker import Checker, Violation
-from racesim.engine_model.client import Client, Gateway, Proxy
+from racesim.engine_model.client import Client, Gateway
 from racesim.engine_model.config import Workload
 from racesim.engine_model.data_parallel import DPCoordinator, DPLoadBalancer
 from racesim.engine_model.engine_core import EngineCore
 from racesim.engine_model.frontend.async_llm import AsyncLLM
 from racesim.engine_model.frontend.state import FrontendState
 from racesim.engine_model.ipc import Channel
+from racesim.engine_model.pd_proxy import Proxy
 from racesim.engine_model.points import POINTS
 from racesim.engine_model.policies import LifecyclePolicy
 from racesim.engine_model.topology import ChannelNode, EngineNode, FrontendNode, Topology

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from racesim.scenarios.limits import MAX_FILE_BYTES
-from racesim.scenarios.loader import Scenario, _show, parse_scenario
+from racesim.scenarios.checks import show as _show
+from racesim.scenarios.loader import Scenario, parse_scenario
 from racesim.sim.errors import InputError
 
 __all__ = ["bundled_names", "corpus_names", "load_scenario"]

@@ -177,7 +177,7 @@ def test_list_shows_every_scenario_policy_point_and_invariant() -> None:
 
 
 def test_list_indexes_each_scenario_by_its_first_sentence() -> None:
-    from racesim.cli import _first_sentence
+    from racesim.cli.listing import _first_sentence
 
     assert _first_sentence("X dies on 0.33 (e.g. v1/a.py:1). Then more. And more.") == \
         "X dies on 0.33 (e.g. v1/a.py:1)."

@@ -1,5 +1,7 @@
-"""The arrows of the README's "Layout", checked on every run: ``sim`` <- ``engine_model`` <-
-``scenarios`` <- ``reports`` / the app layer, and no import cycles between modules.
+"""The arrows of docs/layout.md, checked on every run: ``sim`` <- ``engine_model`` <-
+``scenarios`` <- ``reports`` / the app layer; ``engine_vllm`` reaches ``engine_model`` only
+through the interfaces both backends share; the app package's subpackages use only the arrows
+docs/layout.md draws; and no import cycles between modules.
 
 An AST walk over every source module: imports inside functions and under ``TYPE_CHECKING``
 count too, since they are the same dependency taken later (or only by the type checker).
@@ -28,6 +30,44 @@ ALLOWED = {
     "scenarios": {"sim", "engine_model"},
     "reports": {"sim", "engine_model", "scenarios"},
 }
+
+
+#: The engine_model modules engine_vllm may import: what both backends share, as engine_vllm
+#: imported it when this list was written (issue 29). The World and its System (system), the
+#: process shell around an engine core (engine_shell, fatal), the records on the wire
+#: (messages) and in the trace (events, every module of it), the configuration and profiles
+#: (config, versions), the policies, data parallelism's coordinator, and the model parts the
+#: vllm backend keeps where vLLM's own code does not run (runner, scheduler's SchedulerOutput,
+#: kv_cache, the frontend's outputs and OutputProcessor records). A new entry needs a reason.
+SHARED = {
+    "racesim.engine_model", "racesim.engine_model.system", "racesim.engine_model.engine_shell",
+    "racesim.engine_model.fatal", "racesim.engine_model.messages", "racesim.engine_model.config",
+    "racesim.engine_model.versions", "racesim.engine_model.policies",
+    "racesim.engine_model.data_parallel", "racesim.engine_model.runner",
+    "racesim.engine_model.scheduler", "racesim.engine_model.kv_cache",
+    "racesim.engine_model.frontend", "racesim.engine_model.frontend.outputs",
+    "racesim.engine_model.frontend.output_processor",
+}
+SHARED_PACKAGES = ("racesim.engine_model.events",)
+#: The app package's subpackages (racesim/X/) -> the other ones each may import; every one may
+#: import the library layers. ``cli`` is the top: only the entry points import it, and nothing
+#: in racesim imports ``plugin`` (pytest loads it by its entry point).
+APP = {
+    "runner": set(),
+    "documents": {"runner", "explore"},  # explore: report_files writes a MatrixResult
+    "explore": {"runner", "documents"},
+    "conform": {"runner", "documents", "explore"},
+    "corpus": {"runner", "explore", "conform"},
+    "bench": {"runner", "explore"},
+    "plugin": {"runner", "documents"},
+    "cli": {"runner", "documents", "explore", "conform", "corpus", "bench"},
+}
+#: The only modules directly in racesim/: the public API, ``python -m racesim``, the console
+#: script's entry.
+TOP_MODULES = {"__init__.py", "__main__.py", "_entry.py"}
+#: What the top modules may import: the API re-exports, the entry points start the CLI.
+TOP_ALLOWED = {"racesim": {"runner", "explore", "documents"}, "racesim.__main__": {"cli"},
+               "racesim._entry": {"cli"}}
 
 
 def _modules() -> dict[str, Path]:
@@ -103,6 +143,97 @@ def test_each_library_package_imports_only_the_layers_below(package: str) -> Non
              for t, line in imports(m)
              if layer(t) != package and layer(t) not in ALLOWED[package]]
     assert wrong == [], f"{package} may import only {sorted(ALLOWED[package]) or 'itself'}"
+
+
+def app_package(module: str) -> str | None:
+    """``cli``, ``explore``, ... for a module of racesim/X/; None for a library module or a
+    top module of racesim/."""
+    parts = module.split(".")
+    if layer(module) != "app" or parts[0] != "racesim" or len(parts) < 2:
+        return None
+    return parts[1] if parts[1] in APP else None
+
+
+def test_reports_never_import_the_app_layer() -> None:
+    wrong = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {t}"
+             for m in MODULES if layer(m) == "reports"
+             for t, line in imports(m) if layer(t) == "app"]
+    assert wrong == [], "reports/ is below the app layer (racesim.cli, explore, ...)"
+
+
+def test_sim_imports_nothing_above_itself() -> None:
+    wrong = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {t}"
+             for m in MODULES if layer(m) == "sim"
+             for t, line in imports(m) if layer(t) != "sim"]
+    assert wrong == []
+
+
+def test_engine_vllm_reaches_engine_model_only_through_the_shared_interfaces() -> None:
+    wrong = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {t}"
+             for m in MODULES if layer(m) == "engine_vllm"
+             for t, line in imports(m) if layer(t) == "engine_model"
+             and t not in SHARED and not t.startswith(SHARED_PACKAGES)]
+    assert wrong == [], ("engine_vllm may import only the engine_model modules in SHARED; add a "
+                         "new one there with the reason both backends share it")
+
+
+def test_the_shared_interfaces_exist() -> None:
+    """A module renamed away from SHARED would make the rule above silently looser."""
+    assert not SHARED - set(MODULES)
+    assert all(any(m.startswith(p) for m in MODULES) for p in SHARED_PACKAGES)
+
+
+def test_every_app_subpackage_has_its_arrows() -> None:
+    found = {p.name for p in (ROOT / "racesim").iterdir()
+             if p.is_dir() and (p / "__init__.py").exists()}
+    assert found == set(APP), "a new racesim/ subpackage gets its arrows in APP (docs/layout.md)"
+
+
+@pytest.mark.parametrize("package", sorted(APP))
+def test_each_app_subpackage_imports_only_its_arrows(package: str) -> None:
+    wrong = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {t}"
+             for m in MODULES if app_package(m) == package
+             for t, line in imports(m)
+             if (other := app_package(t)) is not None and other != package
+             and other not in APP[package]]
+    assert wrong == [], f"racesim.{package} may import only {sorted(APP[package])} of the app"
+
+
+def test_only_the_entry_points_import_the_cli_and_nothing_imports_the_plugin() -> None:
+    users = {m for m in MODULES for t, _ in imports(m)
+             if app_package(t) in ("cli", "plugin") and app_package(m) != app_package(t)}
+    assert users == {"racesim.__main__", "racesim._entry"}
+
+
+def test_racesim_holds_no_module_outside_a_subpackage() -> None:
+    loose = {p.name for p in (ROOT / "racesim").glob("*.py")}
+    assert loose == TOP_MODULES, f"move {sorted(loose - TOP_MODULES)} into a subpackage"
+    for module, allowed in TOP_ALLOWED.items():
+        used = {app_package(t) for t, _ in imports(module)} - {None}
+        assert used <= allowed, (module, used)
+
+
+def test_an_app_arrow_breach_is_seen(tmp_path: Path) -> None:
+    """A probe in racesim.runner importing the CLI breaks two of the rules above."""
+    MODULES["racesim.runner._probe"] = tmp_path / "probe.py"
+    (tmp_path / "probe.py").write_text("from racesim.cli import main\n")
+    try:
+        assert [app_package(t) for t, _ in imports("racesim.runner._probe")] == ["cli"]
+        assert "cli" not in APP["runner"]
+    finally:
+        del MODULES["racesim.runner._probe"]
+
+
+def test_an_engine_vllm_import_outside_the_shared_interfaces_is_seen(tmp_path: Path) -> None:
+    MODULES["racesim.engine_vllm._probe"] = tmp_path / "probe.py"
+    (tmp_path / "probe.py").write_text("from racesim.engine_model.engine_core import EngineCore\n"
+                                       "from racesim.engine_model.events.pd import PdRead\n")
+    try:
+        outside = [t for t, _ in imports("racesim.engine_vllm._probe")
+                   if t not in SHARED and not t.startswith(SHARED_PACKAGES)]
+        assert outside == ["racesim.engine_model.engine_core"]
+    finally:
+        del MODULES["racesim.engine_vllm._probe"]
 
 
 def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:

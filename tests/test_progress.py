@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 import racesim.bench as bench_module
-import racesim.cli as cli_module
+import racesim.cli.explore as explore_cli
 from racesim.cli import main
 from racesim.cli.progress import ProgressBar
 
@@ -70,7 +70,7 @@ def test_explore_gives_its_time_limit_to_the_bar(monkeypatch: pytest.MonkeyPatch
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(cli_module, "ProgressBar", Kept)
+    monkeypatch.setattr(explore_cli, "ProgressBar", Kept)
     with pytest.raises(SystemExit):
         main(["explore", "abort-reuse", "-p", "internal-id", "--budget", "3",
               "--time-limit", "7", "--out", str(tmp_path), "--json"])

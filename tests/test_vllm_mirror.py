@@ -5,7 +5,7 @@ replays its workload, the vLLM profiles on which vLLM has the behaviour, and a `
 asserts on the run what the vLLM test asserts and the model can express. A check reads only
 the :class:`RunResult` (per-client outcomes, violated invariants, trace events by kind and
 request ID), so the same records can be run on another engine backend by swapping
-:func:`run_mirror`.
+:func:`run_mirror`. The record, its runner and the trace helpers are in ``_mirror.py``.
 
 Every run uses the lifecycle real vLLM has on its profile (``LIFECYCLE``): ``buggy`` on 0.8
 (IDs as given, before #15326) and ``internal-id`` with its default 8-hex suffix on 0.33
@@ -23,95 +23,26 @@ the block pool at the end of the run).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from _mirror import (
+    FIXTURES,
+    GAP,
+    Mirror,
+    abort_ids,
+    events,
+    external,
+    only_gap_on,
+    outputs,
+    run_mirror,
+    statuses,
+    stream_ends,
+)
 from racesim.engine_model import RunResult
-from racesim.runner import run_scenario
 from racesim.scenarios import load_scenario
-
-FIXTURES = Path(__file__).parent / "fixtures" / "vllm_mirror"
-#: The lifecycle policy real vLLM has on each profile, with its options.
-LIFECYCLE: dict[str, tuple[str, dict[str, str]]] = {
-    "0.8": ("buggy", {}),
-    "0.33": ("internal-id", {}),
-}
-GAP = ("metrics-exact",)  # the only violation a frontend-initiated abort may leave
-
-Check = Callable[[RunResult, str], None]
-
-
-@dataclass(frozen=True)
-class Mirror:
-    """One mirrored vLLM test. ``policy`` None: the lifecycle vLLM has on the profile."""
-
-    name: str
-    toml_file: str
-    policy: str | None
-    options: Mapping[str, str]
-    profiles: tuple[str, ...]
-    check: Check
-    xfail: Mapping[str, str] = field(default_factory=dict)  # profile -> documented disagreement
-
-
-def run_mirror(mirror: Mirror, profile: str, engine: str = "model") -> RunResult:
-    """Run ``mirror``'s scenario on ``profile`` (the one place a second backend plugs in)."""
-    policy, options = LIFECYCLE[profile]
-    if mirror.policy is not None:
-        policy, options = mirror.policy, dict(mirror.options)
-    scenario = load_scenario(str(FIXTURES / mirror.toml_file)).with_vllm(profile)
-    return run_scenario(scenario, policy, options=options, witness=False, engine=engine)
-
-
-# --------------------------------------------------------------------------- trace helpers
-
-def _events(r: RunResult, kind: str, component: str = "") -> list[Any]:
-    return [e for e in r.trace if e.kind == kind and e.component.startswith(component)]
-
-
-def _outputs(r: RunResult, client: int) -> list[tuple[int, str | None]]:
-    """(tokens, finish reason) of every output client ``client`` took, in order."""
-    return [(len(e.detail.tokens), e.detail.finish)
-            for e in _events(r, "client.output", f"client{client}")
-            if e.component == f"client{client}"]
-
-
-def _external(r: RunResult) -> dict[str, str]:
-    """Engine-side (internal, or child) request ID -> the external ID its client used."""
-    return {e.request: e.detail.external for e in _events(r, "fe.add")}
-
-
-def _statuses(r: RunResult, component: str = "") -> dict[str, list[str]]:
-    """External ID -> the statuses its engine requests finished with, in order."""
-    ext = _external(r)
-    out: dict[str, list[str]] = {}
-    for e in _events(r, "sched.finish", component):
-        out.setdefault(ext[e.request], []).append(e.detail.status)
-    return out
-
-
-def _abort_ids(r: RunResult) -> list[str]:
-    return [i for e in _events(r, "ipc.send") if e.detail.type == "AbortMessage"
-            for i in e.detail.ids]
-
-
-def _only_gap_on(r: RunResult, aborted: set[str]) -> None:
-    """Nothing violated but metrics-exact, and that only on the frontend-aborted requests."""
-    assert r.violated == GAP, r.violations
-    ext = _external(r)
-    assert {ext[v.request or ""] for v in r.violations} == aborted
-
-
-def _stream_ends(outs: list[tuple[int, str | None]], reason: str) -> None:
-    """vLLM's "only the last output has finished=True" (finish reason set <=> finished)."""
-    assert outs, "no output at all"
-    assert all(f is None for _, f in outs[:-1]), outs
-    assert outs[-1][1] == reason, outs
-
 
 # --------------------------------------------------------------------------- the checks
 
@@ -133,20 +64,20 @@ def check_abort(r: RunResult, profile: str) -> None:
         expected = (6 * (cancelled.index(i) + 1), "abort") if i in cancelled else (100 * n,
                                                                                      "length")
         assert (out.id, out.tokens, out.finish_reason) == (f"request-{i}", *expected)
-    reuse_at = next(e.time for e in reversed(_events(r, "client.send")))
+    reuse_at = next(e.time for e in reversed(events(r, "client.send")))
     live: Counter[str] = Counter()
     for e in r.trace:
         if e.time < reuse_at and e.kind in ("fe.add", "fe.pop"):
             live[e.request or ""] += 1 if e.kind == "fe.add" else -1
     assert +live == Counter(), f"unfinished in the OutputProcessor before the reuse: {+live}"
-    statuses = _statuses(r)
+    status_of = statuses(r)
     for i in cancelled:  # each child of an n=3 request was aborted in the engine too
-        assert statuses[f"request-{i}"][:3 if i in parallel else 1] == \
+        assert status_of[f"request-{i}"][:3 if i in parallel else 1] == \
             ["FINISHED_ABORTED"] * (3 if i in parallel else 1)
     again = r.requests[100]
     assert (again.id, again.tokens, again.finish_reason) == ("request-1", 100, "length")
-    assert statuses["request-1"][-1] == "FINISHED_LENGTH_CAPPED"
-    _only_gap_on(r, {f"request-{i}" for i in cancelled})
+    assert status_of["request-1"][-1] == "FINISHED_LENGTH_CAPPED"
+    only_gap_on(r, {f"request-{i}" for i in cancelled})
 
 
 def check_multi_abort(r: RunResult, profile: str) -> None:
@@ -166,11 +97,11 @@ def check_multi_abort(r: RunResult, profile: str) -> None:
         n = 3 if i in parallel else 1
         if i in aborted:
             assert out.finish_reason == "abort" and 0 < out.tokens < 1000 * n, out
-            _stream_ends(_outputs(r, i), "abort")
+            stream_ends(outputs(r, i), "abort")
         else:
             assert (out.tokens, out.finish_reason) == (100 * n, "length"), out
-    ext = _external(r)
-    sent = _abort_ids(r)
+    ext = external(r)
+    sent = abort_ids(r)
     assert sorted(sent) == sorted(i for i, e in ext.items()
                                   if int(e.split("-")[1]) in aborted)
     if profile != "0.8":
@@ -181,7 +112,7 @@ def check_multi_abort(r: RunResult, profile: str) -> None:
         sorted(str(i) for i in aborted & parallel)
     # without those leaks, only the accounting gap remains
     rest = replace(r, violations=tuple(v for v in r.violations if v not in leaks))
-    _only_gap_on(rest, {f"request-{i}" for i in aborted})
+    only_gap_on(rest, {f"request-{i}" for i in aborted})
 
 
 def check_finished_flag(r: RunResult, profile: str) -> None:
@@ -190,9 +121,9 @@ def check_finished_flag(r: RunResult, profile: str) -> None:
     "request-33"; the scenario runs them side by side (request-33, request-34). The model
     samples no EOS unless told, so both run to max_tokens (100 * n tokens in all)."""
     for i, n in enumerate((1, 3)):
-        outs = _outputs(r, i)
+        outs = outputs(r, i)
         assert len(outs) > 1, "a stream, not a single output"
-        _stream_ends(outs, "length")
+        stream_ends(outs, "length")
         assert sum(k for k, _ in outs) == r.requests[i].tokens == 100 * n
     assert r.violated == ()
 
@@ -205,13 +136,13 @@ def check_abort_final_output(r: RunResult, profile: str) -> None:
     expressed: stop_reason None and num_cached_tokens (the model has neither), FINAL_ONLY.
     0.33 only: before #22283 vLLM's frontend made no final abort output (the model's 0.8
     profile makes one anyway)."""
-    outs = _outputs(r, 0)
-    _stream_ends(outs, "abort")
+    outs = outputs(r, 0)
+    stream_ends(outs, "abort")
     assert outs[-1] == (0, "abort")
     streamed = sum(k for k, _ in outs[:-1])
     assert streamed > 0 and r.requests[0].tokens == streamed
-    assert _statuses(r)["test-abort-final-output"] == ["FINISHED_ABORTED"]
-    _only_gap_on(r, {"test-abort-final-output"})
+    assert statuses(r)["test-abort-final-output"] == ["FINISHED_ABORTED"]
+    only_gap_on(r, {"test-abort-final-output"})
 
 
 def check_abort_during_final_step(r: RunResult, profile: str) -> None:
@@ -223,12 +154,12 @@ def check_abort_during_final_step(r: RunResult, profile: str) -> None:
     792, 824-831). The model has no connector on a single engine: the check reads the status
     the scheduler finishes the request with, and that its blocks are freed at that moment.
     0.33 only: 0.8 applies ABORTs only between steps (there the request ends LENGTH_CAPPED)."""
-    _stream_ends(_outputs(r, 0), "abort")
-    assert _statuses(r) == {"test-abort-final-step": ["FINISHED_ABORTED"]}
-    finish = _events(r, "sched.finish")[0]
-    assert [e.time for e in _events(r, "kv.free")] == [finish.time]
-    assert all(not e.detail.applied for e in _events(r, "sched.update"))  # no token kept
-    _only_gap_on(r, {"test-abort-final-step"})
+    stream_ends(outputs(r, 0), "abort")
+    assert statuses(r) == {"test-abort-final-step": ["FINISHED_ABORTED"]}
+    finish = events(r, "sched.finish")[0]
+    assert [e.time for e in events(r, "kv.free")] == [finish.time]
+    assert all(not e.detail.applied for e in events(r, "sched.update"))  # no token kept
+    only_gap_on(r, {"test-abort-final-step"})
 
 
 STOP_AT = (3, 5, 8, 13)
@@ -243,20 +174,20 @@ def check_stop_string(r: RunResult, profile: str) -> None:
     the output handler sends names the engine's ID and ends it FINISHED_ABORTED; stop-string
     finishes are counted in stats, so no invariant at all is violated. Not expressed: text,
     logprobs, include_stop_str_in_output=True."""
-    ext = _external(r)
-    issued = {e.request: e.detail.ids for e in _events(r, "fe.abort_issue")
+    ext = external(r)
+    issued = {e.request: e.detail.ids for e in events(r, "fe.abort_issue")
               if e.detail.cause == "stop-string"}
-    assert _abort_ids(r) == [i for ids in issued.values() for i in ids]
+    assert abort_ids(r) == [i for ids in issued.values() for i in ids]
     for i, stop_at in enumerate(STOP_AT):
         rid = f"request-{i}"
         assert (r.requests[i].id, r.requests[i].tokens, r.requests[i].finish_reason) == \
             (rid, stop_at, "stop")
-        _stream_ends(_outputs(r, i), "stop")
+        stream_ends(outputs(r, i), "stop")
         (internal,) = [k for k, v in ext.items() if v == rid]
         assert issued[internal] == [internal]
         assert (internal == rid) == (profile == "0.8"), internal  # 0.33: rid + "-" + 8 hex
-    assert _statuses(r) == {f"request-{i}": ["FINISHED_ABORTED"] for i in range(4)}
-    assert not [e for e in _events(r, "client.output") if e.detail.after_done]
+    assert statuses(r) == {f"request-{i}": ["FINISHED_ABORTED"] for i in range(4)}
+    assert not [e for e in events(r, "client.output") if e.detail.after_done]
     assert r.violated == ()
 
 
@@ -271,10 +202,10 @@ def check_abort_requests(r: RunResult, profile: str) -> None:
     Not expressed: the pooling runner."""
     assert [(o.tokens, o.finish_reason) for o in r.requests] == \
         [(0, "abort"), (0, "abort"), (1, "abort"), (1, "abort")]
-    assert not _events(r, "fe.abort_noop")
-    assert sorted(_abort_ids(r)) == sorted(_external(r))
-    assert _statuses(r) == {f"external-{i}": ["FINISHED_ABORTED"] for i in range(4)}
-    _only_gap_on(r, {f"external-{i}" for i in range(4)})
+    assert not events(r, "fe.abort_noop")
+    assert sorted(abort_ids(r)) == sorted(external(r))
+    assert statuses(r) == {f"external-{i}": ["FINISHED_ABORTED"] for i in range(4)}
+    only_gap_on(r, {f"external-{i}" for i in range(4)})
 
 
 ABORT_ORDER = (0, 8, 3, 1, 6, 4, 2, 5, 7, 9)
@@ -288,16 +219,16 @@ def check_async_scheduler_abort(r: RunResult, profile: str) -> None:
     applies it from aborts_queue just before update_from_output(k) (core.py:792). Checked
     besides: the client received exactly those tokens. 0.33 only: AsyncScheduler and
     aborts_queue postdate 0.8."""
-    ext = _external(r)
-    assert [ext[e.request] for e in _events(r, "sched.finish")] == [str(i) for i in ABORT_ORDER]
-    assert _statuses(r) == {str(i): ["FINISHED_ABORTED"] for i in range(10)}
-    applied = Counter(ext[rid] for e in _events(r, "sched.update")
+    ext = external(r)
+    assert [ext[e.request] for e in events(r, "sched.finish")] == [str(i) for i in ABORT_ORDER]
+    assert statuses(r) == {str(i): ["FINISHED_ABORTED"] for i in range(10)}
+    applied = Counter(ext[rid] for e in events(r, "sched.update")
                       for rid, *_ in e.detail.applied)
     for i in range(10):
         k = ABORT_ORDER.index(i)
         assert applied[str(i)] == k, (i, applied[str(i)])
         assert (r.requests[i].tokens, r.requests[i].finish_reason) == (k, "abort")
-    _only_gap_on(r, {str(i) for i in range(10)})
+    only_gap_on(r, {str(i) for i in range(10)})
 
 
 def check_abort_during_kv_transfer(r: RunResult, profile: str) -> None:
@@ -310,24 +241,24 @@ def check_abort_during_kv_transfer(r: RunResult, profile: str) -> None:
     comes from the hold's end (the connector's timeout/lease expiry, set to 1 s) instead of
     the mocked notification. Not expressed: ``len(scheduler.requests) == 1`` as a count (the
     check reads that the hold is released only at its end)."""
-    (fin,) = _events(r, "sched.finish", "prefill")
-    (hold,) = _events(r, "pd.hold", "prefill")
+    (fin,) = events(r, "sched.finish", "prefill")
+    (hold,) = events(r, "pd.hold", "prefill")
     # on vLLM's own Scheduler the held request keeps the busy loop stepping, so the eager
     # copy of the ABORT (aborts_queue) is applied too and misses as well (core.py:584-592)
-    miss = _events(r, "sched.abort_miss", "prefill")[0]
-    (release,) = _events(r, "pd.release", "prefill")
-    (free,) = _events(r, "kv.free", "prefill")
+    miss = events(r, "sched.abort_miss", "prefill")[0]
+    (release,) = events(r, "pd.release", "prefill")
+    (free,) = events(r, "kv.free", "prefill")
     assert fin.detail.status == "FINISHED_LENGTH_CAPPED" and hold.time == fin.time
     assert hold.time < miss.time < release.time == free.time == hold.detail.expiry
     assert release.detail.cause == "timeout"
     assert free.detail.blocks == hold.detail.blocks and len(hold.detail.blocks) == 3
-    assert not _events(r, "pd.decode") and not _events(r, "sched.finish", "decode")
+    assert not events(r, "pd.decode") and not events(r, "sched.finish", "decode")
     assert (r.requests[0].tokens, r.requests[0].finish_reason) == (0, "abort")
     # the hold outlives its decode request (none was ever sent): stranded-hold, accounting
     assert r.violated == ("stranded-hold", *GAP), r.violations
     (stranded,) = [v for v in r.violations if v.invariant == "stranded-hold"]
     assert "until its release (timeout)" in stranded.detail and stranded.time < release.time
-    assert _events(r, "client.done")[0].seq == stranded.event
+    assert events(r, "client.done")[0].seq == stranded.event
 
 
 def check_pause_abort(r: RunResult, profile: str) -> None:
@@ -338,10 +269,10 @@ def check_pause_abort(r: RunResult, profile: str) -> None:
     vLLM test's second request (its start relative to the pause is not visible in the
     excerpt read; in 0.33 an add during an "abort" pause gets a retryable ERROR,
     core.py:1796-1813), is_paused()."""
-    outs = _outputs(r, 0)
-    _stream_ends(outs, "abort")
+    outs = outputs(r, 0)
+    stream_ends(outs, "abort")
     assert 0 < r.requests[0].tokens < 1000
-    assert _statuses(r)["test-abort-pause"] == ["FINISHED_ABORTED"]
+    assert statuses(r)["test-abort-pause"] == ["FINISHED_ABORTED"]
     assert (r.requests[1].finish_reason, r.requests[1].tokens) == ("length", 10)
     assert r.violated == ()
 
@@ -351,11 +282,11 @@ def check_pause_then_abort_queued_request(r: RunResult, profile: str) -> None:
     paused with mode="keep" (PAUSED_ALL: queued, never scheduled), then aborted: the final
     output is finished with finish_reason "abort" and no token; it never runs, also not
     after resume."""
-    outs = _outputs(r, 0)
+    outs = outputs(r, 0)
     assert outs == [(0, "abort")]
     assert r.requests[0].tokens == 0
     assert not [e for e in r.trace if e.kind == "sched.step" and e.detail.batch]
-    _only_gap_on(r, {"abort-queued-request"})
+    only_gap_on(r, {"abort-queued-request"})
 
 
 MIRRORS: tuple[Mirror, ...] = (

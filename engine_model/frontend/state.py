@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from racesim.engine_model.frontend.output_processor import ParentRequest
+    from racesim.engine_model.frontend.request_state import ParentRequest
     from racesim.engine_model.frontend.outputs import RequestOutputCollector
     from racesim.engine_model.messages import EngineCoreRequest
 

@@ -16,9 +16,9 @@ from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, accounting_warning, verdict
 from racesim.sim import InputError
 
-__all__ = ["fail", "clip", "MAX_ERROR_LINE", "parse_options", "output_file", "output_dir", "warn_accounting", "BUDGET",
-           "emit_json", "console", "check_workers", "replay_note", "PipeClosed", "PipeAwareGroup",
-           "quiet_stdout"]
+__all__ = ["fail", "clip", "MAX_ERROR_LINE", "parse_options", "output_file", "output_dir",
+           "warn_accounting", "BUDGET", "emit_json", "console", "check_workers", "replay_note",
+           "PipeClosed", "PipeAwareGroup", "quiet_stdout", "say_written"]
 
 
 class PipeClosed(Exception):
@@ -135,3 +135,11 @@ def replay_note(path: str, cx: Any, result: Any, as_json: bool) -> str | None:
     if moved:
         return f"racesim: {path} was {moved}"
     return None
+
+
+def say_written(html_file: str | None, trace_file: str | None) -> None:
+    """Where the files asked for went (on stdout after the human-readable output)."""
+    if html_file:
+        click.echo(f"report: {html_file}")
+    if trace_file:
+        click.echo(f"trace: {trace_file} (open it in https://ui.perfetto.dev)")

@@ -1,0 +1,68 @@
+"""``racesim list`` (the catalogue, documents/catalogue.py) and ``racesim show`` (a scenario's
+TOML): parse, call, render."""
+
+from __future__ import annotations
+
+import re
+
+import click
+
+from racesim.cli.options import vllm_option as _vllm_option
+from racesim.cli.support import console as _console
+from racesim.cli.support import emit_json as _emit_json
+from racesim.documents.catalogue import SECTIONS, listing
+from racesim.engine_model.versions import DEFAULT_VLLM, get_profile
+from racesim.scenarios import load_scenario
+
+__all__ = ["list_cmd", "show_cmd"]
+
+
+@click.command("list")
+@click.argument("what", required=False,
+                type=click.Choice(list(SECTIONS)))
+@_vllm_option(f"{DEFAULT_VLLM}; the profile whose await-point widths are listed")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
+    """List bundled scenarios, corpus entries (real vLLM bugs), policies, await points (with
+    their width in a vLLM profile), invariants or vLLM version profiles."""
+    profile = get_profile(vllm)
+    sections = listing(what, vllm)
+    if as_json:
+        _emit_json(sections)
+        return
+    console = _console()
+    for title, rows in sections.items():
+        console.print(f"[bold]{title}[/bold]"
+                      + (f" (widths in vLLM {profile.name})" if title == "points"
+                         else " (first sentence; 'racesim show NAME' prints the whole scenario)"
+                         if title == "scenarios"
+                         else " (real vLLM bugs; 'racesim corpus' explores them)"
+                         if title == "corpus" else ""))
+        width = max(len(r["name"]) for r in rows) if rows else 0
+        for r in rows:
+            width_tag = f"[{r['width']}] " if "width" in r else ""
+            if "width_mid_step" in r:  # a width that depends on the step's size
+                width_tag = f"[{r['width']}; {r['width_mid_step']} mid-step] "
+            meaning = _first_sentence(r["meaning"]) if title == "scenarios" else r["meaning"]
+            console.print(f"  {r['name'].ljust(width)}  {width_tag}{meaning}", markup=False)
+            for b in r.get("behaviours", ()):
+                console.print(f"      - {b['text']} ({b['source']})", markup=False)
+
+
+#: a sentence ends at ". " (or "): ") before a word, not after "e.g." or "i.e."
+_SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)\.(?=\s+[\w(])")
+
+
+def _first_sentence(text: str) -> str:
+    """A scenario summary's first sentence: one index line per scenario in ``racesim list``."""
+    end = _SENTENCE_END.search(text)
+    return text if end is None else text[:end.start() + 1]
+
+
+@click.command("show")
+@click.argument("scenario")
+def show_cmd(scenario: str) -> None:
+    """Print SCENARIO's TOML (a bundled name or a path): a start for your own scenario."""
+    from racesim.scenarios.loader import scenario_to_toml
+
+    click.echo(scenario_to_toml(load_scenario(scenario)), nl=False)
