@@ -9,6 +9,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from racesim.engine_model.events import (
+    ApiCancel,
+    ClientAbort,
+    ClientCancel,
+    ClientDisconnect,
+    ClientOutput,
+    ClientSend,
+    FeAbortIssue,
+    FeAbortNoop,
+    FeAdd,
+    KvAlloc,
+    PdHold,
+    PdRead,
+    SchedAbortMiss,
+    SchedAdd,
+    SchedStep,
+)
 from racesim.engine_model.invariants import (
     INVARIANTS,
     SAFETY_INVARIANTS,
@@ -30,7 +47,31 @@ from racesim.sim.world import World
 if TYPE_CHECKING:
     from racesim.engine_model.system_view import SystemView
 
-__all__ = ["INVARIANTS", "SAFETY_INVARIANTS", "Violation", "Checker", "check_invariant_names"]
+__all__ = ["INVARIANTS", "SAFETY_INVARIANTS", "Violation", "Checker", "check_invariant_names",
+           "EVALUATED_BY"]
+
+#: For coverage: the event kinds whose occurrence in a run means the invariant was evaluated
+#: on a live incarnation there (an ADD the scheduler took, a token a client received, an
+#: abort a client issued, a P/D read...). An invariant none of whose kinds occurred was never
+#: put to the test, whatever its verdict.
+EVALUATED_BY: dict[str, tuple[str, ...]] = {
+    "unique-live-id": (SchedAdd.KIND,),
+    "frontend-covers-engine": (SchedStep.KIND,),
+    "kv-ownership": (KvAlloc.KIND,),
+    "no-leak": (SchedAdd.KIND,),
+    "one-terminal-output": (ClientOutput.KIND,),
+    "no-crosstalk": (ClientOutput.KIND,),
+    "abort-precision": (FeAbortIssue.KIND, SchedAbortMiss.KIND),
+    "abort-isolation": (ClientAbort.KIND, ClientDisconnect.KIND, ClientCancel.KIND,
+                        ApiCancel.KIND),
+    "orphan-run": (ClientAbort.KIND, ClientDisconnect.KIND, ClientCancel.KIND, ApiCancel.KIND,
+                   FeAbortNoop.KIND),
+    "no-hang": (ClientSend.KIND,),
+    "engine-alive": (SchedStep.KIND,),
+    "metrics-exact": (FeAdd.KIND,),
+    "kv-destination": (PdRead.KIND,),
+    "stranded-hold": (PdHold.KIND,),
+}
 
 
 class Checker(TraceListener):
@@ -63,6 +104,8 @@ class Checker(TraceListener):
             for kind, handler in handlers:
                 table.setdefault(kind, []).append(handler)
         self._table: dict[str, tuple[Handler, ...]] = {k: tuple(v) for k, v in table.items()}
+        #: the event kinds this run recorded (coverage: ``evaluated``)
+        self._seen: set[str] = set()
         world.trace.attach(self)
 
     def attach(self, system: SystemView) -> None:
@@ -73,8 +116,16 @@ class Checker(TraceListener):
         return frozenset(self._table)
 
     def on_event(self, ev: TraceEvent) -> None:
+        self._seen.add(ev.kind)
         for handler in self._table[ev.kind]:
             handler(ev)
+
+    def evaluated(self) -> tuple[str, ...]:
+        """The invariants this run evaluated on a live incarnation (:data:`EVALUATED_BY`), in
+        catalogue order; skipped ones excluded."""
+        seen = self._seen
+        return tuple(n for n in INVARIANTS if n not in self.skip
+                     and any(k in seen for k in EVALUATED_BY.get(n, ())))
 
     def finish(self) -> tuple[Violation, ...]:
         now = self.world.now

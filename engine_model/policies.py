@@ -57,9 +57,9 @@ from racesim.sim.errors import InputError
 if TYPE_CHECKING:
     from racesim.engine_model.frontend.async_llm import AsyncLLM
 
-__all__ = ["LifecyclePolicy", "PolicyImportError", "Buggy", "AbortScope", "EngineFinal",
-           "InternalId", "POLICIES",
-           "load_policy", "policy_spec"]
+__all__ = ["LifecyclePolicy", "PolicyImportError", "Shipped", "Buggy", "AbortScope",
+           "EngineFinal", "InternalId", "POLICIES", "ID_SCHEMES", "id_scheme",
+           "release_assigns_ids", "with_ids", "load_policy", "policy_spec"]
 
 Proc = Generator[simpy.Event, Any, None]
 
@@ -68,12 +68,21 @@ STOP_POINT = "frontend.output_handler:before_abort_send"
 
 
 class LifecyclePolicy:
-    """The buggy lifecycle of vLLM before PR #15326; every other policy changes part of it."""
+    """The abort ordering every vLLM release ships (0.8 to 0.33: ``AsyncLLM.abort`` pops the
+    frontend state, then awaits the ABORT send; 0.33 v1/engine/async_llm.py:955-956, 0.20
+    :712-713, 0.14 :559-560, 0.11 :490-491, 0.10.1.1 :440-441): the ordering #15326 reported.
+    Every other policy changes part of it. The request-ID scheme is a separate axis
+    (``ids``, ``--ids``)."""
 
     name: ClassVar[str] = "custom"
     summary: ClassVar[str] = ""
     source: ClassVar[str] = ""
     options: ClassVar[Mapping[str, str]] = {}
+    #: the request-ID scheme a run uses unless ``--ids`` says otherwise: "release" (the profile's
+    #: release's own assignment, what it ships) or "given" (the client's IDs, as with
+    #: VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1). A policy that overrides ``assign_request_id``
+    #: has its own scheme and takes no ``--ids`` (:func:`id_scheme`).
+    ids: ClassVar[str] = "release"
     #: the engine sends EngineCoreOutput(id, [], ABORT) for every request an ABORT ends.
     engine_final_abort: ClassVar[bool] = False
     #: the output handler drops a stop-string finish at once (before its ABORT is sent).
@@ -100,12 +109,26 @@ class LifecyclePolicy:
         yield from llm.send_abort(request_ids, STOP_POINT)
 
 
+class Shipped(LifecyclePolicy):
+    """What each release ships: its own abort ordering and, by default, its own request IDs."""
+
+    name = "shipped"
+    summary = ("the release as shipped: abort pops frontend state, then awaits the ABORT send; "
+               "IDs as the release assigns them (--ids release, the default)")
+    source = "every vLLM release 0.8-0.33 (async_llm.py:955-956 in 0.33)"
+
+
 class Buggy(LifecyclePolicy):
-    """vLLM before PR #15326: pop the frontend state, then send the ABORT."""
+    """``shipped`` with IDs as given: the release's own abort ordering (the one #15326
+    reported, which every release 0.8-0.33 still has) and the client's request IDs. On 0.14
+    and later that is not the default: 0.20 and 0.33 run so with
+    VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1, 0.14 has no such switch."""
 
     name = "buggy"
-    summary = "abort pops frontend state, then awaits the ABORT send; IDs used as given"
-    source = "vLLM before PR #15326"
+    summary = ("IDs as given, abort ordering as the profile's release ships it (pops frontend "
+               "state, then awaits the ABORT send): shipped --ids given")
+    source = "vLLM before PR #15326; on 0.20/0.33 VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1"
+    ids = "given"
 
 
 class AbortScope(LifecyclePolicy):
@@ -115,6 +138,9 @@ class AbortScope(LifecyclePolicy):
     summary = ("send ABORT first, drop frontend state after; frontend visibility always covers "
                "the engine's")
     source = "PR #15326"
+    #: IDs as given by default: the tables and counterexample files that name this policy were
+    #: made so; ``--ids release`` runs the fix on the release's own IDs
+    ids = "given"
     pop_stop_string_finishes = False
 
     def abort(self, llm: AsyncLLM, request_ids: list[str]) -> Proc:
@@ -133,6 +159,7 @@ class EngineFinal(LifecyclePolicy):
     summary = ("the engine answers every ABORT with a final 'abort' output; the frontend drops "
                "state only then, and counts the abort in stats")
     source = "njhill's proposal in PR #15326's review"
+    ids = "given"  # as abort-scope: --ids release for the release's own IDs
     engine_final_abort = True
     pop_stop_string_finishes = False
 
@@ -172,8 +199,79 @@ class InternalId(LifecyclePolicy):
 
 
 POLICIES: dict[str, type[LifecyclePolicy]] = {
-    cls.name: cls for cls in (Buggy, AbortScope, EngineFinal, InternalId)
+    cls.name: cls for cls in (Shipped, Buggy, AbortScope, EngineFinal, InternalId)
 }
+
+#: ``--ids``: the client's IDs as given, or the release's own assignment.
+ID_SCHEMES = ("given", "release")
+
+
+def release_assigns_ids(vllm: str) -> bool:
+    """Whether the release of profile ``vllm`` replaces the client's ID with an internal one by
+    default: from 0.14 (#27987). 0.33 v1/engine/input_processor.py:354-371 and 0.20
+    :215-232 append ``-`` + 8 random hex unless VLLM_DISABLE_REQUEST_ID_RANDOMIZATION; 0.14
+    :434-444 always does (no switch); 0.11 and earlier keep the caller's ID end to end
+    (v1/engine/processor.py)."""
+    major, _, minor = vllm.partition(".")
+    try:
+        return (int(major), int(minor.partition(".")[0])) >= (0, 14)
+    except ValueError:
+        return True  # a name that is no release number: a dev profile, newer than all
+
+
+def id_scheme(cls: type[LifecyclePolicy], ids: str | None) -> str:
+    """The ID scheme a run of ``cls`` uses: ``ids`` when given, else the policy's default;
+    "own" for a policy that overrides ``assign_request_id`` (internal-id), which refuses an
+    explicit ``ids``."""
+    if ids is not None and ids not in (*ID_SCHEMES, "own", "legacy"):
+        raise InputError(f"--ids must be one of {', '.join(ID_SCHEMES)}, got {ids!r}")
+    own = cls.assign_request_id is not LifecyclePolicy.assign_request_id
+    if ids == "legacy":  # a file written before the axis: the policy's own assign_request_id
+        return "own" if own else "given"
+    if own:
+        if ids not in (None, "own"):
+            raise InputError(f"policy {cls.name!r} assigns its own request IDs, so it takes no "
+                             f"--ids (use -p shipped --ids {ids})")
+        return "own"
+    return ids if ids is not None else cls.ids
+
+
+class _ReleaseIds:
+    """A policy with the release's own ID assignment (#27987): the external ID + "-" + 8 random
+    hex, drawn from the stream ``internal-id`` draws from, so ``shipped`` and ``internal-id``
+    give the same trace. Everything else is the wrapped policy's."""
+
+    #: read by the vllm backend, which then calls vLLM's own assign_request_id
+    suffix_hex = 8
+
+    def __init__(self, policy: LifecyclePolicy) -> None:
+        self._policy = policy
+        self.name = policy.name
+        self.opts = policy.opts
+        self.engine_final_abort = policy.engine_final_abort
+        self.pop_stop_string_finishes = policy.pop_stop_string_finishes
+
+    def assign_request_id(self, llm: AsyncLLM, request_id: str) -> str:
+        rng = llm.world.rng.stream(f"request-id/{llm.name}")
+        return f"{request_id}-{rng.getrandbits(32):08x}"
+
+    def abort(self, llm: AsyncLLM, request_ids: list[str]) -> Proc:
+        return self._policy.abort(llm, request_ids)
+
+    def abort_stop_strings(self, llm: AsyncLLM, request_ids: list[str]) -> Proc:
+        return self._policy.abort_stop_strings(llm, request_ids)
+
+    def __getattr__(self, attr: str) -> Any:  # a user policy's own attributes
+        return getattr(self._policy, attr)
+
+
+def with_ids(policy: LifecyclePolicy, scheme: str, vllm: str) -> Any:
+    """``policy`` running with ID scheme ``scheme`` (from :func:`id_scheme`) on profile
+    ``vllm``: itself for "given" and "own" (its own ``assign_request_id``), else with the
+    release's assignment, which before 0.14 is the ID as given."""
+    if scheme == "release" and release_assigns_ids(vllm):
+        return _ReleaseIds(policy)
+    return policy
 
 
 class PolicyImportError(InputError):

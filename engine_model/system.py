@@ -83,6 +83,8 @@ class RunResult:
     #: the ``(point, occurrence)`` passes whose width was "yield" in this run although their
     #: point's is not (a stop-string ABORT after the sleep(0) between output chunks).
     widened: tuple[tuple[str, int], ...] = ()
+    #: the invariants the run evaluated with a live incarnation (``Checker.evaluated``).
+    evaluated: tuple[str, ...] = ()
 
     def reach(self, violation: Violation | None = None) -> Reach:
         """Live or latent: judged from the delays taken up to the violation (all of them when
@@ -360,4 +362,5 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     return RunResult(seed, policy.name, world.trace.hexdigest(), world.trace.count,
                      float(world.env.now), world.schedule, violations, system.outcomes(),
                      world.occurrences, world.trace.events, steps, profile.name,
-                     world.decision_times, fixed, system.topology, engine, world.widened)
+                     world.decision_times, fixed, system.topology, engine, world.widened,
+                     checker.evaluated())

@@ -3,7 +3,8 @@
 The backend runs vLLM's own abort path (``AsyncLLM.abort``: ``OutputProcessor.abort_requests``
 pops the state, then the ABORT is sent, vllm/v1/engine/async_llm.py), so only the lifecycle
 policies that are that code can run on it: ``buggy`` (IDs as given, as with
-``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1``) and ``internal-id`` with vLLM's own suffix
+``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1``), ``shipped`` (the same abort with IDs as the release
+assigns them, ``--ids release``, or as given) and ``internal-id`` with vLLM's own suffix
 (``InputProcessor.assign_request_id``, 8 hex characters, vllm/v1/engine/input_processor.py:354-371)
 or none (``suffix_hex=0``). The fixes that change vLLM's code (``abort-scope``, ``engine-final``)
 and user policies cannot be expressed on the real classes.
@@ -19,7 +20,8 @@ __all__ = ["SUPPORTED_POLICIES", "unsupported_reason", "model_only_reason",
            "release_gap"]
 
 #: policy -> the ``suffix_hex`` values the real ``assign_request_id`` can give.
-SUPPORTED_POLICIES: dict[str, tuple[str, ...]] = {"buggy": (), "internal-id": ("8", "0")}
+SUPPORTED_POLICIES: dict[str, tuple[str, ...]] = {"shipped": (), "buggy": (),
+                                                  "internal-id": ("8", "0")}
 
 
 def unsupported_reason(workload: Workload, policy: str,
@@ -37,7 +39,8 @@ def unsupported_reason(workload: Workload, policy: str,
         return gap
     if policy not in SUPPORTED_POLICIES:
         return (f"policy {policy!r} cannot run on the vllm backend (it changes vLLM's own "
-                f"code); the vllm backend runs: buggy, internal-id (suffix_hex 8 or 0)")
+                f"code); the vllm backend runs: shipped, buggy (--ids given or release), "
+                f"internal-id (suffix_hex 8 or 0)")
     allowed = SUPPORTED_POLICIES[policy]
     suffix = (options or {}).get("suffix_hex", "8")
     if allowed and suffix not in allowed:

@@ -24,13 +24,15 @@ def replay_command(path: str, policy: str = "", engine: str = "model") -> str:
 
 def run_command(scenario: str, policy: str, options: Mapping[str, str], seed: int,
                 schedule: Sequence[Decision], skip: Iterable[str] = (),
-                vllm: str | None = None, engine: str = "model") -> str:
+                vllm: str | None = None, engine: str = "model", ids: str | None = None) -> str:
     """The one ``racesim run`` command that reproduces a run (its schedule as exact delays)."""
     words = ["racesim", "run", scenario, "-p", policy]
     if vllm:
         words += ["--vllm", vllm]
     if engine != "model":
         words += ["--engine", engine]
+    if ids in ("given", "release"):
+        words += ["--ids", ids]
     for k, v in options.items():
         words += ["--policy-opt", f"{k}={v}"]
     words += ["--seed", str(seed)]

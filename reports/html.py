@@ -164,8 +164,11 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
     viol: dict[int, list[str]] = {}
     for v in result.violations:
         viol.setdefault(v.event, []).append(v.invariant)
+    from racesim.reports.provenance import run_components, violation_provenance
+
     violations = [{"invariant": v.invariant, "time": v.time, "request": v.request,
                    "event": v.event, "detail": model.relabel(v.detail),
+                   "provenance": violation_provenance(result, v.as_dict()),
                    "meaning": INVARIANTS.get(v.invariant, ""), "where": v.where,
                    "what": (f"{by_seq[v.event].component}: "
                             f"{model.relabel(describe(by_seq[v.event]))}"
@@ -193,7 +196,7 @@ def _run_context(scenario: Any, policy: str, options: Mapping[str, str], result:
         "scenario": scenario, "policy": policy, "options": dict(options), "result": result,
         "command": command, "violated": [(n, INVARIANTS.get(n, "")) for n in result.violated],
         "violations": violations, "first": first, "verdict": verdict(result.violated),
-        "vllm": result.vllm, "engine": result.engine,
+        "vllm": result.vllm, "engine": result.engine, "components": run_components(result),
         "reach": (result.reach_text() if verdict(result.violated) == RACE
                   else result.unverified),
         "policy_summary": _policy_summary(policy),
@@ -303,29 +306,36 @@ def render_matrix_report(doc: Mapping[str, Any], links: Mapping[tuple[str, str],
     cells = {(c["scenario"], c["policy"]): c for c in doc.get("cells", [])}
     scenarios: Sequence[str] = doc.get("scenarios") or sorted({s for s, _ in cells})
     policies: Sequence[str] = doc.get("policies") or sorted({p for _, p in cells})
-    table = []
-    for s in scenarios:
-        row = []
-        for p in policies:
-            c = cells.get((s, p))
-            invariants = list(c.get("invariants") or []) if c is not None else []
-            row.append(None if c is None else {
-                "runs": c.get("runs", 0), "violating": c.get("violating_runs", 0),
-                "racing": c.get("racing_runs", c.get("violating_runs", 0)),
-                "accounting": c.get("accounting_runs", 0),
-                "invariants": invariants, "verdict": verdict(invariants),
-                "label": c.get("label") or verdict(invariants), "vllm": c.get("vllm"),
-                "error": c.get("error"), "safety": [i in SAFETY_INVARIANTS for i in invariants],
-                "unverified": c.get("unverified"),
-                "href": _safe_href(links.get((s, p))), "cx": c.get("counterexample"),
-                "cx_href": _safe_href(files.get((s, p))), "anchor": cell_anchor(s, p)})
-        table.append((s, row))
+    def cell_of(s: str, p: str) -> dict[str, Any] | None:
+        c = cells.get((s, p))
+        if c is None:
+            return None
+        invariants = list(c.get("invariants") or [])
+        return {
+            "runs": c.get("runs", 0), "violating": c.get("violating_runs", 0),
+            "racing": c.get("racing_runs", c.get("violating_runs", 0)),
+            "accounting": c.get("accounting_runs", 0),
+            "invariants": invariants, "verdict": verdict(invariants),
+            "label": c.get("label") or verdict(invariants), "vllm": c.get("vllm"),
+            "error": c.get("error"), "safety": [i in SAFETY_INVARIANTS for i in invariants],
+            "unverified": c.get("unverified"), "ids": c.get("ids"),
+            "never_evaluated": (c.get("reached") or {}).get("invariants_never_evaluated"),
+            "never_delayed": (c.get("reached") or {}).get("never_delayed"),
+            "href": _safe_href(links.get((s, p))), "cx": c.get("counterexample"),
+            "cx_href": _safe_href(files.get((s, p))), "anchor": cell_anchor(s, p)}
+
+    # the shipped configuration's table first (doc["tables"]), then the other configurations
+    groups = doc.get("tables") or [{"title": "Results", "policies": list(policies)}]
+    sections = [{"title": g["title"], "policies": list(g["policies"]),
+                 "table": [(s, [cell_of(s, p) for p in g["policies"]]) for s in scenarios]}
+                for g in groups]
+    table = [(s, [cell_of(s, p) for p in policies]) for s in scenarios]
     failing = sum(1 for c in cells.values() if verdict(c.get("invariants") or []) == RACE)
     summaries = {p: POLICIES[p].summary if p in POLICIES else _policy_summary(p)
                  for p in policies}
     seen = {i for c in cells.values() for i in c.get("invariants") or []}
     legend = [(n, m, n in SAFETY_INVARIANTS) for n, m in INVARIANTS.items() if n in seen]
-    ctx = {"title": "racesim matrix", "policies": policies, "table": table,
+    ctx = {"title": "racesim matrix", "policies": policies, "table": table, "sections": sections,
            "failing": failing, "total": len(cells), "doc": doc, "summaries": summaries,
            "parameters": dict(doc.get("parameters") or {}), "legend": legend,
            "notes": list(dict.fromkeys(c["unverified"] for c in cells.values()

@@ -11,7 +11,7 @@ from typing import Final, Literal
 
 from racesim.engine_model.invariants import INVARIANTS, SAFETY_INVARIANTS
 
-__all__ = ["Verdict", "RACE", "ACCOUNTING", "SAFE", "verdict", "reach_label",
+__all__ = ["Verdict", "RACE", "ACCOUNTING", "SAFE", "verdict", "reach_label", "found_words",
            "accounting_warning", "exit_status"]
 
 Verdict = Literal["race", "accounting", "safe"]
@@ -38,6 +38,17 @@ def reach_label(invariants: Iterable[str], reach: str | None) -> str:
     if v == RACE:
         return "latent hazard" if reach == "latent" else "live race"
     return "accounting gap" if v == ACCOUNTING else "safe"
+
+
+def found_words(invariants: Iterable[str], reach: str | None, runs: int,
+                exhaustive: bool = False) -> str:
+    """A search's result as a reader should take it: its :func:`reach_label`, except that a
+    search that found nothing says "not found in N runs" unless it was exhaustive (every
+    schedule of a bounded grid): racesim has blind spots, and N random runs prove nothing."""
+    label = reach_label(invariants, reach)
+    if label != "safe" or exhaustive:
+        return label if label != "safe" else f"safe (exhaustive: all {runs} grid schedules)"
+    return f"not found in {runs} run{'' if runs == 1 else 's'}"
 
 
 def accounting_warning(invariants: Iterable[str]) -> str:

@@ -57,7 +57,7 @@ def test_matrix_shows_racing_runs_and_ends_with_a_summary(
     tail = out.strip().splitlines()
     summary = next(line for line in tail if line.startswith("cells:"))
     n_race = sum(verdict(c["invariants"]) == RACE for c in cells.values())
-    assert f"{n_race} racing" in summary and "latent" in summary and "safe" in summary
+    assert f"{n_race} racing" in summary and "latent" in summary and "not found" in summary
     assert any(line.startswith("counterexamples: ") and str(tmp_path / "cx") in line
                for line in tail), out
     assert any(line.startswith("report: ") and "m-cells" in line for line in tail), out

@@ -52,8 +52,8 @@ def test_importing_racesim_imports_neither_vllm_nor_torch() -> None:
 
 @pytest.mark.parametrize(("args", "words"), [
     (["--vllm", "0.8"], "profile '0.8' is model-only"),
-    (["-p", "abort-scope"], "the vllm backend runs: buggy, internal-id"),
-    (["-p", "engine-final"], "the vllm backend runs: buggy, internal-id"),
+    (["-p", "abort-scope"], "the vllm backend runs: shipped, buggy"),
+    (["-p", "engine-final"], "the vllm backend runs: shipped, buggy"),
     (["-p", "internal-id", "--policy-opt", "suffix_hex=4"], "suffix_hex 8 or 0"),
 ])
 def test_what_the_vllm_backend_cannot_run_is_one_line_and_exit_2(
@@ -235,8 +235,9 @@ def test_matrix_on_vllm_defaults_to_the_policies_it_runs(tmp_path: Path) -> None
     doc = json.loads(res.stdout)
     assert doc["parameters"]["engine"] == "vllm"
     cells = {c["policy"]: c["invariants"] for c in doc["cells"]}
-    assert set(cells) == {"buggy", "internal-id"}
-    assert "engine-alive" in cells["buggy"] and cells["internal-id"] == []
+    assert set(cells) == {"shipped", "buggy"}  # the release as shipped first
+    assert "engine-alive" in cells["buggy"] and cells["shipped"] == []
+    assert doc["tables"][0]["policies"] == ["shipped"]
 
 
 # -- the frontend on vLLM's own OutputProcessor -------------------------------------------------

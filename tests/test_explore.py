@@ -167,5 +167,5 @@ def test_matrix_cells_come_from_running(tmp_path: Path) -> None:
     assert "engine-alive" in buggy["invariants"] and buggy["vllm"] == "0.33"
     assert (buggy["reach"], buggy["verdict"], buggy["label"]) == ("live", "race", "live race")
     assert cells[("multi-frontend", "internal-id")]["invariants"] == []
-    assert cells[("multi-frontend", "internal-id")]["label"] == "safe"
+    assert cells[("multi-frontend", "internal-id")]["label"] == "not found in 10 runs"
     assert cells[("multi-frontend", "internal-id")]["runs"] == 10

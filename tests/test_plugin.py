@@ -95,10 +95,10 @@ def test_the_marker_parametrizes_over_policies(pytester: pytest.Pytester) -> Non
     """)
     result = run(pytester, "-v")
     result.stdout.fnmatch_lines(["*test_two?buggy? FAILED*", "*test_two?internal-id? PASSED*"])
-    for name in ("buggy", "abort-scope", "engine-final", "internal-id"):
+    for name in ("shipped", "buggy", "abort-scope", "engine-final", "internal-id"):
         result.stdout.fnmatch_lines([f"*test_every_builtin?{name}? PASSED*"])
     result.stdout.fnmatch_lines(["*'racesim_policy' is given by @pytest.mark.racesim_policies*"])
-    result.assert_outcomes(passed=5, failed=1, errors=1)
+    result.assert_outcomes(passed=6, failed=1, errors=1)
 
 
 def test_the_marker_rejects_an_unknown_policy(pytester: pytest.Pytester) -> None:

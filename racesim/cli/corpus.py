@@ -157,6 +157,13 @@ def _print(doc: dict[str, Any]) -> None:
         if raised is not None and e["buggy"].get("status") == "found":
             out.print(Text(printable(f"#{e['issue']} on vLLM {e['buggy']['release']}: "
                                      f"{raised.get('detail', '')}"), style="dim"))
+    from racesim.reports.corpus import coverage_note, disagreement
+
+    for e in doc["entries"]:  # where the model and vLLM's code disagree, and what was reached
+        if (line := disagreement(e)) is not None:
+            out.print(Text(printable(line), style="bold yellow"))
+        if (line := coverage_note(e)) is not None:
+            out.print(Text(printable(line), style="dim"))
     for line in doc["skipped"]:
         out.print(Text(printable(f"skipped: {line}"), style="yellow"))
     out.print(Text(f"found {doc['found']}/{doc['tried']} on their buggy releases; "

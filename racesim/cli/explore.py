@@ -10,6 +10,7 @@ import click
 
 from racesim.cli.options import engine_option as _engine
 from racesim.cli.options import explore_options as _explore_options
+from racesim.cli.options import ids_option as _ids
 from racesim.cli.options import vllm_option as _vllm_option
 from racesim.cli.progress import ProgressBar
 from racesim.cli.render import print_explore
@@ -43,12 +44,14 @@ __all__ = ["explore_cmd"]
                    "profile (races vLLM can hit as released).")
 @_vllm_option()
 @_engine()
+@_ids
 @_explore_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
               help="Write the HTML explore report.")
 def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: int,
-                strict: bool, time_limit: float | None, reach: str, vllm: str | None,
+                strict: bool, time_limit: float | None, reach: str, ids: str | None,
+                vllm: str | None,
                 engine: str | None, skip: Sequence[str], strategy: str, seed: int,
                 workers: int | None, dask: str | None, out_dir: str, as_json: bool,
                 html_file: str | None) -> None:
@@ -67,7 +70,8 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
     try:
         res = explore(scen, policy, options=options, strategy=strategy, budget=budget,
                       time_limit=time_limit, seed=seed, workers=workers, dask=dask, skip=skip,
-                      out_dir=out, progress=bar, reach=reach, engine=engine or "model")
+                      out_dir=out, progress=bar, reach=reach, engine=engine or "model",
+                      ids=ids)
     finally:
         bar.close()
     doc = res.document()

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from racesim.cli.options import engine_option as _engine
+from racesim.cli.options import ids_option as _ids
 from racesim.cli.options import matrix_options as _matrix_options
 from racesim.cli.options import vllm_option as _vllm_option
 from racesim.cli.support import BUDGET as _BUDGET
@@ -19,12 +20,10 @@ from racesim.cli.support import emit_json as _emit_json
 from racesim.cli.support import fail as _fail
 from racesim.cli.support import output_dir as _output_dir
 from racesim.cli.support import output_file as _output_file
-from racesim.engine_model import POLICIES
 from racesim.engine_model.checker import check_invariant_names
-from racesim.engine_model.policies import policy_spec
-from racesim.engine_vllm.support import SUPPORTED_POLICIES
+from racesim.engine_model.policies import id_scheme, policy_spec
 from racesim.runner.engines import cannot_run, why_not_run
-from racesim.explore.matrix import cell_outcome, run_matrix
+from racesim.explore.matrix import DEFAULT_POLICIES, cell_outcome, run_matrix
 from racesim.cli.progress import ProgressBar
 from racesim.cli.render import matrix_summary, print_matrix
 from racesim.reports.verdict import exit_status
@@ -39,10 +38,12 @@ __all__ = ["matrix_cmd"]
 @click.option("-s", "--scenario", "scenario_names", multiple=True,
               help="Scenario (repeatable) [default: every bundled scenario].")
 @click.option("-p", "--policy", "policies", multiple=True,
-              help="Policy (repeatable) [default: every built-in policy].")
+              help="Policy (repeatable) [default: shipped, the release as shipped, first; then "
+                   "buggy, abort-scope, engine-final (vllm backend: shipped, buggy)].")
 @click.option("--budget", type=_BUDGET, default=100, show_default=True, help="Runs per cell.")
 @_vllm_option()
 @_engine()
+@_ids
 @_matrix_options
 @click.option("--fail-on-race", is_flag=True,
               help="Exit 1 when a cell races (with --strict, also when one is accounting-only).")
@@ -50,11 +51,13 @@ __all__ = ["matrix_cmd"]
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
               help="Write the HTML matrix report (and a run report per failing cell).")
 def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: int,
-               vllm: str | None, engine: str | None, strict: bool, time_limit: float | None,
+               ids: str | None, vllm: str | None, engine: str | None, strict: bool,
+               time_limit: float | None,
                skip: Sequence[str],
                strategy: str, seed: int, workers: int | None, dask: str | None, out_dir: str,
                fail_on_race: bool, as_json: bool, html_file: str | None) -> None:
-    """Explore every scenario under every policy on the same seeds: which policy closes what.
+    """Explore every scenario under every policy on the same seeds: what each release ships
+    first (policy shipped), then the other configurations.
 
     Exits 0 when it completed, whatever it found; 1 with --fail-on-race and a racing cell."""
     scens = [load_scenario(n).with_vllm(vllm) for n in (scenario_names or bundled_names())]
@@ -70,10 +73,10 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     for s in scens:  # a scenario asked for by name: refused before any cell runs
         if (why := why_not_run(s.workload, engine or "model")) is not None:
             raise InputError(f"{s.name}: {why}")
-    pols = list(policies or (SUPPORTED_POLICIES if engine == "vllm" else POLICIES))
+    pols = list(policies or DEFAULT_POLICIES[engine or "model"])
     for p in pols:
         import_from_cwd(p)
-        policy_spec(p)
+        id_scheme(policy_spec(p), ids)  # --ids refused for a policy with its own IDs
     check_invariant_names(tuple(skip))
     if time_limit is not None and not time_limit > 0:
         raise InputError(f"--time-limit must be > 0 seconds, got {time_limit}")
@@ -97,7 +100,7 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
         result = run_matrix(scens, pols, budget=budget, seed=seed, strategy=strategy,
                             workers=workers, dask=dask, skip=skip, out_dir=out,
                             on_cell=on_cell, progress=bar, time_limit=time_limit,
-                            engine=engine or "model")
+                            engine=engine or "model", ids=ids)
     finally:
         bar.close()
     doc = result.document()

@@ -11,7 +11,8 @@ from racesim.engine_model.versions import ALIASES, DEFAULT_VLLM, PROFILES
 from racesim.runner.engines import ENGINES
 from racesim.sim.strategies import STRATEGIES
 
-__all__ = ["vllm_option", "engine_option", "run_options", "strict_option", "output_options",
+__all__ = ["vllm_option", "engine_option", "ids_option", "run_options", "strict_option",
+           "output_options",
            "explore_options", "matrix_options"]
 
 
@@ -33,7 +34,20 @@ def engine_option(default: str = "model") -> Decorator:
                              f"{default}].")
 
 
+def ids_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--ids``: the request-ID scheme, an axis of its own beside the policy (the abort
+    ordering)."""
+    return click.option(
+        "--ids", type=click.Choice(["given", "release"]), default=None,
+        help="Request IDs: 'release' = as the profile's release assigns them (internal "
+             "'ID-<8 hex>' from 0.14, as given before), 'given' = the client's IDs (0.20/0.33 "
+             "with VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1) [default: the policy's: release "
+             "for shipped and your own policies, given for buggy, abort-scope, engine-final; "
+             "internal-id assigns its own].")(f)
+
+
 def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = ids_option(f)
     f = click.option("--skip", multiple=True, metavar="INVARIANT",
                      help="Leave an invariant unchecked (repeatable).")(f)
     f = strict_option(f)
@@ -41,7 +55,8 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
                      help="A policy option (repeatable).")(f)
     f = click.option("-p", "--policy", default="buggy", show_default=True,
-                     help="Policy name or package.module:ClassName.")(f)
+                     help="Policy (the abort ordering; buggy also means IDs as given) name or "
+                          "package.module:ClassName; 'shipped' is the release as shipped.")(f)
     return f
 
 
@@ -52,6 +67,9 @@ def strict_option(f: Callable[..., Any], note: str = "") -> Callable[..., Any]:
 
 
 def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--check-determinism", "check_det", is_flag=True,
+                     help="Run the schedule a second time and compare the traces; show the "
+                          "first differing event (exit 1 when they differ).")(f)
     f = click.option("--trace", "trace_file", type=click.Path(dir_okay=False),
                      help="Write Chrome trace-event JSON (opens in Perfetto).")(f)
     f = click.option("--html", "html_file", type=click.Path(dir_okay=False),

@@ -19,7 +19,8 @@ from racesim.reports.text import printable
 from racesim.reports.verdict import ACCOUNTING, RACE, verdict
 from racesim.sim.trace import TraceEvent
 
-__all__ = ["print_run", "timeline_events", "print_matrix", "matrix_summary"]
+__all__ = ["print_run", "print_components", "reached_rows", "timeline_events", "print_matrix",
+           "matrix_summary"]
 
 #: Component styles by kind (engines: by P/D role).
 _KIND_STYLE = {"client": "cyan", "frontend": "green", "channel": "dim", "proxy": "yellow"}
@@ -78,12 +79,30 @@ def print_command(console: Console, label: str, command: str) -> None:
     console.print(Text(f"{label}: {printable(command)}"), soft_wrap=True)
 
 
+def print_components(console: Console, result: RunResult) -> None:
+    """One line: which components of the run were vLLM's own code, which simulated."""
+    from racesim.documents import run_provenance
+
+    p = run_provenance(result)
+    if not p["vllm_code"]:
+        console.print(Text("every component is racesim's model of vLLM (--engine model)",
+                           style="dim"))
+        return
+    console.print(Text(f"vLLM's own code: {', '.join(p['vllm_code'])}; simulated: "
+                       + ", ".join(sorted(set(p["simulated"].values())))
+                       + (f"; vLLM code fingerprint {p['vllm_fingerprint'][:16]}"
+                          if p["vllm_fingerprint"] else ""), style="dim"))
+
+
 def print_run(console: Console, title: str, result: RunResult, command: str,
               skip: Sequence[str] = ()) -> None:
     console.print(Text.assemble(_verdict_text(result.violated),
                                 f"  {printable(title)}  vLLM {result.vllm}  seed={result.seed}  "
                                 f"events={result.events}  sim_time={result.sim_time:.4f}s"))
-    console.print(f"trace hash {result.trace_hash}")
+    console.print(Text(f"trace hash {result.trace_hash}"),
+                  Text(" (simulated events' SHA-256: same schedule, same hash; not a "
+                       "fingerprint of vLLM's code)", style="dim"))
+    print_components(console, result)
     if verdict(result.violated) == RACE:
         reach = result.reach()
         console.print(Text(result.reach_text(),
@@ -119,6 +138,11 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
                        str(v.event) if v.event >= 0 else "end",
                        Text(printable(relabel_incs(v.detail, numbers))))
         console.print(vt)
+        from racesim.documents import violation_dicts
+
+        for d in dict.fromkeys((d["invariant"], d["provenance"]["text"])
+                               for d in violation_dicts(result)):
+            console.print(Text(f"decided by ({d[0]}): {printable(d[1])}", style="dim"))
     events = timeline_events(result)
     if events and result.trace:
         marked = _marked(result)
@@ -142,6 +166,22 @@ def print_run(console: Console, title: str, result: RunResult, command: str,
     print_command(console, "reproduce", command)
 
 
+def reached_rows(reached: dict[str, Any]) -> list[tuple[str, str]]:
+    """What a search reached, as rows: points never delayed, windows, invariants."""
+    if not reached:
+        return []
+    rows = [("never delayed", ", ".join(reached["never_delayed"]) or "none (every point passed "
+                                                                      "was delayed)")]
+    if reached.get("not_delayable"):
+        rows.append(("not delayed (latent)", ", ".join(reached["not_delayable"])))
+    rows += [("windows opened", f"{reached['windows_opened']} (point, occurrence) passes held "
+                                f"open by a delay; the unperturbed run makes "
+                                f"{reached['windows_available']} delayable passes"),
+             ("invariants evaluated", ", ".join(reached["invariants_evaluated"]) or "none"),
+             ("never evaluated", ", ".join(reached["invariants_never_evaluated"]) or "none")]
+    return rows
+
+
 def _explore_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     runs, violating = doc["runs"], doc["violating_runs"]
     baseline = list(doc["baseline_violations"])
@@ -156,9 +196,10 @@ def _explore_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
         ("first run violating more than run 0" if baseline else "first violating run",
          "none" if first is None else str(first)),
         ("invariants violated", ", ".join(doc["invariants"]) or "none"),
-        ("verdict", verdict(doc["invariants"])),
+        ("verdict", doc.get("finding") or verdict(doc["invariants"])),
         ("points perturbed (runs)", ", ".join(f"{p} ({n})" for p, n in
                                              doc["coverage"].items()) or "none"),
+        *reached_rows(doc.get("reached") or {}),
     ]
     pct, conf = doc.get("pct"), doc["confidence"]
     if isinstance(pct, dict):
@@ -214,16 +255,43 @@ _CELL_STYLE = {RACE: "red", ACCOUNTING: "yellow"}
 
 
 def print_matrix(console: Console, doc: dict[str, Any]) -> None:
+    """Each of the matrix's tables (the shipped configuration first), then its footnotes."""
+    groups = doc.get("tables") or [{"title": "", "policies": doc["policies"]}]
+    for g in groups:
+        if len(groups) > 1 or g["title"] not in ("", "Results"):
+            console.print(Text(printable(g["title"]), style="bold underline"))
+        _print_matrix_table(console, doc, list(g["policies"]))
+        summary = matrix_summary({"cells": [c for c in doc["cells"]
+                                            if c["policy"] in g["policies"]]})
+        console.print(Text(summary, style="dim"))
+    params = doc.get("parameters") or {}
+    if params:
+        console.print(Text(printable(", ".join(f"{k} {v}" for k, v in params.items()
+                                               if v not in (None, [])))), style="dim")
+    console.print("Each cell answers: does any explored schedule race? (the README's findings "
+                  "table answers: what do the unperturbed run and the witness show?)", style="dim")
+    console.print("race: a safety or liveness invariant broke; accounting: only metrics-exact "
+                  "(a stats gap vLLM still has); not found in N runs: nothing broke in the runs "
+                  "explored (safe only when a grid tried every schedule). racing/runs: runs that "
+                  "raced; +N acct.: runs with only an accounting gap.", style="dim")
+    notes = dict.fromkeys(c["unverified"] for c in doc["cells"] if c.get("unverified"))
+    for note in notes:
+        console.print(Text(f"(unverified): {note}", style="yellow"))
+
+
+def _print_matrix_table(console: Console, doc: dict[str, Any], policies: list[str]) -> None:
     """One line per cell under its scenario, readable at 80 columns: every name stays whole,
     and the invariants wrap between names (a table column as wide as the longest scenario
-    name would leave the invariants a few characters, cut inside names)."""
+    name would leave the invariants a few characters, cut inside names). With one policy,
+    one line per scenario."""
     cells = {(c["scenario"], c["policy"]): c for c in doc["cells"]}
+    single = len(policies) == 1
     rows: dict[str, list[tuple[Text, Text, str, Text]]] = {}
     for s in doc["scenarios"]:
         rows[s] = []
-        for p in doc["policies"]:
+        for p in policies:
             c = cells.get((s, p))
-            name = Text("  " + printable(p))
+            name = Text(printable(s) if single else "  " + printable(p))
             if c is None:
                 rows[s].append((name, Text("not run", style="dim"), "", Text("")))
             elif c.get("error"):
@@ -233,23 +301,33 @@ def print_matrix(console: Console, doc: dict[str, Any]) -> None:
                 v = verdict(c["invariants"])
                 style = ("magenta" if (c.get("label") or "").startswith("latent hazard")
                          else _CELL_STYLE.get(v, "green"))
+                if c.get("ids") and not single:
+                    name.append(f" (ids {c['ids']})", style="dim")
                 rows[s].append((name, Text(c.get("label") or v, style=style),
                                 _runs_text(c),
                                 Text(", ".join(c["invariants"]))))
     every = [r for rs in rows.values() for r in rs]
-    widths = [max([len("  policy"), *(len(r[0]) for r in every)]),
+    first = "scenario" if single else "  policy"
+    widths = [max([len(first), *(len(r[0]) for r in every)]),
               max([len("verdict"), *(len(r[1]) for r in every)]),
               max([len("racing/runs"), *(len(line) for r in every for line in r[2].split("\n"))])]
 
     def table(header: bool) -> Table:
         t = Table(box=None, show_header=header, header_style="bold", pad_edge=False,
                   padding=(0, 2, 0, 0))
-        for title, width in zip(("  policy", "verdict", "racing/runs"), widths, strict=True):
+        for title, width in zip((first, "verdict", "racing/runs"), widths, strict=True):
             t.add_column(title, width=width, no_wrap=True,
                          justify="right" if title.startswith("racing") else "left")
         t.add_column("invariants violated", ratio=1, overflow="fold")
         return t
 
+    if single:
+        t = table(True)
+        for s in doc["scenarios"]:
+            for row in rows[s]:
+                t.add_row(*row)
+        console.print(t)
+        return
     console.print(table(True))  # the header once; each scenario's name heads its own rows
     for s in doc["scenarios"]:
         console.print(Text(printable(s), style="bold"))
@@ -257,16 +335,6 @@ def print_matrix(console: Console, doc: dict[str, Any]) -> None:
         for row in rows[s]:
             t.add_row(*row)
         console.print(t)
-    params = doc.get("parameters") or {}
-    if params:
-        console.print(Text(printable(", ".join(f"{k} {v}" for k, v in params.items()
-                                               if v not in (None, [])))), style="dim")
-    console.print("race: a safety or liveness invariant broke; accounting: only metrics-exact "
-                  "(a stats gap vLLM still has); safe: nothing broke. racing/runs: runs that "
-                  "raced; +N acct.: runs with only an accounting gap.", style="dim")
-    notes = dict.fromkeys(c["unverified"] for c in doc["cells"] if c.get("unverified"))
-    for note in notes:
-        console.print(Text(f"(unverified): {note}", style="yellow"))
 
 
 
@@ -281,13 +349,16 @@ def _runs_text(cell: dict[str, Any]) -> str:
 def matrix_summary(doc: dict[str, Any]) -> str:
     """The matrix's last word: how many cells race (live, latent), have only an accounting
     gap, are safe, or could not run."""
-    labels = [("error" if c.get("error") else c.get("label") or verdict(c["invariants"]))
+    labels = [("error" if c.get("error") else
+               (c.get("label") or verdict(c["invariants"])).removesuffix(" (unverified)"))
               for c in doc["cells"]]
     live, latent = labels.count("live race"), labels.count("latent hazard")
     parts = [f"{live + latent} racing ({live} live, {latent} latent hazard"
              f"{'' if latent == 1 else 's'})",
              f"{labels.count('accounting gap')} accounting gap only",
-             f"{labels.count('safe')} safe"]
+             f"{sum(x.startswith('not found') for x in labels)} not found"]
+    if safe := sum(x.startswith("safe") for x in labels):
+        parts.append(f"{safe} safe (exhaustive grid)")
     if labels.count("error"):
         parts.append(f"{labels.count('error')} failed to run")
     return f"cells: {', '.join(parts)} (of {len(labels)})"

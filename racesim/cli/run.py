@@ -29,6 +29,7 @@ from racesim.documents import read_counterexample, run_document
 from racesim.engine_model import POLICIES
 from racesim.engine_model.versions import PROFILES
 from racesim.explore.unreached import unreached_warnings
+from racesim.runner.determinism import check_determinism
 from racesim.reports.verdict import exit_status
 from racesim.runner import (
     RunSpec,
@@ -53,22 +54,24 @@ __all__ = ["run_cmd", "replay_cmd"]
               help="Delay every occurrence of a point, or only its K-th (from 0).")
 @_outputs
 def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
-            skip: Sequence[str], vllm: str | None, engine: str | None, strict: bool,
-            witness: bool, delays: Sequence[str],
+            skip: Sequence[str], ids: str | None, vllm: str | None, engine: str | None,
+            strict: bool, witness: bool, delays: Sequence[str], check_det: bool,
             as_json: bool, html_file: str | None, trace_file: str | None) -> None:
     """Run SCENARIO (bundled name or path) once and check every invariant."""
     spec = RunSpec(load_scenario(scenario).with_vllm(vllm), policy,
-                   tuple(_options(policy_opts).items()), seed, tuple(skip), engine or "model")
+                   tuple(_options(policy_opts).items()), seed, tuple(skip), engine or "model",
+                   ids)
     plan = [parse_delay_option(d) for d in delays]
     _check_outputs(html_file, trace_file)
     result = spec.run(witness=witness, delays=plan)
     command = run_command(scenario, policy, spec.option_dict, seed, result.schedule, skip,
-                          vllm=result.vllm, engine=result.engine)
+                          vllm=result.vllm, engine=result.engine, ids=spec.ids)
     warnings = [*unreached_warnings("[delays]", spec.scenario.delays, result.occurrences),
                 *(unreached_warnings("[witness]", spec.scenario.witness, result.occurrences)
                   if witness else ()),
                 *unreached_warnings("--delay", plan, result.occurrences)]
-    _finish_run(spec, result, command, as_json, html_file, trace_file, strict, warnings)
+    det = check_determinism(result, lambda: spec.run(witness=witness, delays=plan), check_det)
+    _finish_run(spec, result, command, as_json, html_file, trace_file, strict, warnings, det)
 
 
 def _check_outputs(html_file: str | None, trace_file: str | None) -> None:
@@ -90,7 +93,8 @@ def _is_char_device(path: str) -> bool:
 
 
 def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_file: str | None,
-                trace_file: str | None, strict: bool, warnings: Sequence[str] = ()) -> None:
+                trace_file: str | None, strict: bool, warnings: Sequence[str] = (),
+                det: Any = None) -> None:
     if html_file:
         from racesim.reports import write_run_report
         write_run_report(Path(html_file), spec.scenario, spec.policy, spec.option_dict, result,
@@ -99,7 +103,8 @@ def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_fi
         from racesim.reports import write_chrome_trace
         write_chrome_trace(Path(trace_file), result)
     if as_json:
-        _emit_json(run_document(spec, result))
+        _emit_json({**run_document(spec, result),
+                    **({"determinism": det.as_dict()} if det is not None else {})})
     else:
         print_run(_console(), f"{spec.scenario.name} under {policy_title(spec.policy)}", result,
                   command, spec.skip)
@@ -108,6 +113,10 @@ def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_fi
         click.echo(f"racesim: {line}", err=True)
     if not as_json:
         _warn_accounting(result.violated, strict)
+        for line in det.lines() if det is not None else ():
+            click.echo(line)
+    if det is not None and not det.same:
+        sys.exit(1)
     sys.exit(exit_status(result.violated, strict=strict))
 
 
@@ -122,7 +131,7 @@ def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_fi
 @_strict
 @_outputs
 def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine: str | None,
-               strict: bool, as_json: bool, html_file: str | None,
+               strict: bool, check_det: bool, as_json: bool, html_file: str | None,
                trace_file: str | None) -> None:
     """Replay a counterexample file: the same trace, byte for byte, anywhere.
 
@@ -134,10 +143,11 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
                          f"imports a module:Class policy only with --allow-import")
     _check_outputs(html_file, trace_file)
     spec = RunSpec(cx.scenario.with_vllm(vllm), cx.policy, tuple(cx.options.items()), cx.seed,
-                   cx.skip, engine or cx.engine)
+                   cx.skip, engine or cx.engine, cx.ids)
     result = spec.run(schedule=cx.schedule)
     note = _replay_note(counterexample, cx, result, as_json)
     if note:
         click.echo(note, err=True)
     _finish_run(spec, result, replay_command(counterexample, cx.policy, result.engine), as_json,
-                html_file, trace_file, strict)
+                html_file, trace_file, strict, (),
+                check_determinism(result, lambda: spec.run(schedule=cx.schedule), check_det))

@@ -141,7 +141,8 @@ def _found_summary(res: ExploreResult, target: str) -> dict[str, Any]:
     cx = res.counterexample
     violations: list[dict[str, Any]] = []
     if cx is not None:
-        violations = [{k: v.get(k) for k in ("invariant", "detail", "vllm_where", "reach")
+        violations = [{k: v.get(k) for k in ("invariant", "detail", "vllm_where", "reach",
+                                             "provenance")
                        if v.get(k) is not None} for v in cx.violations]
     return {"runs": res.runs, "violating_runs": res.violating_runs,
             "first_find_run": res.target_run,
@@ -150,6 +151,8 @@ def _found_summary(res: ExploreResult, target: str) -> dict[str, Any]:
             "found": res.target_run is not None,
             "counterexample": res.counterexample_path if target in res.invariants else None,
             "violations": violations,
+            # what the search reached (coverage) and the result in honest words
+            "reached": res.reached, "finding": res.finding(),
             "error": res.error}
 
 

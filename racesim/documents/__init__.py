@@ -26,7 +26,8 @@ from racesim.sim.points import delay_entry
 if TYPE_CHECKING:
     from racesim.runner import RunSpec
 
-__all__ = ["run_document", "Counterexample", "write_counterexample", "read_counterexample",
+__all__ = ["run_document", "run_provenance", "Counterexample", "write_counterexample",
+           "read_counterexample",
            "COUNTEREXAMPLE_FORMAT", "safe_file_name", "violation_dicts",
            "racesim_version", "LEGACY_VLLM", "free_path", "release_of_run", "write_claimed",
            "replaceable"]
@@ -43,12 +44,25 @@ def safe_file_name(text: str) -> str:
 
 
 def violation_dicts(result: RunResult) -> list[dict[str, Any]]:
-    """Each violation with its reach: ``live``, or ``latent`` and the latent points it needs."""
+    """Each violation with its reach (``live``, or ``latent`` and the latent points it needs)
+    and its ``provenance``: vLLM's own code or a simulated part (racesim.reports.provenance)."""
+    from racesim.reports.provenance import violation_provenance
+
     out = []
     for v in result.violations:
         reach = result.reach(v)
-        out.append({**v.as_dict(), "reach": reach.reach, "needs": list(reach.needs)})
+        d = {**v.as_dict(), "reach": reach.reach, "needs": list(reach.needs)}
+        d["provenance"] = violation_provenance(result, d)
+        out.append(d)
     return out
+
+
+def run_provenance(result: RunResult) -> dict[str, Any]:
+    """Which components of ``result``'s run were vLLM's code and which were simulated
+    (:func:`racesim.reports.provenance.run_components`)."""
+    from racesim.reports.provenance import run_components
+
+    return run_components(result)
 
 
 def run_document(spec: RunSpec, result: RunResult) -> dict[str, Any]:
@@ -57,6 +71,7 @@ def run_document(spec: RunSpec, result: RunResult) -> dict[str, Any]:
         "scenario": spec.scenario.name,
         "policy": spec.policy,
         "policy_options": spec.option_dict,
+        "ids": spec.id_scheme,
         "vllm": result.vllm,
         "engine": result.engine,
         "vllm_release": release_of_run(result.vllm, result.engine),
@@ -70,6 +85,7 @@ def run_document(spec: RunSpec, result: RunResult) -> dict[str, Any]:
         "reach": result.reach().reach if result.violations else None,
         "unverified": result.unverified or None,
         "requests": [r.as_dict() for r in result.requests],
+        "components": run_provenance(result),
     }
 
 
@@ -96,6 +112,9 @@ class Counterexample:
     #: the vLLM release it ran on: the installed one on the vllm backend, the release the
     #: profile follows on the model ("" until written: then it is filled in).
     vllm_release: str = ""
+    #: the request-ID scheme it ran with: "given", "release" or "own" (the policy's); "legacy"
+    #: in a file written before the axis existed (the policy's own assign_request_id)
+    ids: str = "legacy"
 
     @property
     def vllm(self) -> str:
@@ -113,6 +132,7 @@ class Counterexample:
             "scenario": self.scenario.with_vllm(self.vllm).to_dict(),
             "policy": self.policy,
             "policy_options": dict(self.options),
+            "ids": self.ids,
             "seed": self.seed,
             "schedule": [d.as_dict() for d in self.schedule],
             "skip": list(self.skip),
@@ -120,6 +140,8 @@ class Counterexample:
             "trace_hash": self.trace_hash,
             "shrunk_from": self.shrunk_from,
             "found_by": dict(self.found_by),
+            # the vLLM code that ran (None on the model): stock and patched trees differ here
+            "vllm_fingerprint": _fingerprint(self.engine),
         }
 
 
@@ -183,12 +205,13 @@ def _replaceable(path: Path, ours: Callable[[Any], bool]) -> bool:
 
 
 #: every top-level key of a counterexample file (what ``Counterexample.as_dict`` writes, and
-#: ``ids``, which the ID-scheme axis adds): any other key is refused, as a scenario's are; a
-#: writer that adds a key adds it here (tests/test_replay_release.py checks as_dict's keys)
+#: diff's ``vllm_tree`` for a --vllm-src/--vllm-patch run): any other key is refused, as a
+#: scenario's are; a writer that adds a key adds it here (tests/test_replay_release.py checks
+#: as_dict's keys)
 COUNTEREXAMPLE_KEYS = frozenset({
     "format", "racesim_version", "vllm", "engine", "vllm_release", "reach", "scenario",
     "policy", "policy_options", "seed", "schedule", "skip", "violations", "trace_hash",
-    "shrunk_from", "found_by", "ids"})
+    "shrunk_from", "found_by", "ids", "vllm_fingerprint", "vllm_tree"})
 
 
 def _need(data: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], src: str) -> Any:
@@ -304,12 +327,21 @@ def read_counterexample(path: str) -> Counterexample:
     engine = data.get("engine", "model")
     if engine not in ENGINES:
         raise InputError(f"{src}: 'engine' must be one of {', '.join(ENGINES)} (got {engine!r})")
+    ids = data.get("ids", "legacy")
+    if ids not in ("given", "release", "own", "legacy"):
+        raise InputError(f"{src}: 'ids' must be given, release or own (got {ids!r})")
     return Counterexample(scenario, policy, options, seed, schedule, tuple(skip),
                           tuple(v for v in violations if isinstance(v, dict)), trace_hash,
                           shrunk if isinstance(shrunk, int) and not isinstance(shrunk, bool)
                           else None, found_by, reach if reach in ("live", "latent") else None,
                           version if isinstance(version, str) else "", engine,
-                          release if isinstance(release, str) else "")
+                          release if isinstance(release, str) else "", ids)
+
+
+def _fingerprint(engine: str) -> str | None:
+    from racesim.reports.provenance import vllm_fingerprint
+
+    return vllm_fingerprint() if engine == "vllm" else None
 
 
 def release_of_run(profile: str, engine: str) -> str:

@@ -25,6 +25,7 @@ from racesim.explore.distinct import DistinctCounter
 from racesim.documents import (
     Counterexample,
     free_path,
+    release_of_run,
     replaceable,
     violation_dicts,
     write_claimed,
@@ -80,7 +81,7 @@ def _run_batch(ctx: _Context, runs: Sequence[int]) -> list[RunSummary]:
     for i in runs:
         r = run(decider=strategy.decider(i), retain_trace=False, hash_trace=False)
         out.append(RunSummary(i, r.trace_hash, r.violated, r.schedule, r.widened,
-                              _hits(r, ctx.target, ctx.symptom)))
+                              _hits(r, ctx.target, ctx.symptom), r.evaluated))
     return out
 
 
@@ -90,7 +91,8 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             skip: Sequence[str] = (), out_dir: Path | None = None,
             progress: Progress | None = None, shrink_runs: int = 400,
             reach: str = "all", engine: str = "model", target: str | None = None,
-            symptom: str | None = None, stop_at_target: bool = False) -> ExploreResult:
+            symptom: str | None = None, stop_at_target: bool = False,
+            ids: str | None = None) -> ExploreResult:
     """Explore ``budget`` schedules of ``scenario`` under ``policy`` (run 0 = baseline).
 
     ``reach="live"`` delays only the await points that are live or yield in the scenario's
@@ -109,7 +111,9 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
         raise InputError(f"--time-limit must be > 0 seconds, got {time_limit}")
     import_from_cwd(policy)  # a module:Class in the current folder, as run and matrix find it
     policy_spec(policy)  # fail fast on an unknown policy, before any worker starts
-    spec = RunSpec.of(scenario, policy, options=options, seed=seed, skip=skip, engine=engine)
+    spec = RunSpec.of(scenario, policy, options=options, seed=seed, skip=skip, engine=engine,
+                      ids=ids)
+    _ = spec.id_scheme  # refuse --ids for a policy that assigns its own IDs, before any run
     started = time.monotonic()
     res = ExploreResult(spec, strategy, reach=reach,
                         key=_exploration_key(spec, strategy, reach, budget, time_limit),
@@ -136,10 +140,15 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     standing = frozenset(baseline.violated)
     traces = DistinctCounter()  # digests, not schedules: bounded memory on long runs
     invariants: dict[str, None] = {}
+    evaluated: set[str] = set()
+    windows: set[tuple[str, int]] = set()
 
     def record(s: RunSummary) -> None:
         res.runs += 1
         traces.add(s.schedule)
+        evaluated.update(s.evaluated)
+        for d in s.schedule:
+            windows.add((d.point, d.occurrence))
         for point in dict.fromkeys(map(_POINT, s.schedule)):  # each point once per run
             res.coverage[point] = res.coverage.get(point, 0) + 1
         hit = s.hit and res.target_run is None
@@ -162,7 +171,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
                     _save(res, s, None, out_dir)
 
     record(RunSummary(0, baseline.trace_hash, baseline.violated, (), baseline.widened,
-                      _hits(baseline, target, symptom)))
+                      _hits(baseline, target, symptom), baseline.evaluated))
     try:
         if stop_at_target and res.target_run is not None:
             budget = 1  # the baseline already shows it
@@ -187,6 +196,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             res.strategy_info = strat.info()
             size = strat.size()
             total = budget if size is None else min(budget, size)
+            res.space = size
             ctx = _Context(spec, strategy, config, target, symptom)
             deadline = None if time_limit is None else started + time_limit
             with executor(workers, dask, time_limit) as ex, _worker_errors(policy, dask):
@@ -211,6 +221,8 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
                                      f"than --budget {budget}")
     except KeyboardInterrupt:
         res.interrupted = True
+    res.reached = reached(baseline.occurrences, occurrences, res.coverage, windows, evaluated,
+                          spec.skip)
     res.distinct_traces = len(traces)
     res.distinct_estimated = traces.estimated
     res.invariants = tuple(invariants)
@@ -275,9 +287,35 @@ def _exploration_key(spec: RunSpec, strategy: str, reach: str, budget: int,
     return {"scenario": spec.scenario.name,
             "scenario_sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
             "vllm": spec.scenario.vllm, "engine": spec.engine, "policy": spec.policy,
+            "ids": spec.id_scheme,
             "options": dict(sorted(spec.option_dict.items())), "seed": spec.seed,
             "skip": list(spec.skip), "strategy": strategy, "reach": reach, "budget": budget,
             "time_limit": time_limit}
+
+
+def reached(passed: Mapping[str, int], delayable: Mapping[str, int],
+            coverage: Mapping[str, int], windows: set[tuple[str, int]],
+            evaluated: set[str], skip: Sequence[str]) -> dict[str, Any]:
+    """What a search reached, beyond ``coverage`` (runs that delayed each point): the await
+    points the scenario passes that no run delayed (``never_delayed``; ``not_delayable``: latent
+    ones a ``--reach live`` search leaves alone), those it never passes, the windows opened (a
+    window is one pass of an await point, ``(point, occurrence)``, held open by a delay) of the
+    passes the unperturbed run makes, and the invariants evaluated with a live incarnation in
+    some run and those never evaluated."""
+    from racesim.engine_model.invariants import INVARIANTS
+    from racesim.engine_model.points import POINTS
+
+    on = {p for p, n in passed.items() if n > 0}
+    return {
+        "never_delayed": sorted(p for p in on if p in delayable and p not in coverage),
+        "not_delayable": sorted(p for p in on if p not in delayable),
+        "never_passed": sorted(p.name for p in POINTS if p.name not in on),
+        "windows_opened": len(windows),
+        "windows_available": sum(n for p, n in delayable.items() if n > 0),
+        "invariants_evaluated": [n for n in INVARIANTS if n in evaluated],
+        "invariants_never_evaluated": [n for n in INVARIANTS
+                                       if n not in evaluated and n not in skip],
+    }
 
 
 def _over(started: float, limit: float | None) -> bool:
@@ -287,8 +325,13 @@ def _over(started: float, limit: float | None) -> bool:
 def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | RunSummary,
                     shrunk_from: int | None, found_at: int) -> Counterexample:
     violations: tuple[dict[str, Any], ...]
-    if isinstance(run, RunSummary):
-        violations = tuple({"invariant": v} for v in run.violated)
+    if isinstance(run, RunSummary):  # an unshrunk find: its invariants, and what decides each
+        from racesim.reports.provenance import provenance
+
+        release = release_of_run(scenario.vllm, res.engine)
+        violations = tuple({"invariant": v, "provenance": provenance(
+            {"invariant": v}, res.engine, release, scenario.workload.topology)}
+            for v in run.violated)
         fixed = [(p, d) for p, _k, d in scenario.delays]
         widened = frozenset(run.widened)
         reach = reach_of(get_profile(scenario.vllm),
@@ -302,7 +345,7 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
                           {"strategy": res.strategy, "run": found_at,
                            "shrunk": shrunk_from is not None, "reach": res.reach,
                            "exploration": res.key}, reach,
-                          engine=res.engine)
+                          engine=res.engine, ids=res.spec.id_scheme)
 
 
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:

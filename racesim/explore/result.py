@@ -10,6 +10,7 @@ from typing import Any
 from racesim.documents import Counterexample, safe_file_name
 from racesim.engine_model import RunResult
 from racesim.engine_model.versions import unverified_note
+from racesim.reports.provenance import components_doc
 from racesim.reports.verdict import verdict
 from racesim.runner.summary import RunSummary
 from racesim.runner import RunSpec
@@ -67,6 +68,29 @@ class ExploreResult:
     target_s: float | None = None
     #: the ``.unshrunk.json`` stand-in this exploration wrote (removed once shrunk)
     stand_in: Path | None = None
+    #: what the search reached (``racesim.explore.reached``); {} until it ran
+    reached: dict[str, Any] = field(default_factory=dict)
+    #: how many distinct schedules the strategy has (grid: bounded), None when unbounded
+    space: int | None = None
+
+    @property
+    def exhaustive(self) -> bool:
+        """The search tried every schedule of a bounded space (the grid, to its end)."""
+        return (self.space is not None and self.runs >= self.space and not self.interrupted
+                and self.error is None)
+
+    def finding(self) -> str:
+        """The result in words: "live race", "latent hazard", "accounting gap", or, with
+        nothing found, "not found in N runs" ("safe" only for an exhaustive search, over the
+        bounded space it names)."""
+        from racesim.reports.verdict import found_words
+
+        return found_words(self.invariants, self._reach(), self.runs, self.exhaustive)
+
+    def _reach(self) -> str | None:
+        if verdict(self.baseline_violations) == "race":
+            return self.baseline_reach
+        return self.counterexample.reach if self.counterexample is not None else None
 
     def ours(self, data: Any) -> bool:
         """``data`` (a counterexample file's JSON) was written by this same exploration, asked
@@ -77,7 +101,12 @@ class ExploreResult:
     def first_path(self, out_dir: Path) -> Path:
         """The name this exploration's counterexample takes when no other file has it."""
         spec = self.spec
-        return counterexample_path(out_dir, spec.scenario.name, spec.policy, self.strategy,
+        from racesim.engine_model.policies import policy_spec
+
+        tag = spec.policy
+        if spec.ids is not None and spec.id_scheme != policy_spec(spec.policy).ids:
+            tag += f"+ids-{spec.id_scheme}"  # not the policy's default: say so in the name
+        return counterexample_path(out_dir, spec.scenario.name, tag, self.strategy,
                                    spec.seed, spec.engine)
 
     @property
@@ -136,6 +165,7 @@ class ExploreResult:
             "scenario": self.scenario.name,
             "policy": self.policy,
             "policy_options": self.options,
+            "ids": self.spec.id_scheme if self.error is None else self.spec.ids,
             "vllm": self.scenario.vllm,
             "engine": self.engine,
             "search": self.reach,
@@ -150,6 +180,9 @@ class ExploreResult:
             "distinct_traces": self.distinct_traces,
             "distinct_traces_estimated": self.distinct_estimated,
             "coverage": self.coverage,
+            "reached": self.reached,
+            "exhaustive": self.exhaustive,
+            "finding": self.finding(),
             "baseline_violations": list(self.baseline_violations),
             "baseline_reach": self.baseline_reach,
             "unverified": unverified_note(self.scenario.vllm,
@@ -163,6 +196,7 @@ class ExploreResult:
             "stopped_early": self.stopped_early,
             "warnings": list(self.warnings),
             "error": self.error,
+            "components": components_doc(self.engine, self.scenario.workload.topology),
         }
 
 

@@ -270,16 +270,19 @@ class RaceSim:
     def _counterexample(self, spec: RunSpec, result: RunResult) -> Counterexample:
         from racesim.documents import Counterexample
 
+        from racesim.documents import violation_dicts
+
         return Counterexample(spec.scenario, spec.policy, spec.option_dict, result.seed,
-                              result.schedule, spec.skip,
-                              tuple(v.as_dict() for v in result.violations), result.trace_hash,
-                              None, {"pytest": self._test})
+                              result.schedule, spec.skip, tuple(violation_dicts(result)),
+                              result.trace_hash, None, {"pytest": self._test},
+                              engine=spec.engine, ids=spec.id_scheme)
 
     def _command(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> str | None:
         from racesim.runner import replay_command, run_command
 
-        if self._report_dir is not None:
-            return replay_command(str(self._report_dir / f"{self._stem(spec)}.json"))
+        if self._report_dir is not None:  # absolute: it works from any folder as printed
+            return replay_command(os.path.abspath(self._report_dir / f"{self._stem(spec)}.json"),
+                                  spec.policy, spec.engine)
         if replay_name is not None:
             return run_command(replay_name, spec.policy, spec.option_dict, result.seed,
                                result.schedule, spec.skip, vllm=result.vllm)
@@ -298,21 +301,23 @@ class RaceSim:
                          + f": {relabel_incs(v.detail, numbers)}")
         if n > _MAX_LISTED:
             lines.append(f"  ... and {n - _MAX_LISTED} more")
+        from racesim.plugin.failure import failure_lines
+
         command = self._command(spec, replay_name, result)
-        if self._report_dir is not None:
-            lines.append(f"replay: {command}")
-            lines.append(f"report: {self._report_dir / self._stem(spec)}.html")
-        elif command:
-            lines.append(f"replay: {command}")
+        stem = (os.path.abspath(self._report_dir / self._stem(spec))
+                if self._report_dir is not None else None)
+        if command:
+            lines += failure_lines(spec, result, command, stem)
         else:  # a scenario with no file (drawn by hypothesis, built in code): its TOML
             from racesim.documents import safe_file_name
             from racesim.runner import run_command
             from racesim.scenarios import scenario_to_toml
 
             path = f"{safe_file_name(spec.scenario.name)}.toml"
-            lines.append(f"replay: save the scenario TOML below as {path}, then: "
-                         + run_command(path, spec.policy, spec.option_dict, result.seed,
-                                       result.schedule, spec.skip, vllm=result.vllm))
+            lines += failure_lines(
+                spec, result, f"save the scenario TOML below as {path}, then: "
+                + run_command(path, spec.policy, spec.option_dict, result.seed,
+                              result.schedule, spec.skip, vllm=result.vllm), None)
             lines.append("scenario TOML:\n" + scenario_to_toml(spec.scenario).rstrip())
         return "\n".join(lines)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from racesim.engine_model import POLICIES, RunResult, load_policy, run_workload
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.points import POINTS, UnknownPointError
-from racesim.engine_model.policies import LifecyclePolicy, policy_spec
+from racesim.engine_model.policies import LifecyclePolicy, id_scheme, policy_spec, with_ids
 from racesim.runner.engines import check_engine, installed_vllm, why_not_run
 from racesim.reports.commands import replay_command, run_command
 from racesim.scenarios import Scenario
@@ -42,9 +42,10 @@ def parse_delay_option(text: str) -> PlanEntry:
 @dataclass(frozen=True, slots=True)
 class RunSpec:
     """What a run is of, apart from its delays: a scenario, a policy and its options, a seed,
-    the invariants left unchecked, and the backend (``engine``). Explore, shrink, matrix and
-    the hypothesis search pass one around (it pickles, for worker processes); :meth:`run` runs
-    it with a delay source."""
+    the invariants left unchecked, the backend (``engine``) and the request-ID scheme (``ids``:
+    "given", "release", or None for the policy's default; see ``engine_model.policies``).
+    Explore, shrink, matrix and the hypothesis search pass one around (it pickles, for worker
+    processes); :meth:`run` runs it with a delay source."""
 
     scenario: Scenario
     policy: str
@@ -52,13 +53,21 @@ class RunSpec:
     seed: int = 0
     skip: tuple[str, ...] = ()
     engine: str = "model"
+    ids: str | None = None
 
     @classmethod
     def of(cls, scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
-           seed: int = 0, skip: Iterable[str] = (), engine: str = "model") -> RunSpec:
+           seed: int = 0, skip: Iterable[str] = (), engine: str = "model",
+           ids: str | None = None) -> RunSpec:
         """A spec with its options sorted and its skipped invariants checked and sorted."""
         return cls(scenario, policy, tuple(sorted((options or {}).items())), seed,
-                   tuple(sorted(check_invariant_names(tuple(skip)))), engine)
+                   tuple(sorted(check_invariant_names(tuple(skip)))), engine, ids)
+
+    @property
+    def id_scheme(self) -> str:
+        """The ID scheme the run uses: "given", "release" or "own" (the policy's)."""
+        import_from_cwd(self.policy)
+        return id_scheme(policy_spec(self.policy), self.ids)
 
     @property
     def option_dict(self) -> dict[str, str]:
@@ -74,21 +83,24 @@ class RunSpec:
         return run_scenario(self.scenario, self.policy, options=self.option_dict,
                             seed=self.seed, witness=witness, delays=delays, schedule=schedule,
                             decider=decider, skip=self.skip, retain_trace=retain_trace,
-                            hash_trace=hash_trace, engine=self.engine)
+                            hash_trace=hash_trace, engine=self.engine, ids=self.ids)
 
 
 def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
                  seed: int = 0, witness: bool = False, delays: Iterable[PlanEntry] = (),
                  schedule: Sequence[Decision] | None = None, decider: Decider | None = None,
                  skip: Iterable[str] = (), retain_trace: bool = True,
-                 hash_trace: bool = True, engine: str = "model") -> RunResult:
+                 hash_trace: bool = True, engine: str = "model",
+                 ids: str | None = None) -> RunResult:
     """One deterministic run. Its delays come from the scenario's ``[delays]``, then ``witness``
     and ``delays`` (which win), then one decider: ``decider`` (exploration) or ``schedule``
     (a recorded run, replayed exactly by :class:`~racesim.sim.strategies.Replay`).
 
     ``engine`` picks the backend: ``"model"`` (racesim's model) or ``"vllm"`` (vLLM's own
     engine-side classes, :mod:`racesim.engine_vllm`); the same schedule means the same delays
-    at the same await points on both."""
+    at the same await points on both. ``ids`` is the request-ID scheme: "given" (the client's
+    IDs), "release" (what the profile's release assigns: internal IDs from 0.14) or None (the
+    policy's default, ``LifecyclePolicy.ids``)."""
     skip_set = check_invariant_names(tuple(skip))
     check_engine(engine, scenario.vllm)
     overrides: list[PlanEntry] = []
@@ -105,6 +117,8 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
     import_from_cwd(policy)
     try:
         loaded = load_policy(policy, options)
+        scheme = id_scheme(type(loaded), ids)
+        hooks = with_ids(loaded, scheme, scenario.vllm)
         run = run_workload
         if engine == "vllm":
             from racesim.engine_vllm import run_workload as run
@@ -116,7 +130,7 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
                                      else policy, options, installed_vllm())
             if why is not None:
                 raise InputError(why)
-        return run(scenario.workload, loaded, seed=seed, plan=plan, skip=skip_set,
+        return run(scenario.workload, hooks, seed=seed, plan=plan, skip=skip_set,
                    retain_trace=retain_trace, hash_trace=hash_trace)
     except UnknownPointError as exc:  # a user policy's misspelled point: name the policy
         if policy in POLICIES:

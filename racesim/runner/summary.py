@@ -22,3 +22,5 @@ class RunSummary:
     widened: tuple[tuple[str, int], ...] = ()
     #: the run shows the exploration's target (its invariant, with its symptom text if any)
     hit: bool = False
+    #: the invariants the run evaluated with a live incarnation (RunResult.evaluated)
+    evaluated: tuple[str, ...] = ()
