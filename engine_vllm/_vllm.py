@@ -29,6 +29,9 @@ __all__ = ["vllm", "VllmEngineShape", "new_scheduler", "new_request", "assign_re
            "BLOCK_SIZE_ATTR"]
 
 BLOCK_SIZE_ATTR = "block_size"
+#: the release whose adapter (_api.py) runs vLLM, when a tree's own version is not one
+#: (``--vllm-src`` of a dev tree, ``--vllm-base``); set by racesim.runner.vllm_tree.activate
+API_RELEASE: str | None = None
 
 _ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
         "VLLM_DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "CRITICAL", "TRANSFORMERS_OFFLINE": "1",
@@ -52,7 +55,7 @@ class _Vllm:
         import vllm
 
         self.version: str = vllm.__version__
-        self.api = api = _api.api_for(self.version)
+        self.api = api = _api.api_for(API_RELEASE or self.version)
         if api.key < (0, 33):  # before vllm.config: older wheels ignore VLLM_TARGET_DEVICE
             _api.select_cpu_platform()
         import torch

@@ -14,22 +14,28 @@ from racesim.sim.points import Decision
 __all__ = ["replay_command", "run_command"]
 
 
-def replay_command(path: str, policy: str = "", engine: str = "model") -> str:
+def replay_command(path: str, policy: str = "", engine: str = "model",
+                   backend_args: Sequence[str] = ()) -> str:
     """The one command that replays a counterexample file (``--allow-import`` when its policy
-    is the user's own ``module:Class``: replay imports code only when asked to)."""
+    is the user's own ``module:Class``: replay imports code only when asked to);
+    ``backend_args`` name a vLLM tree or patch (``Backend.cli_args``)."""
     allow = " --allow-import" if policy and policy not in POLICIES else ""
-    on = " --engine vllm" if engine == "vllm" else ""
+    on = " " + " ".join(shlex.quote(w) for w in backend_args) if backend_args \
+        else " --engine vllm" if engine == "vllm" else ""
     return f"racesim replay {shlex.quote(path)}{allow}{on}"
 
 
 def run_command(scenario: str, policy: str, options: Mapping[str, str], seed: int,
                 schedule: Sequence[Decision], skip: Iterable[str] = (),
-                vllm: str | None = None, engine: str = "model", ids: str | None = None) -> str:
+                vllm: str | None = None, engine: str = "model", ids: str | None = None,
+                backend_args: Sequence[str] = ()) -> str:
     """The one ``racesim run`` command that reproduces a run (its schedule as exact delays)."""
     words = ["racesim", "run", scenario, "-p", policy]
     if vllm:
         words += ["--vllm", vllm]
-    if engine != "model":
+    if backend_args:
+        words += list(backend_args)
+    elif engine != "model":
         words += ["--engine", engine]
     if ids in ("given", "release"):
         words += ["--ids", ids]

@@ -59,8 +59,9 @@ APP = {
     "conform": {"runner", "documents", "explore"},
     "corpus": {"runner", "explore", "conform"},
     "bench": {"runner", "explore"},
-    "plugin": {"runner", "documents"},
-    "cli": {"runner", "documents", "explore", "conform", "corpus", "bench"},
+    "diff": {"runner", "documents", "explore"},
+    "plugin": {"runner", "documents", "explore", "diff"},
+    "cli": {"runner", "documents", "explore", "conform", "corpus", "bench", "diff"},
 }
 #: The only modules directly in racesim/: the public API, ``python -m racesim``, the console
 #: script's entry.

@@ -25,7 +25,7 @@ README = ROOT / "README.md"
 #: The pages a newcomer reads: the README, then one reference topic per file under docs/.
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 #: Every example block in PAGES, each run by a test below.
-EXAMPLES = {"scenario", "plugin", "strategies", "python-api", "dask"}
+EXAMPLES = {"scenario", "plugin", "strategies", "python-api", "dask", "diff", "plugin-search"}
 _EXAMPLE = re.compile(r"<!-- example: ([\w-]+) -->\n```\w+\n(.*?)\n```", re.S)
 
 
@@ -73,6 +73,32 @@ def test_the_plugin_example_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_example=example("plugin"))
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=3)
+
+
+def test_the_plugin_search_example_passes(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_example=example("plugin-search"))
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+@pytest.mark.vllm
+def test_the_diff_example_opens_a_live_race(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import shlex
+
+    from test_backend import _drop_waiting_abort
+
+    _drop_waiting_abort(tmp_path)  # tmp_path/drop-waiting-abort.diff, as the example names it
+    words = shlex.split(example("diff"))
+    assert words[:2] == ["racesim", "diff"]
+    done = subprocess.run([sys.executable, "-m", "racesim", *words[1:]], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=1500,
+                          env={**os.environ, "RACESIM_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "opens   frontend-covers-engine (live race" in done.stdout
+    assert re.search(r"replay: racesim replay \S+ --engine vllm --vllm-patch "
+                     r"\S*/drop-waiting-abort\.diff", done.stdout), done.stdout
 
 
 def test_the_strategies_example_runs() -> None:

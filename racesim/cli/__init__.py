@@ -12,6 +12,7 @@ import click
 from racesim.cli.bench import bench_cmd
 from racesim.cli.conform import conform_cmd
 from racesim.cli.corpus import corpus_cmd
+from racesim.cli.diff import diff_cmd
 from racesim.cli.explore import explore_cmd
 from racesim.cli.listing import list_cmd, show_cmd
 from racesim.cli.matrix import matrix_cmd
@@ -44,7 +45,7 @@ def cli() -> None:
 
 # click lists a group's commands sorted by name, whatever the order they are added in
 for _command in (list_cmd, show_cmd, run_cmd, replay_cmd, explore_cmd, bench_cmd, matrix_cmd,
-                 conform_cmd, corpus_cmd):
+                 conform_cmd, corpus_cmd, diff_cmd):
     cli.add_command(_command)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from racesim.cli.options import engine_option as _engine
+from racesim.cli.options import backend_options as _backend
 from racesim.cli.options import explore_options as _explore_options
 from racesim.cli.options import ids_option as _ids
 from racesim.cli.options import vllm_option as _vllm_option
@@ -25,7 +25,7 @@ from racesim.cli.support import say_written as _say_written
 from racesim.cli.support import warn_accounting as _warn_accounting
 from racesim.explore import explore
 from racesim.reports.verdict import exit_status
-from racesim.runner import replay_command
+from racesim.runner import MODEL, Backend, replay_command
 from racesim.scenarios import load_scenario
 
 __all__ = ["explore_cmd"]
@@ -43,7 +43,7 @@ __all__ = ["explore_cmd"]
               help="'live': delay only await points that are live or yield in the vLLM "
                    "profile (races vLLM can hit as released).")
 @_vllm_option()
-@_engine()
+@_backend()
 @_ids
 @_explore_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
@@ -52,25 +52,26 @@ __all__ = ["explore_cmd"]
 def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: int,
                 strict: bool, time_limit: float | None, reach: str, ids: str | None,
                 vllm: str | None,
-                engine: str | None, skip: Sequence[str], strategy: str, seed: int,
+                backend: Backend | None, skip: Sequence[str], strategy: str, seed: int,
                 workers: int | None, dask: str | None, out_dir: str, as_json: bool,
                 html_file: str | None) -> None:
     """Search SCENARIO's schedules for a race under POLICY (the [witness] is never read)."""
     from racesim.explore import counterexample_path, unshrunk_path
 
-    scen = load_scenario(scenario).with_vllm(vllm)
+    backend = backend or MODEL
+    scen = load_scenario(scenario).with_vllm(vllm or (backend.base if backend.has_tree else None))
     options = _options(policy_opts)
     out = _output_dir("--out", out_dir)  # first: --html may name a file inside it
     _output_file("--html", html_file)
     _check_workers(workers, dask)
-    cx_path = counterexample_path(out, scen.name, policy, strategy, seed, engine or "model")
+    cx_path = counterexample_path(out, scen.name, policy, strategy, seed, backend.file_tag)
     _output_file("--out", str(cx_path))
     _output_file("--out", str(unshrunk_path(cx_path)))
     bar = ProgressBar(not as_json, f"{scen.name} / {policy}", time_limit=time_limit)
     try:
         res = explore(scen, policy, options=options, strategy=strategy, budget=budget,
                       time_limit=time_limit, seed=seed, workers=workers, dask=dask, skip=skip,
-                      out_dir=out, progress=bar, reach=reach, engine=engine or "model",
+                      out_dir=out, progress=bar, reach=reach, engine=backend,
                       ids=ids)
     finally:
         bar.close()
@@ -86,7 +87,8 @@ def explore_cmd(scenario: str, policy: str, policy_opts: Sequence[str], budget: 
         _emit_json(doc)
     else:
         print_explore(_console(), doc, after,
-                      replay_command(res.counterexample_path, policy, res.engine)
+                      replay_command(res.counterexample_path, policy, res.engine,
+                                     backend.cli_args() if backend.has_tree else ())
                       if res.counterexample_path else "")
         _say_written(html_file, None)
     for line in res.warnings:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from racesim.cli.options import engine_option as _engine
+from racesim.cli.options import backend_options as _backend
 from racesim.cli.options import ids_option as _ids
 from racesim.cli.options import matrix_options as _matrix_options
 from racesim.cli.options import vllm_option as _vllm_option
@@ -27,7 +27,7 @@ from racesim.explore.matrix import DEFAULT_POLICIES, cell_outcome, run_matrix
 from racesim.cli.progress import ProgressBar
 from racesim.cli.render import matrix_summary, print_matrix
 from racesim.reports.verdict import exit_status
-from racesim.runner import import_from_cwd
+from racesim.runner import MODEL, Backend, import_from_cwd
 from racesim.scenarios import bundled_names, load_scenario
 from racesim.sim import InputError
 
@@ -42,7 +42,7 @@ __all__ = ["matrix_cmd"]
                    "buggy, abort-scope, engine-final (vllm backend: shipped, buggy)].")
 @click.option("--budget", type=_BUDGET, default=100, show_default=True, help="Runs per cell.")
 @_vllm_option()
-@_engine()
+@_backend()
 @_ids
 @_matrix_options
 @click.option("--fail-on-race", is_flag=True,
@@ -51,7 +51,7 @@ __all__ = ["matrix_cmd"]
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
               help="Write the HTML matrix report (and a run report per failing cell).")
 def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: int,
-               ids: str | None, vllm: str | None, engine: str | None, strict: bool,
+               ids: str | None, vllm: str | None, backend: Backend | None, strict: bool,
                time_limit: float | None,
                skip: Sequence[str],
                strategy: str, seed: int, workers: int | None, dask: str | None, out_dir: str,
@@ -60,18 +60,21 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
     first (policy shipped), then the other configurations.
 
     Exits 0 when it completed, whatever it found; 1 with --fail-on-race and a racing cell."""
+    backend = backend or MODEL
+    engine = backend.engine
+    vllm = vllm or (backend.base if backend.has_tree else None)
     scens = [load_scenario(n).with_vllm(vllm) for n in (scenario_names or bundled_names())]
     if not scenario_names:  # every bundled scenario the profile (and backend) can run
-        left = [s.name for s in scens if cannot_run(s.workload, engine or "model")]
+        left = [s.name for s in scens if cannot_run(s.workload, engine)]
         scens = [s for s in scens if s.name not in left]
         if left:
             on = f"vLLM {vllm}" if vllm else "each scenario's vLLM profile"
-            click.echo(f"racesim: matrix on {on} ({engine or 'model'} backend) leaves out "
+            click.echo(f"racesim: matrix on {on} ({backend.label} backend) leaves out "
                        f"{', '.join(left)} "
                        f"(engine features not modelled on that profile, or model-only on that "
                        f"backend)", err=True)
     for s in scens:  # a scenario asked for by name: refused before any cell runs
-        if (why := why_not_run(s.workload, engine or "model")) is not None:
+        if (why := why_not_run(s.workload, engine)) is not None:
             raise InputError(f"{s.name}: {why}")
     pols = list(policies or DEFAULT_POLICIES[engine or "model"])
     for p in pols:
@@ -100,7 +103,7 @@ def matrix_cmd(scenario_names: Sequence[str], policies: Sequence[str], budget: i
         result = run_matrix(scens, pols, budget=budget, seed=seed, strategy=strategy,
                             workers=workers, dask=dask, skip=skip, out_dir=out,
                             on_cell=on_cell, progress=bar, time_limit=time_limit,
-                            engine=engine or "model", ids=ids)
+                            engine=backend or "model", ids=ids)
     finally:
         bar.close()
     doc = result.document()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -11,8 +12,8 @@ from racesim.engine_model.versions import ALIASES, DEFAULT_VLLM, PROFILES
 from racesim.runner.engines import ENGINES
 from racesim.sim.strategies import STRATEGIES
 
-__all__ = ["vllm_option", "engine_option", "ids_option", "run_options", "strict_option",
-           "output_options",
+__all__ = ["vllm_option", "engine_option", "backend_options", "ids_option", "run_options",
+           "strict_option", "output_options",
            "explore_options", "matrix_options"]
 
 
@@ -44,6 +45,37 @@ def ids_option(f: Callable[..., Any]) -> Callable[..., Any]:
              "with VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1) [default: the policy's: release "
              "for shipped and your own policies, given for buggy, abort-scope, engine-final; "
              "internal-id assigns its own].")(f)
+def backend_options(default: str = "model") -> Decorator:
+    """``--engine``, ``--vllm-src``, ``--vllm-patch`` and ``--vllm-base``, resolved into one
+    ``backend`` argument (a :class:`~racesim.runner.backend.Backend`, or None when none of
+    them is given: the command's default) before the command runs: chosen and checked once."""
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(f)
+        def wrapper(*args: Any, engine: str | None, vllm_src: str | None,
+                    vllm_patch: str | None, vllm_base: str | None, **kwargs: Any) -> Any:
+            from racesim.runner.backend import resolve_backend
+
+            given = (engine, vllm_src, vllm_patch, vllm_base) != (None,) * 4
+            kwargs["backend"] = resolve_backend(engine, src=vllm_src, patch=vllm_patch,
+                                                base=vllm_base) if given else None
+            return f(*args, **kwargs)
+
+        g: Callable[..., Any] = click.option(
+            "--vllm-base", default=None, metavar="VERSION",
+            help="With --vllm-src/--vllm-patch: run the tree as this supported vLLM "
+                 "generation (0.33, 0.20.0...) [default: its version's nearest].")(wrapper)
+        g = click.option(
+            "--vllm-patch", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+            help="Run the installed vLLM with this unified diff applied (a cached shadow "
+                 "tree; implies --engine vllm).")(g)
+        g = click.option(
+            "--vllm-src", type=click.Path(file_okay=False), default=None, metavar="DIR",
+            help="Run the Python code of the vLLM checkout DIR (a folder holding vllm/) over "
+                 "the installed release's compiled parts (implies --engine vllm).")(g)
+        return engine_option(default)(g)
+
+    return decorate
 
 
 def run_options(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from racesim.cli.options import engine_option as _engine
+from racesim.cli.options import backend_options as _backend
 from racesim.cli.options import output_options as _outputs
 from racesim.cli.options import run_options as _run_options
 from racesim.cli.options import strict_option as _strict
@@ -32,7 +32,11 @@ from racesim.explore.unreached import unreached_warnings
 from racesim.runner.determinism import check_determinism
 from racesim.reports.verdict import exit_status
 from racesim.runner import (
+    MODEL,
+    Backend,
     RunSpec,
+    as_backend,
+    from_record,
     parse_delay_option,
     policy_title,
     replay_command,
@@ -48,30 +52,36 @@ __all__ = ["run_cmd", "replay_cmd"]
 @click.argument("scenario")
 @_run_options
 @_vllm_option()
-@_engine()
+@_backend()
 @click.option("--witness", is_flag=True, help="Apply the scenario's [witness] schedule.")
 @click.option("--delay", "delays", multiple=True, metavar="POINT[#K]=SECONDS",
               help="Delay every occurrence of a point, or only its K-th (from 0).")
 @_outputs
 def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
-            skip: Sequence[str], ids: str | None, vllm: str | None, engine: str | None,
+            skip: Sequence[str], ids: str | None, vllm: str | None, backend: Backend | None,
             strict: bool, witness: bool, delays: Sequence[str], check_det: bool,
             as_json: bool, html_file: str | None, trace_file: str | None) -> None:
     """Run SCENARIO (bundled name or path) once and check every invariant."""
-    spec = RunSpec(load_scenario(scenario).with_vllm(vllm), policy,
-                   tuple(_options(policy_opts).items()), seed, tuple(skip), engine or "model",
-                   ids)
+    backend = backend or MODEL
+    spec = RunSpec(load_scenario(scenario).with_vllm(_profile(vllm, backend)), policy,
+                   tuple(_options(policy_opts).items()), seed, tuple(skip), backend, ids)
     plan = [parse_delay_option(d) for d in delays]
     _check_outputs(html_file, trace_file)
     result = spec.run(witness=witness, delays=plan)
     command = run_command(scenario, policy, spec.option_dict, seed, result.schedule, skip,
-                          vllm=result.vllm, engine=result.engine, ids=spec.ids)
+                          vllm=result.vllm, engine=result.engine, ids=spec.ids,
+                          backend_args=backend.cli_args() if backend.has_tree else ())
     warnings = [*unreached_warnings("[delays]", spec.scenario.delays, result.occurrences),
                 *(unreached_warnings("[witness]", spec.scenario.witness, result.occurrences)
                   if witness else ()),
                 *unreached_warnings("--delay", plan, result.occurrences)]
     det = check_determinism(result, lambda: spec.run(witness=witness, delays=plan), check_det)
     _finish_run(spec, result, command, as_json, html_file, trace_file, strict, warnings, det)
+
+
+def _profile(vllm: str | None, backend: Backend) -> str | None:
+    """The profile a run takes: ``--vllm``, else a tree's generation, else the scenario's."""
+    return vllm or (backend.base if backend.has_tree else None)
 
 
 def _check_outputs(html_file: str | None, trace_file: str | None) -> None:
@@ -127,11 +137,11 @@ def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_fi
                    "written before profiles].")
 @click.option("--allow-import", is_flag=True,
               help="Let the file's module:Class policy be imported (it runs that code).")
-@_engine("the file's")
+@_backend("the file's")
 @_strict
 @_outputs
-def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine: str | None,
-               strict: bool, check_det: bool, as_json: bool, html_file: str | None,
+def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool,
+               backend: Backend | None, strict: bool, check_det: bool, as_json: bool, html_file: str | None,
                trace_file: str | None) -> None:
     """Replay a counterexample file: the same trace, byte for byte, anywhere.
 
@@ -142,12 +152,21 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool, engine
         raise InputError(f"{counterexample}: its policy {cx.policy!r} is not built in; replay "
                          f"imports a module:Class policy only with --allow-import")
     _check_outputs(html_file, trace_file)
+    # the file's own tree (its hash checked) unless another backend is asked for
+    recorded = from_record(cx.vllm_tree, counterexample) if cx.vllm_tree and backend is None \
+        else None
+    backend = backend or recorded or as_backend(cx.engine)
     spec = RunSpec(cx.scenario.with_vllm(vllm), cx.policy, tuple(cx.options.items()), cx.seed,
-                   cx.skip, engine or cx.engine, cx.ids)
+                   cx.skip, backend, cx.ids)
     result = spec.run(schedule=cx.schedule)
     note = _replay_note(counterexample, cx, result, as_json)
     if note:
         click.echo(note, err=True)
-    _finish_run(spec, result, replay_command(counterexample, cx.policy, result.engine), as_json,
-                html_file, trace_file, strict, (),
+    if cx.vllm_tree and backend.sha256 != cx.vllm_tree.get("sha256"):
+        click.echo(f"racesim: {counterexample} was recorded on {cx.vllm_tree['kind']} "
+                   f"{cx.vllm_tree['path']} (sha256 {str(cx.vllm_tree['sha256'])[:12]}); "
+                   f"replayed on {backend.label}", err=True)
+    _finish_run(spec, result, replay_command(counterexample, cx.policy, result.engine,
+                                             backend.cli_args() if backend.has_tree else ()),
+                as_json, html_file, trace_file, strict, (),
                 check_determinism(result, lambda: spec.run(schedule=cx.schedule), check_det))

@@ -74,7 +74,9 @@ def run_document(spec: RunSpec, result: RunResult) -> dict[str, Any]:
         "ids": spec.id_scheme,
         "vllm": result.vllm,
         "engine": result.engine,
-        "vllm_release": release_of_run(result.vllm, result.engine),
+        "vllm_release": spec.backend.release if spec.backend.has_tree
+        else release_of_run(result.vllm, result.engine),
+        **({"vllm_tree": spec.backend.tree_record()} if spec.backend.has_tree else {}),
         "seed": result.seed,
         "trace_hash": result.trace_hash,
         "events": result.events,
@@ -115,6 +117,10 @@ class Counterexample:
     #: the request-ID scheme it ran with: "given", "release" or "own" (the policy's); "legacy"
     #: in a file written before the axis existed (the policy's own assign_request_id)
     ids: str = "legacy"
+    #: the vLLM tree it ran on, when not the installed release: ``kind`` ("src" or "patch"),
+    #: ``path``, ``sha256`` (the diff's, or the tree's .py files'), ``base`` and ``release``
+    #: (Backend.as_dict); replay runs on it again and checks the hash. None: the release.
+    vllm_tree: Mapping[str, Any] | None = None
 
     @property
     def vllm(self) -> str:
@@ -142,6 +148,7 @@ class Counterexample:
             "found_by": dict(self.found_by),
             # the vLLM code that ran (None on the model): stock and patched trees differ here
             "vllm_fingerprint": _fingerprint(self.engine),
+            **({"vllm_tree": dict(self.vllm_tree)} if self.vllm_tree else {}),
         }
 
 
@@ -330,12 +337,18 @@ def read_counterexample(path: str) -> Counterexample:
     ids = data.get("ids", "legacy")
     if ids not in ("given", "release", "own", "legacy"):
         raise InputError(f"{src}: 'ids' must be given, release or own (got {ids!r})")
+    tree = data.get("vllm_tree")
+    if tree is not None and not (isinstance(tree, dict) and tree.get("kind") in ("src", "patch")
+                                 and isinstance(tree.get("path"), str)
+                                 and isinstance(tree.get("sha256"), str)):
+        raise InputError(f"{src}: 'vllm_tree' must be an object with kind (src or patch), "
+                         f"path and sha256")
     return Counterexample(scenario, policy, options, seed, schedule, tuple(skip),
                           tuple(v for v in violations if isinstance(v, dict)), trace_hash,
                           shrunk if isinstance(shrunk, int) and not isinstance(shrunk, bool)
                           else None, found_by, reach if reach in ("live", "latent") else None,
                           version if isinstance(version, str) else "", engine,
-                          release if isinstance(release, str) else "", ids)
+                          release if isinstance(release, str) else "", ids, tree)
 
 
 def _fingerprint(engine: str) -> str | None:

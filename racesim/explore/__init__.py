@@ -37,7 +37,7 @@ from racesim.explore.result import ExploreResult, counterexample_path, unshrunk_
 from racesim.explore.parallel import executor, ordered_map
 from racesim.reports.verdict import RACE, verdict
 from racesim.runner.summary import RunSummary
-from racesim.runner import RunSpec, import_from_cwd
+from racesim.runner import Backend, RunSpec, import_from_cwd
 from racesim.scenarios import Scenario
 from racesim.explore.shrink import shrink
 from racesim.sim import InputError
@@ -90,9 +90,10 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
             seed: int = 0, workers: int | None = 1, dask: str | None = None,
             skip: Sequence[str] = (), out_dir: Path | None = None,
             progress: Progress | None = None, shrink_runs: int = 400,
-            reach: str = "all", engine: str = "model", target: str | None = None,
+            reach: str = "all", engine: str | Backend = "model", target: str | None = None,
             symptom: str | None = None, stop_at_target: bool = False,
-            ids: str | None = None) -> ExploreResult:
+            ids: str | None = None,
+            on_run: Callable[[RunSummary], None] | None = None) -> ExploreResult:
     """Explore ``budget`` schedules of ``scenario`` under ``policy`` (run 0 = baseline).
 
     ``reach="live"`` delays only the await points that are live or yield in the scenario's
@@ -100,7 +101,8 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     names an invariant whose first violating run is recorded (``target_run``; with ``symptom``,
     only a violation whose detail or vLLM file:line contains that text counts); with
     ``stop_at_target`` the search ends there (runs arrive in order, so the run is the same
-    for any worker count)."""
+    for any worker count). ``on_run`` sees every run's summary, in run order (``racesim diff``
+    keeps the violating schedules to replay them on the other tree)."""
     if reach not in ("all", "live"):
         raise InputError(f"--reach must be 'all' or 'live', got {reach!r}")
     if strategy not in STRATEGIES:
@@ -144,6 +146,8 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     windows: set[tuple[str, int]] = set()
 
     def record(s: RunSummary) -> None:
+        if on_run is not None:
+            on_run(s)
         res.runs += 1
         traces.add(s.schedule)
         evaluated.update(s.evaluated)
@@ -288,6 +292,7 @@ def _exploration_key(spec: RunSpec, strategy: str, reach: str, budget: int,
             "scenario_sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
             "vllm": spec.scenario.vllm, "engine": spec.engine, "policy": spec.policy,
             "ids": spec.id_scheme,
+            **({"vllm_tree": spec.backend.tree_record()} if spec.backend.has_tree else {}),
             "options": dict(sorted(spec.option_dict.items())), "seed": spec.seed,
             "skip": list(spec.skip), "strategy": strategy, "reach": reach, "budget": budget,
             "time_limit": time_limit}
@@ -345,7 +350,10 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
                           {"strategy": res.strategy, "run": found_at,
                            "shrunk": shrunk_from is not None, "reach": res.reach,
                            "exploration": res.key}, reach,
-                          engine=res.engine, ids=res.spec.id_scheme)
+                          engine=res.engine, ids=res.spec.id_scheme,
+                          vllm_tree=res.spec.backend.tree_record(),
+                          vllm_release=res.spec.backend.release or ""
+                          if res.spec.backend.has_tree else "")
 
 
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from racesim.explore import ExploreResult, explore
 from racesim.reports.verdict import RACE, found_words, verdict
-from racesim.runner import PolicyError, RunSpec
+from racesim.runner import Backend, PolicyError, RunSpec, as_backend
 from racesim.scenarios import Scenario
 
 __all__ = ["MatrixResult", "run_matrix", "DEFAULT_POLICIES", "table_groups"]
@@ -110,12 +110,13 @@ def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget
                skip: Sequence[str], out_dir: Path | None,
                on_cell: Callable[[int, int, ExploreResult | None], None] | None = None,
                progress: Callable[[int, int, int], None] | None = None,
-               time_limit: float | None = None, engine: str = "model",
-               ids: str | None = None) -> MatrixResult:
+               time_limit: float | None = None,
+               engine: str | Backend = "model", ids: str | None = None) -> MatrixResult:
     """Explore every cell; ``time_limit`` bounds each cell's exploration (seconds). A user
     policy that raises marks its cells with the error and the matrix goes on."""
     from importlib.metadata import PackageNotFoundError, version
 
+    backend = as_backend(engine)
     try:
         racesim_version = version("racesim")
     except PackageNotFoundError:  # a source tree that was never installed
@@ -123,7 +124,8 @@ def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget
     result = MatrixResult([s.name for s in scenarios], list(policies), [], {
         "vllm": sorted({s.vllm for s in scenarios}), "budget": budget, "strategy": strategy,
         "seed": seed, "skip": sorted(skip), "time_limit": time_limit,
-        "racesim": racesim_version, "engine": engine, "ids": ids})
+        "racesim": racesim_version, "engine": backend.engine, "ids": ids,
+        **({"vllm_tree": backend.tree_record()} if backend.has_tree else {})})
     total = len(scenarios) * len(policies)
     for scen in scenarios:
         for policy in policies:
@@ -132,10 +134,10 @@ def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[str], *, budget
             try:
                 res = explore(scen, policy, strategy=strategy, budget=budget, seed=seed,
                               workers=workers, dask=dask, skip=skip, out_dir=out_dir,
-                              progress=progress, time_limit=time_limit, engine=engine,
+                              progress=progress, time_limit=time_limit, engine=backend,
                               ids=ids)
             except PolicyError as exc:
-                res = ExploreResult(RunSpec(scen, policy, (), seed, tuple(skip), engine, ids),
+                res = ExploreResult(RunSpec(scen, policy, (), seed, tuple(skip), backend, ids),
                                     strategy, error=str(exc))
             result.cells.append(res)
             if on_cell is not None:

@@ -107,7 +107,7 @@ class ExploreResult:
         if spec.ids is not None and spec.id_scheme != policy_spec(spec.policy).ids:
             tag += f"+ids-{spec.id_scheme}"  # not the policy's default: say so in the name
         return counterexample_path(out_dir, spec.scenario.name, tag, self.strategy,
-                                   spec.seed, spec.engine)
+                                   spec.seed, spec.backend.file_tag)
 
     @property
     def scenario(self) -> Scenario:
@@ -168,6 +168,8 @@ class ExploreResult:
             "ids": self.spec.id_scheme if self.error is None else self.spec.ids,
             "vllm": self.scenario.vllm,
             "engine": self.engine,
+            **({"vllm_tree": self.spec.backend.tree_record()} if self.spec.backend.has_tree
+               else {}),
             "search": self.reach,
             "strategy": self.strategy,
             "seed": self.seed,

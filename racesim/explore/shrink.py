@@ -30,14 +30,18 @@ class ShrinkResult:
     exhausted: bool  # stopped by the run budget rather than by a fixpoint
 
 
+Pred = Callable[[Scenario, Sequence[Decision]], bool]
+
+
 class _Budget(Exception):
     pass
 
 
 def shrink(spec: RunSpec, schedule: Sequence[Decision], target: frozenset[str], *,
-           max_runs: int = 400) -> ShrinkResult:
+           max_runs: int = 400, judge: Pred | None = None) -> ShrinkResult:
     """Shrink ``schedule`` (and the requests of the spec's scenario) while some ``target``
-    invariant fails."""
+    invariant fails; ``judge`` (a scenario and schedule still fail) replaces that test
+    (``racesim diff``: fails on the candidate and not on the baseline, in other processes)."""
     runs = 0
     scenario = spec.scenario
 
@@ -46,6 +50,8 @@ def shrink(spec: RunSpec, schedule: Sequence[Decision], target: frozenset[str], 
         if runs >= max_runs:
             raise _Budget
         runs += 1
+        if judge is not None:
+            return judge(scen, sched)
         result = spec.with_scenario(scen).run(schedule=tuple(sched), retain_trace=False,
                                               hash_trace=False)
         return any(v in target for v in result.violated)
@@ -63,9 +69,6 @@ def shrink(spec: RunSpec, schedule: Sequence[Decision], target: frozenset[str], 
     except _Budget:
         exhausted = True
     return ShrinkResult(best_scen, best, runs, exhausted)
-
-
-Pred = Callable[[Scenario, Sequence[Decision]], bool]
 
 
 def _fewest_delays(scen: Scenario, sched: tuple[Decision, ...], fails: Pred,

@@ -208,25 +208,27 @@ class RaceSim:
     def run(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id", *,
             options: Mapping[str, str] | None = None, witness: bool = False,
             delays: Iterable[DelaySpec] | Mapping[str, float] = (), skip: Iterable[str] = (),
-            seed: int | None = None, vllm: str | None = None) -> RunResult:
+            seed: int | None = None, vllm: str | None = None,
+            engine: str = "model") -> RunResult:
         """Run ``scenario`` (a bundled name, a path or a :class:`racesim.scenarios.Scenario`) under
         ``policy`` once and return its result; violations do not fail the test (see
         :meth:`check`). ``witness`` applies the scenario's ``[witness]`` schedule, ``delays``
         exact delays on top, ``skip`` leaves invariants unchecked, ``vllm`` picks the vLLM
-        profile (default: the scenario's, else the newest). Bad input raises
-        ``racesim.sim.InputError``."""
-        return self._run(*self._spec(scenario, policy, options, skip, seed, vllm), witness,
-                         delays)[0]
+        profile (default: the scenario's, else the newest), ``engine`` the backend ("model" or
+        "vllm", the installed release). Bad input raises ``racesim.sim.InputError``."""
+        return self._run(*self._spec(scenario, policy, options, skip, seed, vllm, engine),
+                         witness, delays)[0]
 
     def check(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id",
               *, options: Mapping[str, str] | None = None, witness: bool = False,
               delays: Iterable[DelaySpec] | Mapping[str, float] = (), skip: Iterable[str] = (),
-              seed: int | None = None, vllm: str | None = None) -> RunResult:
+              seed: int | None = None, vllm: str | None = None,
+              engine: str = "model") -> RunResult:
         """:meth:`run`, then fail the test if any (unskipped) invariant was violated: raise
         :class:`RaceFound` (an ``AssertionError``) with the violations, the one command that
         replays the run, and the counterexample."""
         __tracebackhide__ = True
-        spec, replay_name = self._spec(scenario, policy, options, skip, seed, vllm)
+        spec, replay_name = self._spec(scenario, policy, options, skip, seed, vllm, engine)
         result, failed = self._run(spec, replay_name, witness, delays)
         if failed:
             raise RaceFound(failed, result, self._counterexample(spec, result))
@@ -234,16 +236,45 @@ class RaceSim:
 
     def _spec(self, scenario: object, policy: str, options: Mapping[str, str] | None,
               skip: Iterable[str], seed: int | None,
-              vllm: str | None) -> tuple[RunSpec, str | None]:
+              vllm: str | None, engine: str = "model") -> tuple[RunSpec, str | None]:
         """What to run (options and skipped invariants in the caller's order, as the replay
         command and the counterexample write them), and the name ``racesim run`` finds the
         scenario by (None: no file)."""
-        from racesim.runner import RunSpec
+        from racesim.runner import RunSpec, as_backend
 
         scen, replay_name = _load(scenario)
         skipped = (skip,) if isinstance(skip, str) else tuple(skip)
         return RunSpec(scen.with_vllm(vllm), policy, tuple(_options(options).items()),
-                       self._seed if seed is None else seed, skipped), replay_name
+                       self._seed if seed is None else seed, skipped,
+                       as_backend(engine)), replay_name
+
+    def explore(self, scenario: str | os.PathLike[str] | Scenario,
+                policy: str = "internal-id", **kwargs: Any) -> list[Any]:
+        """Search ``scenario``'s schedules (``budget=100``, ``reach="all"`` or ``"live"``,
+        ``engine="model"`` or ``"vllm"``, ``vllm_src=``/``vllm_patch=``/``vllm_base=``,
+        ``strategy``, ``options``, ``skip``, ``vllm``, ``seed``): the races found, each with the
+        command that replays it; ``[]`` when clean (racesim/plugin/search.py)."""
+        from racesim.plugin.search import explore
+
+        seed = kwargs.pop("seed", None)
+        return explore(scenario, policy, self._out_dir(), self._seed if seed is None else seed,
+                       **kwargs)
+
+    def diff(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id",
+             **kwargs: Any) -> list[Any]:
+        """What a vLLM change (``vllm_src=`` or ``vllm_patch=``) opens against the installed
+        release (or ``base_src=``/``base_patch=``), as ``racesim diff`` decides it: one finding
+        per opened invariant; ``[]`` when it opens nothing."""
+        from racesim.plugin.search import diff
+
+        seed = kwargs.pop("seed", None)
+        return diff(scenario, policy, self._out_dir(), self._seed if seed is None else seed,
+                    **kwargs)
+
+    def _out_dir(self) -> Path:
+        """Where searches write counterexample files: ``--racesim-report``, else
+        ``racesim-out`` in the current folder (absolute, so a replay command works anywhere)."""
+        return (self._report_dir or Path("racesim-out")).resolve()
 
     def _run(self, spec: RunSpec, replay_name: str | None, witness: bool,
              delays: Iterable[DelaySpec] | Mapping[str, float]) -> tuple[RunResult, str]:
@@ -285,7 +316,7 @@ class RaceSim:
                                   spec.policy, spec.engine)
         if replay_name is not None:
             return run_command(replay_name, spec.policy, spec.option_dict, result.seed,
-                               result.schedule, spec.skip, vllm=result.vllm)
+                               result.schedule, spec.skip, vllm=result.vllm, engine=spec.engine)
         return None
 
     def _explain(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> str:

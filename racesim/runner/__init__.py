@@ -13,14 +13,16 @@ from racesim.engine_model import POLICIES, RunResult, load_policy, run_workload
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.points import POINTS, UnknownPointError
 from racesim.engine_model.policies import LifecyclePolicy, id_scheme, policy_spec, with_ids
-from racesim.runner.engines import check_engine, installed_vllm, why_not_run
+from racesim.runner.backend import MODEL, Backend, as_backend, from_record, resolve_backend
+from racesim.runner.engines import SUPPORTED_VLLM, installed_vllm, why_not_run
 from racesim.reports.commands import replay_command, run_command
 from racesim.scenarios import Scenario
 from racesim.sim import Decider, Decision, DelayPlan, InputError, parse_point_key
 from racesim.sim.points import delay_entry
 from racesim.sim.strategies import Replay
 
-__all__ = ["RunSpec", "run_scenario", "parse_delay_option", "replay_command", "run_command",
+__all__ = ["RunSpec", "run_scenario", "Backend", "resolve_backend", "MODEL", "as_backend",
+           "from_record", "parse_delay_option", "replay_command", "run_command",
            "PlanEntry", "PolicyError", "policy_title", "import_from_cwd"]
 
 PlanEntry = tuple[str, int | None, float]
@@ -42,26 +44,36 @@ def parse_delay_option(text: str) -> PlanEntry:
 @dataclass(frozen=True, slots=True)
 class RunSpec:
     """What a run is of, apart from its delays: a scenario, a policy and its options, a seed,
-    the invariants left unchecked, the backend (``engine``) and the request-ID scheme (``ids``:
+    the invariants left unchecked, the :class:`Backend` and the request-ID scheme (``ids``:
     "given", "release", or None for the policy's default; see ``engine_model.policies``).
-    Explore, shrink, matrix and the hypothesis search pass one around (it pickles, for worker
-    processes); :meth:`run` runs it with a delay source."""
+    Explore, shrink, matrix, diff and the hypothesis search pass one around (it pickles, for
+    worker processes); :meth:`run` runs it with a delay source. A backend given as a string
+    ("model"/"vllm") is resolved to the installed release's :class:`Backend`."""
 
     scenario: Scenario
     policy: str
     options: tuple[tuple[str, str], ...] = ()
     seed: int = 0
     skip: tuple[str, ...] = ()
-    engine: str = "model"
+    backend: Backend = MODEL
     ids: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.backend, Backend):
+            object.__setattr__(self, "backend", as_backend(self.backend))
 
     @classmethod
     def of(cls, scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
-           seed: int = 0, skip: Iterable[str] = (), engine: str = "model",
+           seed: int = 0, skip: Iterable[str] = (), engine: str | Backend = "model",
            ids: str | None = None) -> RunSpec:
         """A spec with its options sorted and its skipped invariants checked and sorted."""
         return cls(scenario, policy, tuple(sorted((options or {}).items())), seed,
-                   tuple(sorted(check_invariant_names(tuple(skip)))), engine, ids)
+                   tuple(sorted(check_invariant_names(tuple(skip)))), as_backend(engine), ids)
+
+    @property
+    def engine(self) -> str:
+        """``"model"`` or ``"vllm"``: the backend's kind."""
+        return self.backend.engine
 
     @property
     def id_scheme(self) -> str:
@@ -83,26 +95,28 @@ class RunSpec:
         return run_scenario(self.scenario, self.policy, options=self.option_dict,
                             seed=self.seed, witness=witness, delays=delays, schedule=schedule,
                             decider=decider, skip=self.skip, retain_trace=retain_trace,
-                            hash_trace=hash_trace, engine=self.engine, ids=self.ids)
+                            hash_trace=hash_trace, engine=self.backend, ids=self.ids)
 
 
 def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] | None = None,
                  seed: int = 0, witness: bool = False, delays: Iterable[PlanEntry] = (),
                  schedule: Sequence[Decision] | None = None, decider: Decider | None = None,
                  skip: Iterable[str] = (), retain_trace: bool = True,
-                 hash_trace: bool = True, engine: str = "model",
+                 hash_trace: bool = True, engine: str | Backend = "model",
                  ids: str | None = None) -> RunResult:
     """One deterministic run. Its delays come from the scenario's ``[delays]``, then ``witness``
     and ``delays`` (which win), then one decider: ``decider`` (exploration) or ``schedule``
     (a recorded run, replayed exactly by :class:`~racesim.sim.strategies.Replay`).
 
-    ``engine`` picks the backend: ``"model"`` (racesim's model) or ``"vllm"`` (vLLM's own
-    engine-side classes, :mod:`racesim.engine_vllm`); the same schedule means the same delays
-    at the same await points on both. ``ids`` is the request-ID scheme: "given" (the client's
-    IDs), "release" (what the profile's release assigns: internal IDs from 0.14) or None (the
-    policy's default, ``LifecyclePolicy.ids``)."""
+    ``engine`` picks the backend: ``"model"`` (racesim's model), ``"vllm"`` (vLLM's own
+    engine-side classes of the installed release, :mod:`racesim.engine_vllm`), or a
+    :class:`Backend` resolved by :func:`resolve_backend` (a vLLM tree or patch); the same
+    schedule means the same delays at the same await points on all of them. ``ids`` is the
+    request-ID scheme: "given" (the client's IDs), "release" (what the profile's release
+    assigns: internal IDs from 0.14) or None (the policy's default, ``LifecyclePolicy.ids``)."""
     skip_set = check_invariant_names(tuple(skip))
-    check_engine(engine, scenario.vllm)
+    backend = as_backend(engine)
+    backend.check(scenario.vllm)
     overrides: list[PlanEntry] = []
     if witness:
         if not (scenario.witness or scenario.has_witness):
@@ -120,14 +134,17 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
         scheme = id_scheme(type(loaded), ids)
         hooks = with_ids(loaded, scheme, scenario.vllm)
         run = run_workload
-        if engine == "vllm":
+        if backend.is_vllm:
             from racesim.engine_vllm import run_workload as run
             from racesim.engine_vllm import unsupported_reason
 
-            if (why := why_not_run(scenario.workload, engine)) is not None:
+            if (why := why_not_run(scenario.workload, "vllm")) is not None:
                 raise InputError(f"{scenario.name}: {why}")
+            backend.activate()  # a tree's vLLM, imported in this process before the run
             why = unsupported_reason(scenario.workload, loaded.name if policy in POLICIES
-                                     else policy, options, installed_vllm())
+                                     else policy, options,
+                                     SUPPORTED_VLLM.get(backend.base or "") if backend.has_tree
+                                     else installed_vllm())
             if why is not None:
                 raise InputError(why)
         return run(scenario.workload, hooks, seed=seed, plan=plan, skip=skip_set,
