@@ -132,6 +132,12 @@ class PDConfig:
     #: ... until a reader's notice or ``decoder_kv_blocks_ttl`` seconds, a plain timeout with
     #: no lease (base_scheduler.py:181-185; 480 by default).
     decoder_kv_blocks_ttl: float = 480.0
+    #: which API endpoint each leg goes to, so the ID its server hands AsyncLLM: None, both legs
+    #: one endpoint (the prefix, ``cmpl-{id}-0`` or ``chatcmpl-{id}``, is the same on both, so
+    #: the proxy's ID stands for it); "completions-chat": the prefill leg to /v1/completions
+    #: (``cmpl-{id}-0``, openai/completion/serving.py:147, 183), the decode leg to
+    #: /v1/chat/completions (``chatcmpl-{id}``, openai/chat_completion/serving.py:320-322).
+    endpoints: str | None = None
 
     def __post_init__(self) -> None:
         _float_times(self, "transfer_time", "hold_timeout", "decoder_kv_blocks_ttl")

@@ -76,12 +76,16 @@ class Proxy:
             yield from self._run_mooncake(collector, request_id, rid, client_uid, prompt_tokens,
                                           max_tokens, n, eos_at, stop_string_at, prompt, fault)
             return
+        # [pd] endpoints: the ID each leg's API server hands AsyncLLM (api_server.py's prefixes)
+        p_id, d_id = rid, rid
+        if self.config.endpoints == "completions-chat":
+            p_id, d_id = f"cmpl-{rid}-0", f"chatcmpl-{rid}"
         world.emit(self.name, rid, 0, PdPrefill(client_uid))
-        self._stage, self._stage_id, self._stage_known = self.prefill, rid, not self._http
+        self._stage, self._stage_id, self._stage_known = self.prefill, p_id, not self._http
         # P samples the same first token D will: EOS there (eos_at = 1) finishes P STOPPED
         # rather than LENGTH_CAPPED (v1/core/sched/utils.py:104-119 checks EOS first).
         got = yield from self.prefill.add_request(
-            rid, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=1, n=1,
+            p_id, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=1, n=1,
             eos_at=eos_at, kv_transfer_params=KVTransferParams(do_remote_decode=True),
             prompt=prompt,
             fault="preprocess" if fault == "preprocess" else "")
@@ -117,7 +121,7 @@ class Proxy:
                                     remote_block_ids=params.remote_block_ids,
                                     remote_inc=params.remote_inc)
         got = yield from self.decode.add_request(
-            rid, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=max_tokens, n=n,
+            d_id, client_uid=client_uid, prompt_tokens=prompt_tokens, max_tokens=max_tokens, n=n,
             eos_at=eos_at, stop_string_at=stop_string_at, kv_transfer_params=d_params,
             prompt=prompt, fault="kv-load" if fault == "kv-load" else "")
         yield from self._stream_decode(collector, request_id, got)

@@ -54,4 +54,4 @@ POINTS = PointCatalogue([
                "DP coordinator -> API servers: the engines' waiting/running counts the load "
                "balancer reads, published every 100 ms (XPUB socket hop)",
                natural="ipc.latency"),
-])
+], dynamic=("send:", "yield:", "exec:"))  # vLLM's own frontend (engine_vllm/frontend/points.py)

@@ -81,4 +81,10 @@ class VllmProfile:
     abort_final_output: bool = True
 
     def width(self, point: str) -> str:
-        return self.widths.get(point, "live")
+        width = self.widths.get(point)
+        if width is None:
+            # vLLM's own frontend names its points by kind (engine_vllm/frontend/points.py):
+            # an eager send vLLM never suspends at is latent, a sleep(0) yields
+            return ("latent" if point.startswith("send:") else
+                    "yield" if point.startswith("yield:") else "live")
+        return width

@@ -17,6 +17,12 @@ __all__ = ["run_workload", "unsupported_reason", "model_only_reason", "SUPPORTED
 
 def run_workload(*args: Any, **kwargs: Any) -> RunResult:
     """``racesim.engine_model.run_workload`` on vLLM's own classes (same arguments)."""
+    from racesim.engine_vllm.frontend.select import real_frontend
+
+    if real_frontend():
+        from racesim.engine_vllm.frontend.system import run_workload as real
+
+        return real(*args, **kwargs)
     from racesim.engine_vllm.system import run_workload as run
 
     return run(*args, **kwargs)

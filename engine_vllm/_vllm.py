@@ -141,9 +141,9 @@ class VllmEngineShape:
     max_model_len: int
     async_scheduling: bool
     prefix_caching: bool
-    #: P/D: (kv_role, engine_id, kv_lease_duration, kv_load_failure_policy) of the engine's
-    #: NixlConnector, or None for no KV connector
-    kv_transfer: tuple[str, str, int, str] | None = None
+    #: P/D: (kv_role, engine_id, kv_lease_duration, kv_load_failure_policy, connector class
+    #: name: "NixlConnector" or "NixlPushConnector"), or None for no KV connector
+    kv_transfer: tuple[str, str, int, str, str] | None = None
 
 
 @cache
@@ -167,13 +167,19 @@ def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
     if shape.kv_transfer is not None:
         # what `vllm serve --kv-transfer-config '{"kv_connector":"NixlConnector",...}'` sets;
         # the Scheduler then builds vLLM's own connector (scheduler.py:174-203)
-        role, engine_id, lease, on_failure = shape.kv_transfer
+        role, engine_id, lease, on_failure, connector = shape.kv_transfer
         from vllm.config import KVTransferConfig
 
+        extra = {}
+        if "kv_load_failure_policy" in getattr(KVTransferConfig, "__dataclass_fields__", {}):
+            extra["kv_load_failure_policy"] = on_failure  # 0.14+
         vc.kv_transfer_config = KVTransferConfig(
-            kv_connector="NixlConnector", kv_role=role, engine_id=engine_id,
-            kv_load_failure_policy=on_failure,
-            kv_connector_extra_config={"kv_lease_duration": lease})
+            kv_connector=connector, kv_role=role, engine_id=engine_id,
+            kv_connector_extra_config={"kv_lease_duration": lease}, **extra)
+        if hasattr(vc.scheduler_config, "disable_hybrid_kv_cache_manager"):
+            # VllmConfig turns HMA off when a connector is configured and the user expressed
+            # no preference (0.14.0 config/vllm.py:978-984); set after construction here
+            vc.scheduler_config.disable_hybrid_kv_cache_manager = True
     spec = v.api.attention_spec(v.FullAttentionSpec, block_size=shape.block_size,
                                 num_kv_heads=1, head_size=1, dtype=v.torch.float32)
     return vc, spec

@@ -29,7 +29,10 @@ def unsupported_reason(workload: Workload, policy: str,
                        release: str | None = None) -> str | None:
     """Why this run cannot use the vllm backend on vLLM ``release`` (one line), or None."""
     from racesim.engine_vllm._api import release_key
+    from racesim.engine_vllm.frontend.select import real_frontend, real_unsupported
 
+    if real_frontend():
+        return real_unsupported(workload, policy, release) or release_gap(workload, release)
     if policy == "internal-id" and release is not None and release_key(release) < (0, 14) \
             and (options or {}).get("suffix_hex", "8") != "0":
         # vLLM before 0.14 keeps the caller's ID end to end (v1/engine/processor.py)
@@ -63,32 +66,27 @@ def release_gap(workload: Workload, release: str | None) -> str | None:
 def model_only_reason(workload: Workload) -> str | None:
     """Why this scenario's deployment is model-only on the vllm backend (one line), or None.
 
-    P/D runs vLLM's own NixlConnector scheduler side with a simulated transport
-    (:mod:`racesim.engine_vllm.connectors.nixl`), written against 0.33's ``v1/nixl/`` package (pull
-    scheduler and pull worker); older releases have another NIXL module and API
-    (``v1/nixl_connector.py`` before 0.20), so P/D on them is model-only. Data parallelism runs
+    P/D runs vLLM's own NixlConnector scheduler side and its worker's request bookkeeping with
+    a simulated transport: 0.33's ``v1/nixl/`` package (pull and push,
+    :mod:`racesim.engine_vllm.connectors.nixl`, ``push``), 0.20's ``nixl/`` package and
+    0.10-0.14's ``v1/nixl_connector.py`` (pull, ``nixl_legacy``); 0.9.2's is model-only. Data parallelism runs
     (one vLLM Scheduler per DP rank; the DP client and coordinator are asyncio and socket
     code, modelled on both backends), and so do streaming-input sessions."""
     from racesim.engine_model.versions import DEFAULT_VLLM
 
     release = workload.engine.vllm or DEFAULT_VLLM
-    if workload.topology == "pd" and release != "0.33":
-        return (f"P/D on the vllm backend runs vLLM 0.33's NIXL connector only, not "
+    if workload.topology == "pd" and release not in ("0.33", "0.20", "0.14", "0.11", "0.10"):
+        # 0.9.2's NixlConnector is another API again (no adapter, connectors/nixl_legacy.py)
+        return (f"P/D on the vllm backend runs the NIXL connector of vLLM 0.10-0.33, not "
                 f"{release}'s: model-only there")
-    if workload.topology == "pd" and workload.pd.connector != "nixl-pull":
-        # push mode and Mooncake are checked on vLLM's own code by their vllm-marked tests
-        # (test_push_vllm.py, test_mooncake_vllm.py), not wired into the backend's engines
+    if workload.topology == "pd" and workload.pd.connector == "nixl-push" and release != "0.33":
+        return (f"pd.connector = 'nixl-push' on the vllm backend runs vLLM 0.33's push "
+                f"connector only, not {release}'s: model-only there")
+    if workload.topology == "pd" and workload.pd.connector not in ("nixl-pull", "nixl-push"):
+        # Mooncake is checked on vLLM's own code by its vllm-marked test
+        # (test_mooncake_vllm.py), not wired into the backend's engines
         return (f"pd.connector = {workload.pd.connector!r} is model-only on the vllm backend, "
-                f"which wires in NIXL's pull mode")
-    aborted = {r.id for r in workload.requests if r.abort_at is not None}
-    if workload.topology == "pd" and any(
-            sum(r.id == rid for r in workload.requests) > 1 for rid in aborted):
-        # conform found 2 of 100 buggy schedules of pd-proxy-abort where the model and vLLM's
-        # own NixlConnector disagree, not yet explained: until they are, a proxy abort in P/D
-        # is not claimed on vLLM's code
-        return ("a client abort in P/D of an ID another request also uses (pd-proxy-abort) is "
-                "model-only on the vllm backend: conform has unexplained differences there "
-                "(docs/backends.md)")
+                f"which wires in NIXL's pull and push modes")
     if workload.topology == "pd" and workload.pd.bidirectional_kv_xfer:
         return ("pd.bidirectional_kv_xfer is model-only on the vllm backend (its NixlConnector "
                 "is built without kv_connector_extra_config.bidirectional_kv_xfer)")

@@ -31,7 +31,7 @@ from racesim.engine_vllm import _vllm
 from racesim.engine_vllm.engine.core import VllmEngineCore
 from racesim.engine_vllm.frontend import VllmOutputProcessor
 from racesim.engine_vllm.connectors.nixl import NixlFabric, install_clock
-from racesim.engine_vllm.engine.views import Vocabulary
+from racesim.engine_vllm.engine.views import PromptTokens, Vocabulary
 from racesim.sim.points import DelayPlan
 
 __all__ = ["VllmSystem", "run_workload"]
@@ -67,8 +67,9 @@ class VllmSystem(System):
             policy = _RealIds(policy)
         #: one fake vocabulary for every engine: a frontend decodes the tokens of any DP rank
         self.vocab = Vocabulary()
+        self.prompts = PromptTokens()
         #: P/D: the engines' NIXL IDs and the params the proxy forwards (None otherwise)
-        self.fabric = NixlFabric() if workload.topology == "pd" else None
+        self.fabric = NixlFabric(workload.pd.connector) if workload.topology == "pd" else None
         if self.fabric is not None:
             install_clock(lambda: float(world.now))
         super().__init__(world, workload, policy, profile)
@@ -101,10 +102,15 @@ class VllmSystem(System):
         assert self.fabric is not None
         self.fabric.engine_ids[role] = index
         pd = wl.pd
-        return VllmEngineCore(self.world, index, role, wl.engine, self.policy, self.profile,
-                              max_model_len=self._max_model_len(), vocab=self.vocab,
-                              pd=(role, self.fabric, int(pd.hold_timeout),
-                                  pd.transfer_time if role == "decode" else 0.0))
+        engine = VllmEngineCore(self.world, index, role, wl.engine, self.policy, self.profile,
+                                max_model_len=self._max_model_len(), vocab=self.vocab,
+                                pd=(role, self.fabric, int(pd.hold_timeout),
+                                    pd.transfer_time if role == "decode" or
+                                    pd.connector == "nixl-push" else 0.0))
+        # one prompt is the same tokens on P and D, as a real client's prompt is on both legs
+        # (a reproducer tells the legs of one client apart by them)
+        engine._prompts = self.prompts
+        return engine
 
     def dp_rank(self, engine: Any, coordinator: DPCoordinator) -> None:
         """The rank's Scheduler already lists finished IDs per client; its steps tell the

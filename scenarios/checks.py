@@ -52,6 +52,7 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
 _CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": ("client", "uuid"),
                                         "pd.connector": ("nixl-pull", "nixl-push", "mooncake"),
                                         "pd.proxy": ("engine-client", "http"),
+                                        "pd.endpoints": ("completions-chat",),
                                         "engine.vllm": (*PROFILES, *ALIASES),
                                         "engine.pause_mode": ("abort", "keep"),
                                         "engine.kv_load_failure_policy": ("fail", "recompute"),

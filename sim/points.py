@@ -49,19 +49,32 @@ def reduce_by_fields(record: Any) -> tuple[type[Any], tuple[Any, ...]]:
 
 
 class PointCatalogue:
-    """An ordered registry of await points, used to validate names the user types."""
+    """An ordered registry of await points, used to validate names the user types.
 
-    __slots__ = ("_points",)
+    ``dynamic``: prefixes of points named at run time from the code that passes them (vLLM's own
+    frontend: ``send:``, ``yield:``, ``exec:`` and the vLLM function), valid without a
+    declaration."""
 
-    def __init__(self, points: Iterable[AwaitPoint]) -> None:
+    __slots__ = ("_points", "_dynamic")
+
+    def __init__(self, points: Iterable[AwaitPoint], dynamic: tuple[str, ...] = ()) -> None:
         self._points: dict[str, AwaitPoint] = {}
+        self._dynamic = dynamic
         for p in points:
             if p.name in self._points:
                 raise ValueError(f"await point {p.name!r} declared twice")
             self._points[p.name] = p
 
+    def _is_dynamic(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        for prefix in self._dynamic:
+            if name.startswith(prefix) and len(name) > len(prefix):
+                return True
+        return False
+
     def __contains__(self, name: object) -> bool:
-        return name in self._points
+        return name in self._points or self._is_dynamic(name)
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self._points.values())
@@ -73,6 +86,8 @@ class PointCatalogue:
         return tuple(self._points)
 
     def get(self, name: str) -> AwaitPoint:
+        if name not in self._points and self._is_dynamic(name):
+            return AwaitPoint(name, "named at run time by the code that passes it")
         try:
             return self._points[name]
         except KeyError:

@@ -118,6 +118,7 @@ def test_the_vllm_figure_is_measured_or_says_why_not(doc: dict) -> None:
         assert vllm["unavailable"] is None
         assert doc["vllm_schedules_per_s"] == vllm["vllm_schedules_per_s"] > 0
         assert vllm["model_schedules_per_s"] > 0 and vllm["runs"] == 8
+        assert doc["vllm_frontend_schedules_per_s"] == vllm["frontend_schedules_per_s"] > 0
     else:
         assert doc["vllm_schedules_per_s"] is None
         assert "install-vllm-cpu" in vllm["unavailable"]
@@ -130,4 +131,5 @@ def test_without_vllm_the_figure_is_unavailable_not_an_error(
     monkeypatch.setattr(bench_vllm, "_unavailable", lambda: "vLLM is not installed")
     section = bench_vllm.measure_vllm(8, 1, lambda _msg: None)
     assert section["vllm_schedules_per_s"] is None
+    assert section["frontend_schedules_per_s"] is None
     assert section["unavailable"] == "vLLM is not installed"

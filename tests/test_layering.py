@@ -61,7 +61,8 @@ APP = {
     "bench": {"runner", "explore"},
     "diff": {"runner", "documents", "explore"},
     "plugin": {"runner", "documents", "explore", "diff"},
-    "cli": {"runner", "documents", "explore", "conform", "corpus", "bench", "diff"},
+    "repro": {"runner", "documents"},
+    "cli": {"runner", "documents", "explore", "conform", "corpus", "bench", "diff", "repro"},
 }
 #: The only modules directly in racesim/: the public API, ``python -m racesim``, the console
 #: script's entry.

@@ -204,3 +204,34 @@ def test_a_file_from_another_release_replays_there_and_is_exit_2_here(tmp_path: 
                           capture_output=True, text=True, cwd=tmp_path, timeout=900)
     assert here.returncode == 2 and len(here.stderr.strip().splitlines()) == 1
     assert engines.install_command(release) in here.stderr
+
+
+@pytest.mark.vllm
+def test_p_d_runs_the_installed_releases_own_nixl_connector(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pull-mode P/D on any release 0.10-0.33: both Schedulers build that release's
+    NixlConnector and the worker's bookkeeping is its own NixlConnectorWorker (0.33: the pull
+    worker of the nixl/ package; 0.20: nixl/worker.py; 0.10-0.14: nixl_connector.py)."""
+    import racesim.engine_vllm.system as vsys
+
+    seen: list[object] = []
+
+    class Capturing(vsys.VllmSystem):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)
+            seen.append(self)
+
+    monkeypatch.setattr(vsys, "VllmSystem", Capturing)
+    profile = _installed()
+    policy, options = lifecycle(profile)
+    res = run_scenario(load_scenario("pd-reuse").with_vllm(profile), policy, options=options,
+                       engine="vllm")
+    assert res.engine == "vllm" and res.vllm == profile
+    (system,) = seen
+    for engine in system.engines:  # type: ignore[attr-defined]
+        assert type(engine.sched.connector).__name__ == "NixlConnector" or \
+            type(engine.sched.connector).__name__ == "NixlPullConnector"
+        worker = type(engine.transport.worker)
+        assert worker.__module__.startswith("vllm.distributed.kv_transfer.kv_connector.v1.nixl")
+        assert worker.__name__ in ("NixlConnectorWorker", "NixlPullConnectorWorker")
+    assert [e for e in res.trace if e.kind == "pd.read"], "the decode side read P's blocks"

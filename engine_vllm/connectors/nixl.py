@@ -50,28 +50,19 @@ from racesim.engine_model.events.pd import (
     PdRecvStart,
 )
 from racesim.engine_model.messages import KVDoneNotice, KVHeartbeat, KVTransferParams
+from racesim.engine_vllm.connectors.nixl_fakes import SimTime, Stats
 
-__all__ = ["NixlFabric", "NixlTransport", "install_clock", "producer_params"]
+__all__ = ["NixlFabric", "NixlTransport", "install_clock", "producer_params", "first_group"]
 
 _NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
-_CLOCKED = ("base_scheduler", "pull_scheduler", "base_worker", "pull_worker")
+_CLOCKED = ("base_scheduler", "pull_scheduler", "base_worker", "pull_worker", "push_scheduler",
+            "push_worker",
+            "scheduler", "worker")  # 0.20's nixl package (nixl/scheduler.py, nixl/worker.py)
+#: before 0.20 one module (kv_connector/v1/nixl_connector.py)
+_LEGACY = "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector"
 
 
-class _SimTime:
-    """The ``time`` module as the NIXL modules see it: ``perf_counter`` is simulated."""
-
-    def __init__(self, real: Any) -> None:
-        self._real = real
-        self.now: Callable[[], float] = lambda: 0.0
-
-    def perf_counter(self) -> float:
-        return self.now()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
-_CLOCK: _SimTime | None = None
+_CLOCK: SimTime | None = None
 
 
 def install_clock(now: Callable[[], float]) -> None:
@@ -80,12 +71,34 @@ def install_clock(now: Callable[[], float]) -> None:
     if _CLOCK is None:
         import importlib
 
-        for name in _CLOCKED:
-            module = importlib.import_module(f"{_NIXL}.{name}")
+        for name in (*(f"{_NIXL}.{n}" for n in _CLOCKED), _LEGACY):
+            try:
+                module = importlib.import_module(name)
+            except ImportError:  # a module of another release's NIXL layout
+                continue
             if _CLOCK is None:
-                _CLOCK = _SimTime(module.time)
+                _CLOCK = SimTime(module.time)
             module.time = _CLOCK
     _CLOCK.now = now
+
+
+def push_decode_params(remote_request_id: str) -> dict[str, Any]:
+    """What the 0.33-era push demo proxy sends the decode leg (disagg_proxy_pushconnector_demo.py
+    before it gained a ``transfer_id``): P's coordinates and the proxy's request ID, no blocks
+    (D registers its own, push_scheduler.py:177-189 reads these keys)."""
+    return {"do_remote_prefill": True, "do_remote_decode": False,
+            "remote_engine_id": "prefill", "remote_request_id": remote_request_id,
+            "remote_block_ids": None, "remote_host": "prefill", "remote_port": 5600,
+            "tp_size": 1}
+
+
+def first_group(blocks: Any) -> list[int]:
+    """The block IDs of the first KV cache group: grouped (0.20+ ``BlockIds``, a tuple of
+    lists) or flat (before 0.20, and what 0.20 passes ``request_finished`` for one group)."""
+    if not blocks:
+        return []
+    first = blocks[0]
+    return list(first) if isinstance(first, (list, tuple)) else list(blocks)
 
 
 def producer_params() -> dict[str, Any]:
@@ -99,20 +112,31 @@ class NixlFabric:
     """What connects the engines: their NIXL engine IDs, and each prefill's
     ``kv_transfer_params`` as the proxy forwards them to the decode engine."""
 
-    def __init__(self) -> None:
+    def __init__(self, connector: str = "nixl-pull") -> None:
+        #: the scenario's ``[pd] connector``: "nixl-pull" or "nixl-push"
+        self.connector = connector
         self.engine_ids: dict[str, int] = {}
         self._params: dict[KVTransferParams, str] = {}
+        #: push mode: each D request's incarnation by its ID (what P's WRITE names), and each
+        #: PUSH_REG's bytes as D's writer sent them, by the message that carries them
+        self.push_incs: dict[str, int] = {}
+        self.push_bytes: dict[Any, bytes] = {}
+
+    @property
+    def connector_class(self) -> str:
+        """The ``kv_connector`` vLLM builds (factory.py registers both names)."""
+        return "NixlPushConnector" if self.connector == "nixl-push" else "NixlConnector"
 
     def from_prefill(self, params: dict[str, Any], inc: int) -> KVTransferParams | None:
         """The model's view of the params a prefill request finished with (kept for D)."""
         if not params or not params.get("do_remote_prefill"):
             return None
-        blocks = params.get("remote_block_ids") or [[]]
         model = KVTransferParams(
             do_remote_prefill=True,
             remote_engine=self.engine_ids.get(str(params.get("remote_engine_id")), -1),
             remote_request_id=str(params.get("remote_request_id")),
-            remote_block_ids=tuple(blocks[0]), remote_inc=inc)
+            remote_block_ids=tuple(first_group(params.get("remote_block_ids"))),
+            remote_inc=inc)
         self._params[model] = json.dumps(params)  # the proxy's JSON body
         return model
 
@@ -123,14 +147,9 @@ class NixlFabric:
         if params.do_remote_decode:
             return producer_params()
         body = self._params.get(params)
+        if body is None and self.connector == "nixl-push" and params.do_remote_prefill:
+            return push_decode_params(str(params.remote_request_id))
         return json.loads(body) if body is not None else None
-
-
-class _Stats:
-    """``xfer_stats``: vLLM counts metrics here; nothing reads them."""
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
 
 
 class _Notifs:
@@ -164,7 +183,7 @@ def _bare_worker(lease: int, read: Callable[[str, Any], None],
     w.expected_consumer_notifications_by_req = {}
     w._lease_extension = lease * 2 // 3  # base_worker.py:627-631
     w.transfer_topo = True  # the handshake's topology: _get_new_notifs asserts it is set
-    w.xfer_stats = _Stats()
+    w.xfer_stats = Stats()
     w.nixl_wrapper = _Notifs()
     w._read_blocks_for_req = read
     w._send_heartbeats = beat
@@ -175,6 +194,10 @@ class NixlTransport:
     """One engine's NIXL worker: vLLM's own bookkeeping, simulated transfers. The engine shell
     reads :meth:`next_expiry` and :meth:`next_heartbeat` to wake an idle busy loop."""
 
+    #: what the Scheduler calls when a request is freed (0.33 scheduler.py:3399; before 0.33,
+    #: ``request_finished`` with one group's blocks, 0.20.0 scheduler.py:2036)
+    _FINISHED = "request_finished_all_groups"
+
     def __init__(self, core: Any, engine_id: str, lease: int, transfer_time: float,
                  fabric: NixlFabric) -> None:
         self.core = core
@@ -183,7 +206,7 @@ class NixlTransport:
         self.fabric = fabric
         self.transfer_time = transfer_time
         self.component = f"{core.name}.connector"
-        self.worker = _bare_worker(lease, self._read, self._heartbeats)
+        self.worker = self._make_worker(lease)
         self.scheduler = core.sched.connector.connector_scheduler
         self.scheduler._last_heartbeat_time = -math.inf
         self._interval = float(lease // 6)  # base_scheduler.py:88
@@ -197,23 +220,26 @@ class NixlTransport:
         self.causes: dict[str, str] = {}
         self._wrap_request_finished()
 
+    def _make_worker(self, lease: int) -> Any:
+        return _bare_worker(lease, self._read, self._heartbeats)
+
     # -- the scheduler side, observed -----------------------------------------------------------
 
     def _wrap_request_finished(self) -> None:
         """Record ``pd.hold`` when vLLM's own ``request_finished`` keeps a prefill's blocks."""
         connector = self.core.sched.connector
-        real = connector.request_finished_all_groups
+        real = getattr(connector, self._FINISHED)
 
         def request_finished_all_groups(request: Any, block_ids: Any) -> Any:
             delay, params = real(request, block_ids)
             if delay and params and params.get("do_remote_prefill"):
                 expiry = self.scheduler._reqs_need_send.get(request.request_id)
-                blocks = list((params.get("remote_block_ids") or [[]])[0])
+                blocks = first_group(params.get("remote_block_ids"))
                 self.world.emit(self.component, request.request_id, self.core.inc_of(request),
                                 PdHold(blocks, float(expiry) if expiry is not None else 0.0))
             return delay, params
 
-        connector.request_finished_all_groups = request_finished_all_groups
+        setattr(connector, self._FINISHED, request_finished_all_groups)
 
     def before_schedule(self) -> None:
         self.recv_objects = {rid: entry[0] for rid, entry in

@@ -44,6 +44,7 @@ from racesim.engine_vllm.connectors import pd
 from racesim.engine_vllm.engine import sessions
 from racesim.engine_vllm.engine import finishes
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
+from racesim.engine_vllm.connectors import new_transport
 from racesim.engine_vllm.connectors.nixl import NixlFabric, NixlTransport
 from racesim.engine_vllm.oracle import vllm_raise
 from racesim.engine_vllm.engine.views import EosIds, KvShadow, PromptTokens, SchedulerView, Vocabulary
@@ -84,7 +85,7 @@ class VllmEngineCore(EngineShell):
         kv_transfer = None
         if pd is not None:  # P/D: "prefill" or "decode", the fabric, the lease, the read time
             kv_transfer = ("kv_producer" if pd[0] == "prefill" else "kv_consumer", pd[0], pd[2],
-                           config.kv_load_failure_policy or "fail")
+                           config.kv_load_failure_policy or "fail", pd[1].connector_class)
         shape = _vllm.VllmEngineShape(config.num_blocks, config.block_size, config.max_num_seqs,
                                       config.max_num_batched_tokens, max_model_len,
                                       bool(config.async_scheduling), bool(config.prefix_caching),
@@ -115,8 +116,12 @@ class VllmEngineCore(EngineShell):
         self.fabric: NixlFabric | None = None
         if pd is not None:
             self.fabric = pd[1]
-            self.transport = NixlTransport(self, pd[0], pd[2], pd[3], pd[1])
+            self.transport = new_transport(pd[1], self, pd[0], pd[2], pd[3])
             self.connector = self.transport  # type: ignore[assignment]
+        from racesim.engine_vllm import journal  # racesim repro: off unless recording
+
+        if (j := journal.active()) is not None:
+            j.attach(self, shape, dp)
         self.start()
 
     # -- ground truth ---------------------------------------------------------------------------
@@ -143,6 +148,12 @@ class VllmEngineCore(EngineShell):
             self._remote[id(req)] = (req, msg.kv_transfer_params.remote_inc, msg.fault)
         self._eos[id(req.sampling_params)] = (req.sampling_params, msg.eos_at)
         return req
+
+    def deliver_vllm(self, request_type: Any, request: Any, truth: Any) -> None:
+        """vLLM's decoded ``(EngineCoreRequestType, request)``, ground truth beside (SEAMS.md)."""
+        from racesim.engine_vllm.frontend.engine_side import to_shell
+        if (msg := to_shell(self, request_type, request, truth)) is not None:
+            self.deliver(msg)
 
     def _reject(self, rid: str, inc: int, client: int, why: str) -> None:
         finishes.reject(self, rid, inc, client, why)
@@ -398,6 +409,12 @@ class VllmEngineCore(EngineShell):
         channel = self.notify_channels.get(engine)
         if channel is not None:
             channel.send(KVHeartbeat(request_ids), list(request_ids))
+
+    def deliver_push_done(self, notice: KVDoneNotice) -> None:
+        """D, NIXL push mode: P's WRITE notification arrived."""
+        if self.dead is not None or self.transport is None:
+            return
+        self.transport.deliver_write_notice(notice)  # type: ignore[attr-defined]
 
     def deliver_kv_notice(self, notice: KVDoneNotice | KVHeartbeat) -> None:
         """Prefill side: a transfer-done notice or heartbeat from the decode side."""

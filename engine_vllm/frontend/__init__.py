@@ -128,7 +128,7 @@ class _Queue:
     ``RequestOutput`` and feeds the model's simpy collector. Bound to its incarnation."""
 
     __slots__ = ("op", "collector", "rid", "external", "index", "inc", "uid", "top", "engine",
-                 "state", "session")
+                 "state", "session", "source")
 
     def __init__(self, op: VllmOutputProcessor, collector: RequestOutputCollector, rid: str,
                  external: str, index: int, inc: int, uid: int, top: str, engine: int,
@@ -145,6 +145,7 @@ class _Queue:
         self.state: Any = None  # vLLM's RequestState this queue belongs to
         #: a streaming-input session's (its first add was resumable)
         self.session = session
+        self.source: int | None = None  # the incarnation whose output is being processed
 
     def put(self, output: Any) -> None:
         op = self.op
@@ -165,8 +166,10 @@ class _Queue:
                                             c.finish_reason) for c in output.outputs]
             finished = bool(output.finished)
             if op.fabric is not None and output.kv_transfer_params:
-                # P/D: a prefill's params, which the proxy forwards to the decode engine
-                kv = op.fabric.from_prefill(output.kv_transfer_params, self.inc)
+                # P/D: a prefill's params (of the P incarnation that produced them), which the
+                # proxy forwards to the decode engine
+                kv = op.fabric.from_prefill(output.kv_transfer_params, self.inc
+                                            if self.source is None else self.source)
         self.collector.put(RequestOutput(self.external, completions, finished, kv))
         trace = op.world.trace
         if trace.reads(FeOutput.KIND):
@@ -389,7 +392,9 @@ class VllmOutputProcessor:
                             str(engine_finish) if engine_finish is not None else None))
                 continue
             queue = self._queue_of(state)
+            queue.source = env.inc  # the producer: with equal IDs, maybe another request
             to_abort = real.process_outputs([out]).reqs_to_abort
+            queue.source = None
             if states.get(rid) is state:
                 continue
             # finished here: where vLLM calls _update_stats_from_finished (:884-887)

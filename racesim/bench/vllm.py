@@ -15,6 +15,10 @@ calls (the simulation, the fake executor, racesim's bookkeeping around vLLM's ob
 same explore once more in a fresh process, with every entry point the backend calls into
 vLLM wrapped in a timer (outermost call only: vLLM calling vLLM is vLLM's time). The timers
 themselves count as harness time, so the figure is an upper bound.
+
+``vllm_frontend_schedules_per_s`` is the same explore with vLLM's own frontend as well
+(``RACESIM_VLLM_FRONTEND=asyncllm``: its AsyncLLM on the World's loop), in a fresh process with
+its own ``import_s`` (target ``FRONTEND_TARGET`` per core).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ VLLM_PROFILE = "0.33"
 VLLM_POLICY = "buggy"
 #: runs per second per core the vllm backend should reach
 VLLM_TARGET = 300.0
+#: runs per second per core vLLM's own frontend should reach (issue 25)
+FRONTEND_TARGET = 50.0
 #: the share of a vllm-backend run's time spent outside vLLM's own calls, at most
 HARNESS_TARGET = 0.30
 
@@ -126,6 +132,14 @@ def _explore_child(budget: int, on_vllm: int) -> dict[str, Any]:
             "import_s": warm}
 
 
+def _frontend_child(budget: int) -> dict[str, Any]:
+    """``_explore_child`` on vLLM with vLLM's own frontend (this fresh process only)."""
+    import os
+
+    os.environ["RACESIM_VLLM_FRONTEND"] = "asyncllm"
+    return _explore_child(budget, 1)
+
+
 def measure_vllm(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
     """The ``vllm`` section of the bench document (see the module docstring)."""
     why = _unavailable()
@@ -135,7 +149,7 @@ def measure_vllm(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
                            "unavailable": why}
     if why is not None:
         return {**out, "vllm_schedules_per_s": None, "model_schedules_per_s": None,
-                "harness_share": None}
+                "harness_share": None, "frontend_schedules_per_s": None}
     real: list[dict[str, Any]] = []
     model: list[dict[str, Any]] = []
     for i in range(repeats):
@@ -143,6 +157,11 @@ def measure_vllm(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
         real.append(in_fresh_process(__name__, "_explore_child", budget, 1))
         progress(f"model at {VLLM_PROFILE}: {VLLM_SCENARIO} ({i + 1}/{repeats})")
         model.append(in_fresh_process(__name__, "_explore_child", budget, 0))
+    frontend: list[dict[str, Any]] = []
+    for i in range(repeats):
+        progress(f"vLLM's own frontend: {VLLM_SCENARIO} ({i + 1}/{repeats})")
+        frontend.append(in_fresh_process(__name__, "_frontend_child", budget))
+    best_fe = min(frontend, key=lambda r: r["seconds"])
     progress(f"vllm backend: time inside vLLM's own calls ({VLLM_SCENARIO})")
     share = in_fresh_process(__name__, "_harness_child", budget)
     harness = 1.0 - share["inside_vllm_s"] / share["seconds"] if share["seconds"] > 0 else None
@@ -153,6 +172,10 @@ def measure_vllm(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
             "model_schedules_per_s": round(best_model["runs"] / best_model["seconds"], 1),
             "runs": best["runs"], "seconds": round(best["seconds"], 3),
             "import_s": round(min(r["import_s"] for r in real), 2),
+            "frontend_schedules_per_s": round(best_fe["runs"] / best_fe["seconds"], 1),
+            "frontend_import_s": round(min(r["import_s"] for r in frontend), 2),
+            "frontend_target_per_core": FRONTEND_TARGET,
+            "frontend_samples_s": [round(r["seconds"], 3) for r in frontend],
             "harness_share": None if harness is None else round(harness, 3),
             "harness_target": HARNESS_TARGET,
             "inside_vllm_s": round(share["inside_vllm_s"], 3),
@@ -167,4 +190,5 @@ def vllm_figures(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
     """The bench document's ``vllm_schedules_per_s`` and its ``vllm`` section."""
     section = measure_vllm(budget, repeats, progress)
     return {"vllm_schedules_per_s": section["vllm_schedules_per_s"],
+            "vllm_frontend_schedules_per_s": section["frontend_schedules_per_s"],
             "vllm_harness_share": section["harness_share"], "vllm": section}

@@ -16,6 +16,7 @@ from racesim.cli.diff import diff_cmd
 from racesim.cli.explore import explore_cmd
 from racesim.cli.listing import list_cmd, show_cmd
 from racesim.cli.matrix import matrix_cmd
+from racesim.cli.repro import repro_cmd
 from racesim.cli.run import replay_cmd, run_cmd
 from racesim.cli.support import PipeAwareGroup, PipeClosed, quiet_stdout
 from racesim.cli.support import fail as _fail
@@ -45,7 +46,7 @@ def cli() -> None:
 
 # click lists a group's commands sorted by name, whatever the order they are added in
 for _command in (list_cmd, show_cmd, run_cmd, replay_cmd, explore_cmd, bench_cmd, matrix_cmd,
-                 conform_cmd, corpus_cmd, diff_cmd):
+                 conform_cmd, corpus_cmd, diff_cmd, repro_cmd):
     cli.add_command(_command)
 
 

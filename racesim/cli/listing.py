@@ -21,12 +21,15 @@ __all__ = ["list_cmd", "show_cmd"]
 @click.argument("what", required=False,
                 type=click.Choice(list(SECTIONS)))
 @_vllm_option(f"{DEFAULT_VLLM}; the profile whose await-point widths are listed")
+@click.option("--engine", type=click.Choice(["model", "vllm"]), default="model",
+              help="'vllm': the await points of the installed vLLM's own frontend, read from "
+                   "its code (async_llm.py, core_client.py).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
-def list_cmd(what: str | None, vllm: str | None, as_json: bool) -> None:
+def list_cmd(what: str | None, vllm: str | None, engine: str, as_json: bool) -> None:
     """List bundled scenarios, corpus entries (real vLLM bugs), policies, await points (with
     their width in a vLLM profile), invariants or vLLM version profiles."""
     profile = get_profile(vllm)
-    sections = listing(what, vllm)
+    sections = listing(what, vllm, engine)
     if as_json:
         _emit_json(sections)
         return

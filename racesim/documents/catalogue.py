@@ -16,11 +16,21 @@ __all__ = ["SECTIONS", "listing"]
 SECTIONS = ("scenarios", "corpus", "policies", "points", "invariants", "versions")
 
 
-def listing(what: str | None, vllm: str | None) -> dict[str, list[dict[str, Any]]]:
+def listing(what: str | None, vllm: str | None,
+            engine: str = "model") -> dict[str, list[dict[str, Any]]]:
     """The section ``what`` (None: all of them), each a list of rows with at least ``name`` and
-    ``meaning``; await points carry their ``width`` in the profile ``vllm``."""
+    ``meaning``; await points carry their ``width`` in the profile ``vllm``. ``engine="vllm"``
+    with ``what="points"``: the points of the installed vLLM's own frontend, read from its
+    code."""
     profile = get_profile(vllm)
     sections: dict[str, list[dict[str, Any]]] = {}
+    if engine == "vllm" and what == "points":
+        from racesim.engine_vllm.frontend.points import catalogue
+
+        _release, rows = catalogue()
+        sections["points"] = [{**r, "meaning": f"{r['meaning']} (line {r['line']})"
+                               if r["line"] else r["meaning"]} for r in rows]
+        return sections
     if what in (None, "scenarios"):
         sections["scenarios"] = [{"name": n, "meaning": load_scenario(n).summary}
                                  for n in bundled_names()]
@@ -57,6 +67,7 @@ def _versions_rows() -> list[dict[str, Any]]:
     """One row per profile: its release, what each backend runs of it, and the install state
     (read from package metadata, without importing vLLM)."""
     from racesim.engine_model.versions import RELEASE_OF
+    from racesim.engine_vllm.frontend.select import REAL_FRONTEND
     from racesim.runner.engines import SUPPORTED_VLLM, install_command, installed_vllm
 
     installed = installed_vllm()
@@ -64,14 +75,16 @@ def _versions_rows() -> list[dict[str, Any]]:
     for v in PROFILES.values():
         release = RELEASE_OF.get(v.name, f"{v.name}.x (main at f90d34b)")
         backend = v.name in SUPPORTED_VLLM
+        real = REAL_FRONTEND.get(v.name)
         here = backend and installed is not None and \
             (installed == release or installed.startswith(f"{v.name}."))
         state = ("installed" if here else f"not installed: {install_command(release)}"
                  ) if backend else "model only"
         tag = (f"[release {release}; model: yes; vllm backend: "
-               f"{'yes' if backend else 'no'} ({state})] ")
+               f"{'yes' if backend else 'no'} ({state}); vLLM's own frontend: "
+               f"{real or 'no'}] ")
         rows.append({"name": v.name, "release": release, "model": True, "vllm_backend": backend,
-                     "installed": here,
+                     "installed": here, "vllm_frontend": real is not None,
                      "meaning": tag + v.release + (" (default)" if v.name == DEFAULT_VLLM
                                                    else ""),
                      "behaviours": [{"text": b.text, "source": b.source} for b in v.behaviours]})

@@ -1,0 +1,50 @@
+"""The engine's end of the real frontend's input pipe: vLLM's decoded inputs onto the shell.
+
+``EngineCoreProc.process_input_sockets`` (core.py) decodes each message and queues
+``(request_type, request)``; the shell (engine_model/engine_shell.py) has the input thread and
+busy loop, and takes its inputs as racesim's messages. This maps one onto the other, keeping
+vLLM's request ID, client index, max_tokens, prompt length and ``resumable`` as decoded, and the
+ground truth that rode beside the frames. A ``get_supported_tasks`` utility call is answered as
+``EngineCore.get_supported_tasks`` answers on a generate model (``("generate",)``), with vLLM's
+``UtilityOutput``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from racesim.engine_model.messages import AbortMessage, EngineCoreRequest
+from racesim.engine_vllm.frontend import EngineCoreOutputs
+
+__all__ = ["to_shell"]
+
+
+def to_shell(engine: Any, request_type: Any, request: Any, truth: Any) -> Any:
+    """The shell's message for one decoded input (None: answered or ignored here)."""
+    name = request_type.name
+    if name == "ADD":
+        params = request.sampling_params
+        return EngineCoreRequest(
+            request.request_id, getattr(request, "external_req_id", None) or request.request_id,
+            len(request.prompt_token_ids or ()), int(params.max_tokens),
+            int(request.client_index), truth.eos_at, None, truth.inc, truth.prompt,
+            truth.fault, bool(getattr(request, "resumable", False)))
+    if name == "ABORT":
+        return AbortMessage(tuple(str(r) for r in request), int(truth or 0))
+    if name == "UTILITY":
+        client, call_id, method, _args = request
+        if method == "get_supported_tasks":
+            _reply(engine, int(client), call_id, ("generate",))
+        return None
+    return None
+
+
+def _reply(engine: Any, client: int, call_id: int, result: Any) -> None:
+    from vllm.v1.engine import UtilityOutput, UtilityResult
+
+    channel = engine.output_channels.get(client)
+    if channel is None:
+        return
+    real = engine.v.EngineCoreOutputs(
+        utility_output=UtilityOutput(call_id, result=UtilityResult(result)))
+    channel.send(EngineCoreOutputs(engine.index, (), real), [])

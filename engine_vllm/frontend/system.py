@@ -1,0 +1,167 @@
+"""The deployment with vLLM's own frontend: N API servers (each vLLM's AsyncLLM on its own
+deterministic loop) on one engine (the vllm backend's ``VllmEngineCore``), and the run entry.
+
+Each API server is a process of ``vllm serve --api-server-count N``: its own event loop, its own
+ROUTER/PULL pair to the engine (``client_index`` = its index). The engine side of each input
+pipe decodes the frames with vLLM's own ``MsgpackDecoder`` as ``EngineCoreProc``'s input thread
+does (core.py ``process_input_sockets``) and hands the engine ``(request_type, request)``
+(``VllmEngineCore.deliver_vllm``).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable
+from typing import Any
+
+from racesim.engine_model.config import Workload
+from racesim.engine_model.policies import LifecyclePolicy
+from racesim.engine_model.system import RunResult
+from racesim.engine_model.system import run_workload as _run_model
+from racesim.engine_model.versions import resolve_workload
+from racesim.engine_vllm import _vllm
+from racesim.engine_vllm.engine.views import Vocabulary
+from racesim.engine_vllm.frontend import build
+from racesim.engine_vllm.frontend.asyncllm import RealFrontend
+from racesim.engine_vllm.frontend.clients import RealClient
+from racesim.engine_vllm.frontend.loop import SimLoop
+from racesim.engine_vllm.system import VllmSystem
+from racesim.sim.points import DelayPlan
+
+__all__ = ["RealFrontendSystem", "run_workload", "unsupported"]
+
+#: the lifecycles the real frontend runs: vLLM's code with or without ID randomization
+LIFECYCLES = ("buggy", "internal-id")
+
+
+def unsupported(workload: Workload) -> str | None:
+    """Why ``workload`` cannot run on the real frontend yet (one phrase), or None."""
+    if workload.topology != "single":
+        return f"topology {workload.topology!r} (only 'single')"
+    if workload.engine.dp_size > 1:
+        return "data parallelism"
+    if workload.engine.pause_at is not None:
+        return "pause_generation"
+    if workload.frontend.abort_all_at is not None:
+        return "the RL router's abort-all"
+    if workload.engine.connect_at is not None:
+        return "engine.connect_at"
+    for r in workload.requests:
+        if r.endpoint is not None:
+            return f"request {r.id!r}: the OpenAI serving layer (endpoint)"
+        if r.input_chunks:
+            return f"request {r.id!r}: streaming-input sessions"
+        if r.preprocess_error or r.kv_load_fails or r.unserializable:
+            return f"request {r.id!r}: a scripted fault"
+        if r.dp_rank is not None:
+            return f"request {r.id!r}: dp_rank"
+    return None
+
+
+class RealFrontendSystem(VllmSystem):
+    """``VllmSystem`` whose API servers are vLLM's own AsyncLLM."""
+
+    def __init__(self, world: Any, workload: Workload, policy: Any, profile: Any) -> None:
+        # the parts of System.__init__ the single-engine topology uses, with real frontends
+        self.world = world
+        self.workload = workload
+        self.policy = policy
+        self.profile = profile
+        self._inc = 0
+        #: exceptions racesim's own adapter raised inside vLLM's calls (a bug: the run fails)
+        self.crashes: list[str] = []
+        self._roles: dict[str, str] = {}
+        self._channels: list[Any] = []
+        self.vocab = Vocabulary()
+        self.fabric = None
+        build.vllm_names()
+        build.bind_run(world)
+        self.saved_env = build.set_lifecycle(policy.name, workload.frontend.output_chunk_size)
+        engine = self.new_engine(0, "engine")
+        self.engines = [engine]
+        count = workload.frontends
+        self.loops = [SimLoop(world, f"frontend{i}") for i in range(count)]
+        self.frontends: list[Any] = []
+        for i in range(count):
+            name = f"frontend{i}"
+            fe = RealFrontend(self, i, name, engine, self.loops[i], count)
+            fe.input_channel = self._channel("ipc", name, engine.name, "ipc.input:transit",
+                                             self._engine_input(engine))
+            engine.output_channels[i] = self._channel("ipc", engine.name, name,
+                                                      "ipc.output:transit", fe.deliver)
+            self.frontends.append(fe)
+        self.api_servers: list[Any] = []
+        self.clients: list[Any] = [
+            RealClient(self.frontends[spec.frontend], i, self.next_inc(), spec, self.vocab)
+            for i, spec in enumerate(workload.requests)]
+        for loop in self.loops:
+            loop.start()
+        self.topology = self._topology([])
+        _LAST.system = self
+
+    def engine_shape(self) -> Any:
+        wl = self.workload
+        c = wl.engine
+        return _vllm.VllmEngineShape(c.num_blocks, c.block_size, c.max_num_seqs,
+                                     c.max_num_batched_tokens, self._max_model_len(),
+                                     bool(c.async_scheduling), bool(c.prefix_caching))
+
+    def _engine_input(self, engine: Any) -> Any:
+        """The engine end of an API server's input pipe: vLLM's decoders, as
+        ``process_input_sockets`` uses them (an ADD with the typed one, the rest generic)."""
+        names = build.vllm_names()
+        add = names.MsgpackDecoder(names.EngineCoreRequest)
+        generic = names.MsgpackDecoder()
+        kinds = names.RequestType
+
+        def deliver(msg: Any) -> None:
+            frames = msg.frames
+            kind = kinds(frames[0])
+            data = list(frames[1:])
+            request = add.decode(data) if kind == kinds.ADD else generic.decode(data)
+            truth = msg.truth[1] if kind == kinds.ADD else msg.truth
+            engine.deliver_vllm(kind, request, truth)
+
+        return deliver
+
+    def finish(self) -> None:
+        """After the run: silence every API server, then close what is still suspended."""
+        for fe in self.frontends:
+            fe.closed = True
+        for loop in self.loops:
+            loop.finish()
+        for fe in self.frontends:
+            fe.clients.clear()
+
+
+class _Last:
+    """The system of the run in progress (the model's run_workload builds it)."""
+
+    system: RealFrontendSystem | None = None
+
+
+_LAST = _Last()
+
+
+def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
+                 plan: DelayPlan | None = None, skip: Iterable[str] = (),
+                 retain_trace: bool = True, hash_trace: bool = True) -> RunResult:
+    """``racesim.engine_model.run_workload`` with vLLM's own frontend and engine classes.
+    The cyclic garbage collector is off during the run, so a collection cannot move an
+    abort (an abandoned ``generate()`` aborts when it is finalized)."""
+    workload, _profile = resolve_workload(workload)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _run_model(workload, policy, seed=seed, plan=plan, skip=skip,
+                          retain_trace=retain_trace, hash_trace=hash_trace,
+                          system_cls=RealFrontendSystem, engine="vllm")
+    finally:
+        system, _LAST.system = _LAST.system, None
+        if system is not None:
+            system.finish()
+            build.restore_env(system.saved_env)
+            if system.crashes:
+                raise RuntimeError(f"racesim's frontend adapter failed: {system.crashes[0]}")
+        if enabled:
+            gc.enable()

@@ -1,0 +1,94 @@
+"""vLLM's own frontend (RACESIM_VLLM_FRONTEND=asyncllm): vLLM 0.33's AsyncLLM, AsyncMPClient and
+OutputProcessor on the World's asyncio loop, driving the vllm backend's engine.
+
+Marked ``vllm``: they need vLLM 0.33.x and skip without it (fail under CI, tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from racesim.cli import cli
+from racesim.runner import run_scenario
+from racesim.scenarios import load_scenario
+from racesim.sim.errors import InputError
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = "RACESIM_VLLM_FRONTEND"
+
+
+def _window():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("w", REPO / "scripts" / "window-15326.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.reached
+
+
+@pytest.fixture
+def real(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "asyncllm")
+
+
+@pytest.mark.vllm
+def test_abort_reuse_runs_vllm_asyncllm(real: None) -> None:
+    r = run_scenario(load_scenario("abort-reuse"), "buggy", engine="vllm")
+    # the client's abort pops X and sends an eager ABORT: the re-added X finishes normally
+    assert [(q.id, q.finish_reason) for q in r.requests] == [("X", "abort"), ("X", "length")]
+    assert r.violated == ("metrics-exact",)
+    assert not _window()(r.trace)
+    assert r.occurrences.get("send:v1.engine.async_llm.AsyncLLM.abort:ABORT") == 1
+
+
+@pytest.mark.vllm
+def test_a_delay_at_the_eager_abort_send_opens_15326_as_latent(real: None) -> None:
+    from racesim.sim.points import delay_entry
+
+    point = "send:v1.engine.async_llm.AsyncLLM.abort:ABORT"
+    r = run_scenario(load_scenario("abort-reuse"), "buggy", engine="vllm",
+                     delays=[delay_entry(point, None, 0.05, None, "test")])
+    assert _window()(r.trace)
+    assert "engine-alive" in r.violated  # vLLM's duplicate-request-id assert
+    assert r.reach().reach == "latent"
+
+
+@pytest.mark.vllm
+def test_same_seed_same_hash_under_other_hash_seeds() -> None:
+    code = ("from racesim.runner import run_scenario; from racesim.scenarios import "
+            "load_scenario as l; print(run_scenario(l('abort-reuse'), 'buggy', "
+            "engine='vllm').trace_hash)")
+    outs = []
+    for seed in ("1", "2"):
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed, ENV: "asyncllm"},
+                           cwd=REPO, timeout=600)
+        outs.append(p.stdout.strip())
+    assert outs[0] and outs[0] == outs[1]
+
+
+@pytest.mark.vllm
+def test_a_model_policy_is_refused_with_the_patch_hint(real: None) -> None:
+    with pytest.raises(InputError, match="--vllm-patch"):
+        run_scenario(load_scenario("abort-reuse"), "abort-scope", engine="vllm")
+
+
+def test_a_bad_frontend_value_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "nope")
+    from racesim.engine_vllm.frontend.select import real_frontend
+
+    with pytest.raises(InputError, match=ENV):
+        real_frontend()
+
+
+@pytest.mark.vllm
+def test_list_points_reads_the_release_code() -> None:
+    out = CliRunner().invoke(cli, ["list", "points", "--engine", "vllm", "--json"]).output
+    assert "output_handler: await asyncio.sleep(0)" in out
+    assert "AsyncLLM.abort: await self.engine_core.abort_requests_async(...)" in out
