@@ -53,12 +53,14 @@ class EngineCore(PdCore):
         self.policy = policy
         self.kv = KVCacheManager(world, f"{name}.kv", config.num_blocks, config.block_size,
                                  bool(config.prefix_caching), profile.free_order)
+        self.kv.hash_by_id = "block-hashes-by-id" in profile.features
         self.scheduler = Scheduler(world, f"{name}.scheduler", config, self.kv, profile)
         self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling))
         if hold_timeout is not None:
             self.connector = ConnectorScheduler(world, f"{name}.connector", index, self.kv,
                                                 hold_timeout, self._start_kv_read, profile,
                                                 self._send_heartbeat, self._send_notice)
+            self.connector.idle_step = config.step_time
             self.scheduler.connector = self.connector
             if kv_connector == "nixl-push":
                 self.connector.push = PushMatcher(self._start_push)

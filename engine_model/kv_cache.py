@@ -46,7 +46,7 @@ class KVCacheManager:
 
     __slots__ = ("world", "component", "block_size", "num_blocks", "free_queue", "req_to_blocks",
                  "num_cached_block", "_owner", "caching", "_counted", "_lifo", "_ref", "_hash",
-                 "cached", "_sharers")
+                 "cached", "_sharers", "hash_by_id", "_hash_src")
 
     def __init__(self, world: World, component: str, num_blocks: int, block_size: int,
                  caching: bool = False, free_order: str = "append") -> None:
@@ -70,6 +70,10 @@ class KVCacheManager:
         #: cached_block_hash_to_block (block_pool.py:58-130): hash -> blocks holding it
         self.cached: dict[BlockHash, list[int]] = {}
         self._sharers: dict[int, list[int]] = {}
+        #: 0.9.2: block hashes kept by request ID (kv_cache_manager.py:112, 158-163, 373):
+        #: the request whose tokens an ID's hashes come from, until the ID is freed
+        self.hash_by_id = False
+        self._hash_src: dict[str, Request] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -99,8 +103,13 @@ class KVCacheManager:
         bs = self.block_size
         cached = self.cached
         hit: list[int] = []
+        src = request
+        if self.hash_by_id:  # 0.9.2: the hashes an ID was first given (a duplicate's too)
+            src = self._hash_src.setdefault(request.request_id, request)
         for j in range((request.num_tokens - 1) // bs):
-            blocks = cached.get(request.block_hash(j, bs))
+            if (j + 1) * bs > src.num_tokens:  # past the full blocks hashed under the ID
+                break
+            blocks = cached.get(src.block_hash(j, bs))
             if blocks is None:
                 break
             hit.append(blocks[0])
@@ -114,15 +123,27 @@ class KVCacheManager:
         start = self.num_cached_block.get(rid, 0)
         end = min(num_tokens, request.num_tokens) // bs
         if end <= start:
+            # vLLM sets the count to this request's full blocks whatever it was
+            # (single_type_kv_cache_manager.py:154 in 0.11.0, :150 in 0.10.1.1, :156 in
+            # 0.9.2): for one request it never goes down, but under a shared block table (a
+            # duplicate ADD) it does, and the other request then re-hashes its blocks
+            self.num_cached_block[rid] = end
             return
         hashes = self._hash
         cached = self.cached
         for j in range(start, min(end, len(blocks))):
             b = blocks[j]
-            if hashes[b] is None:
-                h = request.block_hash(j, bs)
-                hashes[b] = h
-                cached.setdefault(h, []).append(b)
+            if hashes[b] is not None:
+                # block_pool.py cache_full_blocks asserts every newly full block is unhashed
+                # (0.11.0 :223, 0.10.1.1 and 0.9.2 alike): only a block table two requests
+                # share under one ID (a duplicate ADD that overwrote Scheduler.requests on
+                # 0.9-0.14) holds one the other request has hashed already
+                raise EngineFatal("AssertionError: assert blk.block_hash is None "
+                                  f"(block_pool.py cache_full_blocks: {rid!r}'s block table "
+                                  f"holds a block another request under that ID hashed)")
+            h = request.block_hash(j, bs)
+            hashes[b] = h
+            cached.setdefault(h, []).append(b)
         self.num_cached_block[rid] = end
 
     def _evict(self, block: int, h: BlockHash) -> None:
@@ -179,7 +200,7 @@ class KVCacheManager:
         if need <= 0 and not computed:
             # the common decode step: room already there; hash a block that just filled up
             if self.caching and not delay_cache and \
-                    min(total, request.num_tokens) // bs > self.num_cached_block.get(rid, 0):
+                    min(total, request.num_tokens) // bs != self.num_cached_block.get(rid, 0):
                 self._cache_blocks(request, blocks, total)
             return True
         # A hit block in the free queue is taken out of it (get_num_blocks_to_allocate counts
@@ -233,6 +254,7 @@ class KVCacheManager:
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, [])
         self.num_cached_block.pop(rid, None)
+        self._hash_src.pop(rid, None)
         if blocks:
             if self._counted:
                 self._free_counted(request, rid, blocks)

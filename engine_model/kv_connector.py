@@ -43,7 +43,7 @@ class ConnectorScheduler:
                  "_extension", "_heartbeat", "_last_heartbeat", "_send_heartbeat", "_handshaken",
                  "_free_on_recv", "failed_recving", "_held_finishes", "push", "mooncake",
                  "decoder_ttl", "_abort_notify", "_recving", "_notify_pending", "_send_notice",
-                 "recv_ready")
+                 "recv_ready", "idle_step")
 
     def __init__(self, world: World, component: str, engine_index: int, kv: KVCacheManager,
                  hold_timeout: float, start_read: Callable[[Request], None],
@@ -64,9 +64,16 @@ class ConnectorScheduler:
         self._start_read = start_read
         self._lease = profile.pd_hold == "lease"
         self._held_finishes = profile.pd_held_finishes
-        # Both follow the lease in use (nixl/base_scheduler.py:88, base_worker.py:631).
+        # Both follow the lease in use (nixl/base_scheduler.py:88, base_worker.py:631). vLLM
+        # refuses no lease: under 6 s the interval is 0, a heartbeat at every schedule()
+        # (base_scheduler.py:513-518: now - last >= 0), and under 2 s the extension is 0.
         self._hb_interval = float(int(hold_timeout) // 6)
         self._extension = float(int(hold_timeout) * 2 // 3)
+        #: the shortest wait of the idle loop for a heartbeat (the engine's step_time): vLLM's
+        #: busy loop steps while a request waits for remote KV, many times per step_time when
+        #: nothing is scheduled; the model wakes once per step_time instead, so an interval of
+        #: 0 does not wake it again at the same instant for ever (a modelling floor)
+        self.idle_step = 0.0
         #: P's engines a heartbeat has gone to: the first one to each only starts the NIXL
         #: handshake and is not sent, but still takes the throttle slot (base_worker.py:3520-3532)
         self._handshaken: dict[int, None] = {}
@@ -245,7 +252,7 @@ class ConnectorScheduler:
         though nothing is scheduled; the model wakes its loop for them instead."""
         if not self._heartbeat or self._send_heartbeat is None:
             return None
-        return self._last_heartbeat + self._hb_interval
+        return self._last_heartbeat + max(self._hb_interval, self.idle_step)
 
     def build_meta(self) -> None:
         """Each schedule(): with Mooncake, hand this schedule's metadata to P's sender loop;
@@ -259,7 +266,9 @@ class ConnectorScheduler:
             if self._send_notice is not None:
                 for params in pending:
                     self._send_notice(params)
-        due, send = self.next_heartbeat(), self._send_heartbeat
+        send = self._send_heartbeat
+        due = None if not self._heartbeat or send is None else \
+            self._last_heartbeat + self._hb_interval  # vLLM's throttle, on every schedule()
         now = self.world.now
         # The loop wakes at ``due`` computed as now + (due - now), which floating point may
         # land a hair short of: within a nanosecond counts as due.

@@ -95,6 +95,9 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         release="vLLM 0.9.2 (2025-07): 0.10's lifecycle semantics, no async scheduling, no "
                 "final output for a frontend abort",
         abort_final_output=False,
+        # the KV cache manager keeps block hashes by request ID (kv_cache_manager.py:112,
+        # 158-163, 373): a duplicate ADD looks its prompt up in the first request's hashes
+        features=p010.features | {"block-hashes-by-id"},
         pd_unverified="0.9.2's NIXL connector is not modelled: this profile keeps 0.10's hold",
         behaviours=(
             Behaviour("as 0.10: add_request overwrites requests[id]; the OutputProcessor "
@@ -111,6 +114,11 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "0.9.2 v1/core/sched/ (no async_scheduler.py)"),
             Behaviour("freed blocks are appended to the free queue",
                       "0.9.2 v1/core/block_pool.py:291"),
+            Behaviour("block hashes are kept by request ID in the KV cache manager: a "
+                      "duplicate ADD finds the first request's cached blocks as a prefix hit "
+                      "and the engine dies on assert len(new_computed_blocks) == 0",
+                      "0.9.2 v1/core/kv_cache_manager.py:112, 158-163, 373; "
+                      "single_type_kv_cache_manager.py:105"),
             Behaviour("P/D: unverified for 0.9 (0.10's NIXL hold is kept; 0.9.2 has no "
                       "VLLM_NIXL_ABORT_REQUEST_TIMEOUT)", "0.9.2 envs.py"),
             _NOT_MODELLED, _SAME_WIDTHS,

@@ -14,6 +14,8 @@ is replaced, for each call, by a draw from the World's RNG.
 
 from __future__ import annotations
 
+import importlib
+
 import logging
 import os
 from dataclasses import dataclass
@@ -70,7 +72,7 @@ class _Vllm:
         from vllm.v1.engine.output_processor import OutputProcessor
         from vllm.v1.engine.parallel_sampling import ParentRequest
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+        from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.request import Request, RequestStatus
         from vllm.v1.structured_output import StructuredOutputManager
 
@@ -95,7 +97,11 @@ class _Vllm:
         self.FullAttentionSpec, self.KVCacheConfig = FullAttentionSpec, KVCacheConfig
         self.KVCacheGroupSpec = KVCacheGroupSpec
         self.ModelRunnerOutput = ModelRunnerOutput
-        self.KVConnectorOutput = KVConnectorOutput
+        #: None on 0.9.2: the connector's results were ModelRunnerOutput's own
+        #: finished_sending/finished_recving (0.9.2 v1/outputs.py:108-109); KVConnectorOutput
+        #: came with 0.10 (only the P/D path reads it, model-only on 0.9)
+        self.KVConnectorOutput = getattr(importlib.import_module("vllm.v1.outputs"),
+                                         "KVConnectorOutput", None)
         self.Request, self.RequestStatus = Request, RequestStatus
         self.StructuredOutputManager = StructuredOutputManager
         self._hashers: dict[int, Any] = {}

@@ -313,6 +313,8 @@ def check_corpus(data: object, has_plans: bool) -> CorpusInfo | None:
     for key in ("title", "description"):
         if not out[key].strip():
             raise Bad(("corpus", key), "must not be empty", out[key])
+    if out.get("fix_kind", "fix") not in ("fix", "guard"):
+        raise Bad(("corpus", "fix_kind"), 'must be "fix" or "guard"', out["fix_kind"])
     policy = out.get("policy", "")
     if policy and policy not in POLICIES:
         raise Bad(("corpus", "policy"), f"must be a built-in policy "

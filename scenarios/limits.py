@@ -15,7 +15,7 @@ from racesim.engine_model.config import Workload
 
 __all__ = ["MAXIMUM", "MAX_REQUESTS", "MAX_TOTAL_BLOCKS", "MAX_TOTAL_PROMPT_TOKENS",
            "MAX_TOTAL_OUTPUT_TOKENS", "MAX_PLAN_ENTRIES", "MAX_SCHEDULE", "MAX_FILE_BYTES",
-           "over_limits"]
+           "MAX_NAME", "over_limits"]
 
 #: Largest value per key (same key names as the loader's minimums).
 MAXIMUM: dict[str, int] = {
@@ -50,6 +50,9 @@ MAX_PLAN_ENTRIES = 10_000
 MAX_SCHEDULE = 100_000
 #: bytes in a scenario or counterexample file.
 MAX_FILE_BYTES = 16 * 2**20
+#: characters in a scenario's name: explore and matrix name their files after it (with the
+#: policy, strategy, seed and backend), and a file name has at most 255 bytes
+MAX_NAME = 100
 
 
 def over_limits(workload: Workload) -> Iterator[tuple[tuple[object, ...], str, int]]:

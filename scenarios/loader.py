@@ -28,7 +28,7 @@ from racesim.scenarios.checks import (
     key_text,
     show,
 )
-from racesim.scenarios.limits import over_limits
+from racesim.scenarios.limits import MAX_NAME, MAX_REQUESTS, over_limits
 from racesim.scenarios.scenario import CorpusInfo, Scenario, scenario_to_toml
 from racesim.sim.errors import InputError
 
@@ -59,6 +59,9 @@ def _build(data: object, source: str) -> Scenario:
         raise Bad(("name",), "required key is missing")
     top: dict[str, Any] = {k: check_value(data[k], kind, (k,), k)
                            for k, kind in _TOP_KINDS.items() if k in data}
+    if len(top["name"]) > MAX_NAME:
+        raise Bad(("name",), f"is {len(top['name'])} characters long, more than racesim's cap "
+                  f"of {MAX_NAME} (files are named after it; docs/limits.md)")
     frontends = int(top.get("frontends", 1))
     tables = {k: cls(**check_table(data.get(k, {}), (k,), cls, k)) for k, cls in TABLES.items()}
     horizon = float(top.get("horizon", 30.0))
@@ -94,10 +97,29 @@ def scenario_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Scena
     return _checked(data, source, None)
 
 
+#: a ``[[request]]`` table header at the start of a line (what the early count looks for)
+_REQUEST_HEADER = re.compile(r"^[ \t]*\[\[[ \t]*request[ \t]*\]\]", re.MULTILINE)
+
+
+def _too_many_requests(text: str, source: str) -> None:
+    """Refuse a text with more ``[[request]]`` headers than MAX_REQUESTS before parsing it:
+    tomllib on a 10 MB file of 100,001 requests takes seconds and 200 MB, only for the count
+    to be refused afterwards. A header-like line inside a multi-line string counts too (a
+    file that has more than MAX_REQUESTS of them is refused either way in practice)."""
+    if text.count("[[") <= MAX_REQUESTS:
+        return
+    for n, m in enumerate(_REQUEST_HEADER.finditer(text)):
+        if n == MAX_REQUESTS:
+            line = text.count("\n", 0, m.start()) + 1
+            raise InputError(f"{source}:{line}: request: more than {MAX_REQUESTS} [[request]] "
+                             f"entries, racesim's cap (docs/limits.md); not parsed further")
+
+
 def parse_scenario(text: str, source: str) -> Scenario:
     """Parse and validate scenario TOML text; ``source`` names it in error messages."""
     if not isinstance(text, str):
         raise InputError(f"{source}: scenario text must be a string (got {show(text)})")
+    _too_many_requests(text, source)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

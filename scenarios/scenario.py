@@ -37,6 +37,15 @@ class CorpusInfo:
     #: text the violation must contain (vLLM's message or file), so that the same invariant
     #: broken by another bug (say, the duplicate-ID assert) does not count; "" for any
     symptom: str = ""
+    #: what ``fix_pr`` is: "fix" (the PR fixed this bug) or "guard" (the PR brought a guard the
+    #: fixed release has, but the threads do not tie it to this issue: "guard present since")
+    fix_kind: str = "fix"
+
+    @property
+    def fix_text(self) -> str:
+        """``fix_pr`` in words: "fixed by #N" or "guard present since #N"."""
+        return (f"guard present since #{self.fix_pr}" if self.fix_kind == "guard"
+                else f"fixed by #{self.fix_pr}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +101,8 @@ class Scenario:
                 out[key] = {p if k is None else f"{p}#{k}": d for p, k, d in entries}
         if self.corpus is not None:
             out["corpus"] = {k: v for k, v in _fields_of(self.corpus).items()
-                             if not (k in ("policy", "symptom") and not v)}
+                             if not (k in ("policy", "symptom") and not v)
+                             and not (k == "fix_kind" and v == "fix")}
         return out
 
 

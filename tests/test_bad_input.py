@@ -92,6 +92,12 @@ COUNTEREXAMPLE_FILES: dict[str, str | bytes] = {
     "unknown-policy-option.json": json.dumps(_counterexample(policy_options={"nosuch": "1"})),
     "unknown-skip.json": json.dumps(_counterexample(skip=["nosuch"])),
     "trace-hash-not-text.json": json.dumps(_counterexample(trace_hash=5)),
+    # issue 28 (research/reliability.md D6, D8): a file's release fields and unknown keys
+    "unknown-top-key.json": json.dumps(_counterexample(bogus=1)),
+    "vllm-release-not-text.json": json.dumps(_counterexample(vllm="0.33", vllm_release=5)),
+    "vllm-release-not-the-profile.json": json.dumps(_counterexample(vllm="0.33",
+                                                                    vllm_release="0.20.0")),
+    "vllm-not-a-profile.json": json.dumps(_counterexample(vllm="9.99")),
 }
 
 

@@ -189,7 +189,21 @@ def test_another_release_runs_in_its_venv_and_is_merged(tmp_path: Path) -> None:
     assert e["fixed"]["status"] == "skipped"  # 0.10.1.1 has no venv there
     assert (doc["found"], doc["tried"]) == (1, 1)
     called = args.read_text(encoding="utf-8").split()
-    assert called[:3] == ["-m", "racesim", "corpus"]
+    assert called[:4] == ["-I", "-m", "racesim", "corpus"]  # isolated: no current folder
     assert "--release" in called and called[called.index("--release") + 1] == "0.9.2"
     assert called[called.index("--budget") + 1] == "7"
     assert called[called.index("--seed") + 1] == "3"
+
+
+def test_a_guard_is_not_called_a_fix() -> None:
+    """#42492's fix_pr #48245 brought the guard 0.33.0 has, but a later thread ties it to the
+    preemption path: the entry says "guard present since #48245", never "fixed by"."""
+    info = load_scenario("42492-cancel-resubmit-async").corpus
+    assert info is not None and info.fix_kind == "guard"
+    assert info.fix_text == "guard present since #48245"
+    proc = racesim("list", "corpus", "--json")
+    row = next(r for r in json.loads(proc.stdout)["corpus"]
+               if r["name"] == "42492-cancel-resubmit-async")
+    assert "guard present since #48245" in row["meaning"] and "fixed by" not in row["meaning"]
+    with pytest.raises(InputError, match="fix_kind"):
+        parse_scenario(entry(extra='fix_kind = "maybe"\n'), "1-example.toml")

@@ -73,6 +73,53 @@ def test_too_many_requests_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtu
     _one_line_error(code, err, "request", str(MAX_REQUESTS))
 
 
+def test_too_many_requests_fail_fast_and_small_before_parsing() -> None:
+    """Issue 28 (research/reliability.md D7): a 7 MB scenario with 100,001 [[request]]
+    tables used to be parsed whole (tomllib, about 200 MB and 10-20 s) before its request
+    count was checked; the count is now checked on the text first. Measured in-process: the
+    memory parse_scenario allocates (tracemalloc's peak), and its time."""
+    import tracemalloc
+
+    from racesim.scenarios import parse_scenario
+    from racesim.sim import InputError
+
+    one = '\n[[request]]\nid = "R{}"\nat = 0.0\nprompt_tokens = 16\nmax_tokens = 4\n'
+    text = 'name = "big"\n' + "".join(one.format(i) for i in range(100_001))
+    assert len(text) > 6_500_000
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(InputError) as err:
+            parse_scenario(text, "big.toml")
+        seconds = time.perf_counter() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    line = 3 + 6 * MAX_REQUESTS  # the header of request 10,001 (0-based 10,000)
+    assert str(err.value).startswith(f"big.toml:{line}: request: "), err.value
+    assert str(MAX_REQUESTS) in str(err.value) and "docs/limits.md" in str(err.value)
+    assert peak < 16 * 2**20, f"{peak} bytes allocated"  # the text itself is not copied
+    assert seconds < 3.0, f"{seconds:.1f} s"
+
+
+def test_a_scenario_name_has_a_length_cap(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A 300-character name ran, then explore failed on the file name it makes ("File name
+    too long"): the name is capped when the file is read (docs/limits.md)."""
+    from racesim.scenarios.limits import MAX_NAME
+
+    path = tmp_path / "s.toml"
+    path.write_text(BASE.format(top="", engine="", request="").replace(
+        'name = "sized"', f'name = "{"n" * (MAX_NAME + 1)}"'))
+    code, _out, err = _cli(capsys, "run", str(path))
+    _one_line_error(code, err, "name", str(MAX_NAME), "docs/limits.md")
+    path.write_text(BASE.format(top="", engine="", request="").replace(
+        'name = "sized"', f'name = "{"n" * MAX_NAME}"'))
+    code, _out, err = _cli(capsys, "explore", str(path), "--budget", "2",
+                           "--out", str(tmp_path / "o"))
+    assert code in (0, 1), err
+
+
 def test_the_caps_leave_room_for_every_bundled_scenario() -> None:
     from racesim.scenarios import bundled_names, load_scenario
 
@@ -275,5 +322,5 @@ def test_docs_limits_lists_every_cap_as_the_code_has_it() -> None:
         assert row is not None and row.split()[0] == str(cap), (key, cap, row)
     for cap in (limits.MAX_REQUESTS, limits.MAX_PLAN_ENTRIES, limits.MAX_TOTAL_BLOCKS,
                 limits.MAX_TOTAL_PROMPT_TOKENS, limits.MAX_TOTAL_OUTPUT_TOKENS,
-                limits.MAX_SCHEDULE, limits.MAX_FILE_BYTES):
+                limits.MAX_SCHEDULE, limits.MAX_FILE_BYTES, limits.MAX_NAME):
         assert str(cap) in text, cap

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _cli import one_line_error
+from _cli import cli, one_line_error
 
 from racesim.cli import main
 from racesim.explore import explore
@@ -346,3 +346,20 @@ def test_gitignore_covers_the_main_jobs_outputs() -> None:
     ignored = (Path(__file__).parents[1] / ".gitignore").read_text().split()
     for name in ("racesim-out/", "racesim-report.html", "racesim-report-cells/"):
         assert name in ignored
+
+
+def test_explore_prints_progress_when_stderr_is_not_a_terminal(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """Issue 28 (research/reliability.md D8): off a terminal (a CI log), explore printed
+    nothing until it ended; it now prints a plain line every LOG_EVERY seconds, as matrix
+    prints one per cell (0 here, so every progress call logs)."""
+    import racesim.cli.progress as progress
+
+    monkeypatch.setattr(progress, "LOG_EVERY", 0.0)
+    code, _, err = cli(capsys, "explore", "abort-reuse", "-p", "buggy", "--budget", "30",
+                       "--workers", "1", "--out", str(tmp_path))
+    assert code in (0, 1), err
+    lines = [x for x in err.splitlines() if x.startswith("racesim: abort-reuse / buggy: ")]
+    assert lines and "/30 runs" in lines[-1], err
+    assert "\x1b" not in err  # no bar's control characters in a log

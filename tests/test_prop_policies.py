@@ -74,14 +74,41 @@ def test_internal_id_on_033_keeps_every_safety_invariant_with_shared_prefixes(
 
     Except one leak vLLM 0.33 itself has: an abort by external ID of an n > 1 request leaves
     its ParentRequest in ``parent_requests`` (output_processor.py:599-661), pinned by
-    parallel-sampling-external-abort and tests/test_fidelity_async_llm.py."""
+    parallel-sampling-external-abort and tests/test_fidelity_async_llm.py. The abort need not
+    be the n > 1 request's own: an abort by external ID ends every request registered under
+    that ID (#27987, output_processor.py:627-629), so another request's abort of the same ID
+    leaks the parent too (test_another_requests_abort_of_the_id_leaks_the_parent)."""
     scen = data.draw(scenarios(vllm="0.33"), label="scenario")
     sched = data.draw(schedules(scen, policy="internal-id", seed=seed, points=NOT_BEFORE_SEND),
                       label="schedule")
     result = run_scenario(scen, "internal-id", seed=seed, schedule=sched)
     assert [v for v in safety(result) if not _parent_leak(v)] == []
     if any(_parent_leak(v) for v in safety(result)):
-        assert any(r.n > 1 and r.abort_at is not None for r in scen.workload.requests)
+        assert _aborts_a_parents_id(scen)
+
+
+def _aborts_a_parents_id(scen: Scenario) -> bool:
+    """Whether some request is aborted by an external ID that an n > 1 request uses (its own,
+    or another request's of the same ID: the abort reaches both)."""
+    reqs = scen.workload.requests
+    parents = {r.id for r in reqs if r.n > 1}
+    return any(r.abort_at is not None and r.id in parents for r in reqs)
+
+
+def test_another_requests_abort_of_the_id_leaks_the_parent() -> None:
+    """The example hypothesis drew on a clean clone (issue 28): X (n = 2) is never aborted,
+    another client's X (n = 1) is, and the abort by external ID reaches X's children too and
+    leaves X's ParentRequest behind. The same vLLM 0.33 leak as above, by another route: a
+    precondition the property lacked, not a new finding."""
+    scen = scenario_from_dict({
+        "name": "cross-abort-parent-leak", "engine": {"vllm": "0.33"},
+        "request": [{"id": "X", "prompt_tokens": 32, "max_tokens": 20, "n": 2},
+                    {"id": "X", "prompt_tokens": 32, "max_tokens": 20, "abort_at": 0.05}]})
+    result = run_scenario(scen, "internal-id", seed=0)
+    leaks = [v for v in safety(result) if _parent_leak(v)]
+    assert leaks and [v for v in safety(result) if not _parent_leak(v)] == []
+    assert _aborts_a_parents_id(scen)
+    assert not any(r.n > 1 and r.abort_at is not None for r in scen.workload.requests)
 
 
 def _parent_leak(violation: str) -> bool:

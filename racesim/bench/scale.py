@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import subprocess
 import sys
@@ -90,19 +89,20 @@ def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(lx, ly, strict=True)) / den if den else 0.0
 
 
-_CHILD = "import importlib, json, sys; module = importlib.import_module(sys.argv[1]); " \
-         "print(json.dumps(getattr(module, sys.argv[2])(*map(int, sys.argv[3:]))))"
+# the child runs isolated (python -I: neither the current folder nor PYTHON* variables on
+# sys.path, so a json.py where the user typed `racesim bench` is never imported); this
+# racesim's root comes first instead, as argv[1]
+_CHILD = "import sys; sys.path.insert(0, sys.argv[1]); import importlib, json; " \
+         "module = importlib.import_module(sys.argv[2]); " \
+         "print(json.dumps(getattr(module, sys.argv[3])(*map(int, sys.argv[4:]))))"
 
 
 def in_fresh_process(module: str, function: str, *args: int) -> dict[str, Any]:
     """``function(*args)`` of racesim's ``module`` in a fresh Python process (its JSON
     answer)."""
-    env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])  # this racesim, whatever sys.path says
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    out = subprocess.run([sys.executable, "-c", _CHILD, module, function, *map(str, args)],
-                         env=env,
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-I", "-c", _CHILD, root, module, function,
+                          *map(str, args)], check=True, capture_output=True, text=True)
     row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return row
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,12 @@ def corpus_cmd(entries: Sequence[str], budget: int, model_budget: int, strategy:
         _print(doc)
         if html_file:
             click.echo(f"report: {html_file}")
+    if doc["interrupted"]:
+        click.echo("racesim: interrupted; nothing more was started, and the table shows what "
+                   "finished", err=True)
+        sys.exit(130)
+    if doc["bad_venvs"]:  # a venv that is not what it claims: the user's input, one line
+        raise InputError(doc["bad_venvs"][0])
 
 
 def _cell(side: dict[str, Any]) -> str:

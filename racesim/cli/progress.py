@@ -9,8 +9,9 @@ Two renderings, picked by whether stderr is a terminal:
   since the limit is what ends the work.
 - **anything else** (a CI log, a file): one plain line per step when it ends, e.g.
   ``racesim: matrix [3/88] abort-reuse / buggy: live race (engine-alive), 200 runs, 4.1 s``
-  (the label, the step's counter and name, its outcome, its wall-clock time),
-  so a log shows the work moving without a bar's control characters.
+  (the label, the step's counter and name, its outcome, its wall-clock time), and within a
+  step a line with the runs so far every :data:`LOG_EVERY` seconds (explore is one long
+  step), so a log shows the work moving without a bar's control characters.
 
 API (everything is a no-op when ``enabled`` is False, e.g. under ``--json``)::
 
@@ -40,7 +41,11 @@ from typing import Any
 
 from rich.console import Console
 
-__all__ = ["ProgressBar"]
+__all__ = ["ProgressBar", "LOG_EVERY"]
+
+#: seconds between two plain progress lines within a step, off a terminal (explore's one long
+#: step would otherwise print nothing until it ends)
+LOG_EVERY = 10.0
 
 
 class ProgressBar:
@@ -63,6 +68,7 @@ class ProgressBar:
         self.steps: int | None = None
         self.runs = (0, 0)  # the current step's runs done, of total
         self.text = ""
+        self.logged = self.started  # when the last plain line within a step was printed
 
     @property
     def is_terminal(self) -> bool:
@@ -133,6 +139,7 @@ class ProgressBar:
 
     def _draw(self) -> None:
         if not self.is_terminal:
+            self._log()
             return
         if self.progress is None:
             if time.monotonic() - self.started < self.delay:
@@ -163,6 +170,18 @@ class ProgressBar:
         if self.steps_task is not None:
             self.progress.update(self.steps_task, completed=self.step_number - 1,
                                  total=self.steps, count=f"{self.step_number - 1}/{self.steps}")
+
+    def _log(self) -> None:
+        """Off a terminal: a plain line with the runs so far, every LOG_EVERY seconds."""
+        now = time.monotonic()
+        done, total = self.runs
+        if not total or now - self.logged < LOG_EVERY:
+            return
+        self.logged = now
+        text = f", {self.text}" if self.text else ""
+        self.console.print(f"racesim: {self._description()}: {done}/{total} runs{text}, "
+                           f"{now - self.step_started:.1f} s", markup=False, highlight=False,
+                           soft_wrap=True)
 
     def _reset_task(self) -> None:
         if self.task is not None:

@@ -109,19 +109,31 @@ def console() -> Console:
 
 def replay_note(path: str, cx: Any, result: Any, as_json: bool) -> str | None:
     """What ``replay`` says on stderr about a replayed file: that it no longer reproduces,
-    what it showed on another backend than the one that wrote it, or that its trace hash
-    changed (the model changed since it was written); None when there is nothing to say."""
+    what it showed on another backend than the one that wrote it, that its trace hash changed
+    (on the model: the model changed since it was written; on the vllm backend: vLLM's
+    behaviour or the backend did), or that another vLLM release replayed it than the one that
+    wrote it; None when there is nothing to say."""
+    from racesim.documents import release_of_run
+
     recorded = list(dict.fromkeys(str(v.get("invariant")) for v in cx.violations))
     on = f" ({result.engine} backend)" if result.engine != cx.engine else ""
     now = ", ".join(result.violated) or "nothing"
+    release = release_of_run(result.vllm, result.engine)
+    moved = (f"written on vLLM {cx.vllm_release}, replayed on vLLM {release}"
+             if cx.vllm_release and release and cx.vllm_release != release else "")
     if recorded and set(recorded) != set(result.violated):
         return (f"racesim: {path} no longer reproduces on vLLM {result.vllm}{on} "
-                f"(recorded {', '.join(recorded)}; now {now})")
+                f"(recorded {', '.join(recorded)}; now {now}" + (f"; {moved})" if moved else ")"))
     if on:
         return f"racesim: {path} reproduces on vLLM {result.vllm}{on}: {now}"
     if not as_json and result.trace_hash != cx.trace_hash:
+        why = ("vLLM's behaviour or the backend changed" if result.engine == "vllm"
+               else "the model changed")
         return (f"warning: trace hash {result.trace_hash} differs from the recorded "
-                f"{cx.trace_hash} (the model changed since it was written)")
+                f"{cx.trace_hash} ({why} since it was written" +
+                (f"; {moved})" if moved else ")"))
+    if moved:
+        return f"racesim: {path} was {moved}"
     return None
 
 

@@ -7,21 +7,23 @@ of its two releases this module runs :func:`racesim.explore.explore` on ``--engi
 (the scenario on that release's profile, under the lifecycle vLLM has there unless the entry
 names a policy) and reports whether the entry's invariant was violated, at which run and after
 how many seconds. The release installed in this process runs here; another release runs in
-its own virtual environment (``VENVS/<version>/bin/python -m racesim corpus ... --json``), and
+its own virtual environment (``VENVS/<version>/bin/python -I -m racesim corpus ... --json``,
+isolated, bounded and checked: :mod:`racesim.corpus.remote`), and
 its results are merged. A release with no environment is skipped with the command that
 installs it. Everything but the seconds is a function of the entries, budgets and seed.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from racesim.corpus import remote
+from racesim.corpus.remote import BadOutput, ReleaseFailed, parse_answer, run_release
 from racesim.engine_model.versions import PROFILES
 from racesim.runner.engines import SUPPORTED_VLLM, installed_vllm, why_not_run
 from racesim.runner.engines import profile_of_release as engines_profile_of_release
@@ -30,7 +32,8 @@ from racesim.scenarios import Scenario, corpus_names, load_scenario
 from racesim.sim import InputError
 
 __all__ = ["CorpusOptions", "corpus_entries", "run_corpus", "profile_of_release",
-           "release_python", "install_hint", "install_releases", "release_lifecycle", "ROLES"]
+           "release_python", "install_hint", "install_releases", "release_lifecycle", "ROLES",
+           "entry_releases"]
 
 #: an entry is explored on its buggy release (is the bug found?) and on its fixed release
 #: (is that release clean of the bug's symptom?)
@@ -105,7 +108,11 @@ def release_python(venvs: Path | None, release: str) -> Path | None:
 
 
 def install_hint(release: str) -> str:
-    """The one line that says how to get ``release``."""
+    """The one line that says how to get ``release``, or that no venv would help: a release
+    the vllm backend has no adapter for (0.8.1, 0.9.0) cannot be installed for it."""
+    if release not in SUPPORTED_VLLM.values():
+        return (f"the vllm backend has no adapter for vLLM {release} (it runs "
+                f"{', '.join(SUPPORTED_VLLM.values())}); only the model ran")
     return (f"vLLM {release} is not installed here: racesim corpus --install DIR installs it "
             f"(one venv per release, DIR/{release}), then racesim corpus --venvs DIR")
 
@@ -187,13 +194,18 @@ def _explore_one(scen: Scenario, release: str, role: str, engine: str, opts: Cor
 def _entry_doc(scen: Scenario) -> dict[str, Any]:
     info = scen.corpus
     assert info is not None
-    return {"name": scen.name, "issue": info.issue, "fix_pr": info.fix_pr, "title": info.title,
+    return {"name": scen.name, "issue": info.issue, "fix_pr": info.fix_pr,
+            "fix_kind": info.fix_kind, "fix_text": info.fix_text, "title": info.title,
             "invariant": info.invariant, "symptom": info.symptom or None,
             "buggy_release": info.buggy_release,
             "fixed_release": info.fixed_release, "policy": info.policy or None,
             "description": info.description,
             "buggy": {"release": info.buggy_release},
             "fixed": {"release": info.fixed_release}}
+
+
+class _Interrupted(Exception):
+    """Ctrl-C during an exploration: the cell is recorded; nothing more starts."""
 
 
 def _run_here(entries: Sequence[Scenario], docs: list[dict[str, Any]], release: str,
@@ -205,44 +217,58 @@ def _run_here(entries: Sequence[Scenario], docs: list[dict[str, Any]], release: 
             if progress is not None:
                 progress(f"{scen.name} on vLLM {release} ({role})")
             cell = _explore_one(scen, release, role, "vllm", opts, out_dir)
-            cell["model"] = _explore_one(scen, release, role, "model", opts, None)
             doc[role].update(cell)
+            if cell.get("status") == "interrupted":
+                raise _Interrupted
+            doc[role]["model"] = model = _explore_one(scen, release, role, "model", opts, None)
+            if model.get("status") == "interrupted":
+                raise _Interrupted
+
+
+def _explorations(docs: Sequence[dict[str, Any]], release: str) -> int:
+    """How many explorations a release's process runs (each entry's role there, vllm and
+    model): its --time-limit applies to each."""
+    return 2 * sum(doc[role]["release"] == release for doc in docs for role in ROLES)
 
 
 def _run_elsewhere(python: Path, entries: Sequence[Scenario], docs: list[dict[str, Any]],
                    release: str, opts: CorpusOptions, out_dir: Path | None,
                    progress: Progress | None) -> str | None:
-    """Run the entries that need ``release`` in its own venv; merge; an error line or None."""
+    """Run the entries that need ``release`` in its own venv; merge; an error line or None.
+    Raises BadOutput when that venv printed something that is not a corpus document."""
     names = [scen.source if not scen.source.startswith("<") else scen.name
              for scen, doc in zip(entries, docs, strict=True)
              if release in (doc["buggy"]["release"], doc["fixed"]["release"])]
     if progress is not None:
         progress(f"{len(names)} entries on vLLM {release} ({python})")
-    argv = [str(python), "-m", "racesim", "corpus", *names, "--release", release, "--json",
-            *opts.argv()]
+    args = ["corpus", *names, "--release", release, "--json", *opts.argv()]
     if out_dir is not None:
-        argv += ["--out", str(out_dir)]
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"vLLM {release} ({python}) failed: {last}"
-    # vLLM before 0.33 may print a log line on stdout while it imports (0.20.0: "Failed to
-    # import Triton kernels"): the document is the JSON object from the first line "{" on
-    text = proc.stdout
-    start = 0 if text.startswith("{") else text.find("\n{\n") + 1
+        args += ["--out", str(out_dir)]
+    deadline = None if opts.time_limit is None else \
+        opts.time_limit * _explorations(docs, release) + remote.STARTUP_S
+    # the child looks in no venv folder: it runs its own release or skips it, never recurses
+    env = {k: v for k, v in os.environ.items() if k != "RACESIM_VLLM_VENVS"}
     try:
-        remote = json.loads(text[start:])
-    except json.JSONDecodeError:
-        return f"vLLM {release} ({python}) did not print a JSON document"
-    by_name = {e["name"]: e for e in remote.get("entries", [])}
+        answer = parse_answer(run_release(python, args, deadline_s=deadline, env=env), ROLES)
+    except BadOutput as exc:
+        raise BadOutput(f"vLLM {release} ({python}): {exc}") from None
+    except ReleaseFailed as exc:
+        return f"vLLM {release}: {exc}"
     for doc in docs:
-        theirs = by_name.get(doc["name"])
+        theirs = answer.get(doc["name"])
         if theirs is None:
             continue
         for role in ROLES:
             if doc[role]["release"] == release:
                 doc[role].update(theirs[role])
+                doc[role]["release"] = release  # the child's word does not rename it
     return None
+
+
+def entry_releases(entries: Sequence[Scenario]) -> list[str]:
+    """Every release the entries name, oldest first."""
+    return sorted({r for s in entries if s.corpus is not None
+                   for r in (s.corpus.buggy_release, s.corpus.fixed_release)}, key=_release_key)
 
 
 def run_corpus(entries: Sequence[Scenario], *, opts: CorpusOptions, venvs: Path | None = None,
@@ -250,34 +276,42 @@ def run_corpus(entries: Sequence[Scenario], *, opts: CorpusOptions, venvs: Path 
                progress: Progress | None = None) -> dict[str, Any]:
     """Explore every entry on its buggy and fixed releases; the ``racesim corpus --json``
     document. ``only_release`` restricts the work to one release (what a release's own venv
-    is asked to do)."""
+    is asked to do; it must be one the entries name). Ctrl-C stops it: what finished is kept,
+    ``interrupted`` is true and nothing more starts. A venv that printed something other than
+    a corpus document is skipped and named in ``bad_venvs`` (the command then exits 2)."""
     started = time.monotonic()
     here = installed_vllm()
     docs = [_entry_doc(s) for s in entries]
     releases = sorted({d[r]["release"] for d in docs for r in ROLES},
                       key=_release_key)
     if only_release is not None:
-        releases = [r for r in releases if r == only_release]
+        if only_release not in releases:
+            raise InputError(f"--release {only_release}: no entry given uses it (they use "
+                             f"{', '.join(releases)})")
+        releases = [only_release]
     skipped: list[str] = []
-    for release in releases:
-        if release == here:
-            _run_here(entries, docs, release, opts, out_dir, progress)
-            continue
-        python = release_python(venvs, release) if only_release is None else None
-        problem = install_hint(release)
-        if python is not None:
-            problem = _run_elsewhere(python, entries, docs, release, opts, out_dir,
-                                     progress) or ""
-        if problem:
-            skipped.append(problem)
-            for scen, doc in zip(entries, docs, strict=True):
-                for role in ROLES:
-                    if doc[role]["release"] == release and "status" not in doc[role]:
-                        # the model needs no vLLM: it still runs on the release's profile
-                        model = _explore_one(scen, release, role, "model", opts, None)
-                        doc[role].update({"status": "skipped", "reason": problem,
-                                          "model": model})
-    for doc in docs:  # a release left out by only_release
+    bad: list[str] = []
+    interrupted = False
+    try:
+        for release in releases:
+            if release == here:
+                _run_here(entries, docs, release, opts, out_dir, progress)
+                continue
+            python = release_python(venvs, release)
+            problem = install_hint(release)
+            if python is not None:
+                try:
+                    problem = _run_elsewhere(python, entries, docs, release, opts, out_dir,
+                                             progress) or ""
+                except BadOutput as exc:
+                    problem = str(exc)
+                    bad.append(problem)
+            if problem:
+                skipped.append(problem)
+                _model_only(entries, docs, release, opts, problem)
+    except (KeyboardInterrupt, _Interrupted):
+        interrupted = True
+    for doc in docs:  # a release left out by only_release, or not reached before Ctrl-C
         for role in ROLES:
             doc[role].setdefault("status", "not run")
     found = [d for d in docs if d["buggy"]["status"] in ("found", "not found")]
@@ -292,7 +326,34 @@ def run_corpus(entries: Sequence[Scenario], *, opts: CorpusOptions, venvs: Path 
             "fixed_clean": sum(d["fixed"]["status"] == "clean" for d in fixed),
             "fixed_tried": len(fixed),
             "skipped": list(dict.fromkeys(skipped)),
+            "bad_venvs": bad,
+            "interrupted": interrupted,
             "elapsed_s": round(time.monotonic() - started, 3)}
+
+
+def _model_only(entries: Sequence[Scenario], docs: list[dict[str, Any]], release: str,
+                opts: CorpusOptions, problem: str) -> None:
+    """A release that did not run on vLLM: the model still runs on its profile (it needs no
+    vLLM)."""
+    for scen, doc in zip(entries, docs, strict=True):
+        for role in ROLES:
+            if doc[role]["release"] == release and "status" not in doc[role]:
+                model = _explore_one(scen, release, role, "model", opts, None)
+                doc[role].update({"status": "skipped", "reason": problem, "model": model})
+                if model.get("status") == "interrupted":
+                    raise _Interrupted
+
+
+def _installed_in(folder: Path, release: str) -> bool:
+    """Whether ``folder/<release>`` is a finished venv: vLLM of that release and racesim both
+    installed (a venv left by a failed or interrupted install has neither or one)."""
+    from racesim.corpus import releases
+
+    if releases.venv_release(folder, release) != release:
+        return False
+    site = (folder / release / "lib").glob("python3*/site-packages")
+    return any(any(sp.glob("racesim-*.dist-info")) or (sp / "racesim").is_dir()
+               for sp in site)
 
 
 def install_releases(entries: Sequence[Scenario], folder: Path) -> list[str]:
@@ -302,18 +363,18 @@ def install_releases(entries: Sequence[Scenario], folder: Path) -> list[str]:
     from racesim.corpus import releases
 
     here = installed_vllm()
-    needed = sorted({r for s in entries if s.corpus is not None
-                     for r in (s.corpus.buggy_release, s.corpus.fixed_release)} - {here or ""},
-                    key=_release_key)
+    needed = [r for r in entry_releases(entries) if r != here]
     lines = []
     for release in needed:
         if release not in releases.SUPPORTED:
             lines.append(f"vLLM {release}: not installed (the vllm backend has no adapter "
                          f"for it; supported: {', '.join(releases.SUPPORTED)})")
             continue
-        if release_python(folder, release) is not None:
+        if _installed_in(folder, release):
             lines.append(f"vLLM {release}: already in {folder / release}")
             continue
+        # the install script is idempotent: a half-made venv (a failed or stopped install)
+        # is finished rather than taken for installed
         releases.install(folder, release, quiet=True)
         lines.append(f"vLLM {release}: installed in {folder / release}")
     return lines

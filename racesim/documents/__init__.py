@@ -211,6 +211,16 @@ def _replaceable(path: Path, ours: Callable[[Any], bool]) -> bool:
     return ours(data)
 
 
+#: every top-level key of a counterexample file (what ``Counterexample.as_dict`` writes, and
+#: diff's ``vllm_tree`` for a --vllm-src/--vllm-patch run): any other key is refused, as a
+#: scenario's are; a writer that adds a key adds it here (tests/test_replay_release.py checks
+#: as_dict's keys)
+COUNTEREXAMPLE_KEYS = frozenset({
+    "format", "racesim_version", "vllm", "engine", "vllm_release", "reach", "scenario",
+    "policy", "policy_options", "seed", "schedule", "skip", "violations", "trace_hash",
+    "shrunk_from", "found_by", "ids", "vllm_fingerprint", "vllm_tree"})
+
+
 def _need(data: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], src: str) -> Any:
     if key not in data:
         raise InputError(f"{src}: counterexample has no {key!r}")
@@ -283,14 +293,26 @@ def read_counterexample(path: str) -> Counterexample:
     if data.get("format") != COUNTEREXAMPLE_FORMAT:
         raise InputError(f"{src}: unknown format {data.get('format')!r} "
                          f"(expected {COUNTEREXAMPLE_FORMAT!r})")
+    unknown = sorted(str(k) for k in data if k not in COUNTEREXAMPLE_KEYS)
+    if unknown:
+        raise InputError(f"{src}: unknown top-level key {unknown[0]!r} in a counterexample "
+                         f"(known: {', '.join(sorted(COUNTEREXAMPLE_KEYS))})")
     scenario_data = _need(data, "scenario", dict, src)
     scenario = scenario_from_dict(scenario_data, f"{src} (embedded scenario)")
     vllm = data.get("vllm", LEGACY_VLLM)
     if not isinstance(vllm, str):
         raise InputError(f"{src}: 'vllm' must be a version string (got {vllm!r})")
-    if scenario.workload.engine.vllm is None:
-        # written before version profiles: the model it came from is the 0.8 profile's
+    if "vllm" in data or scenario.workload.engine.vllm is None:
+        # the file's own profile decides (the writer puts the same one in the scenario); a
+        # file written before version profiles came from the 0.8 profile's model
         scenario = scenario.with_vllm(vllm)
+    release = data.get("vllm_release")
+    if release is not None and not isinstance(release, str):
+        raise InputError(f"{src}: 'vllm_release' must be a release string such as "
+                         f"'0.33.0' (got {release!r})")
+    if release and not (release == scenario.vllm or release.startswith(scenario.vllm + ".")):
+        raise InputError(f"{src}: 'vllm_release' {release} does not follow the file's "
+                         f"profile {scenario.vllm} (the file was edited, or is not racesim's)")
     policy = _need(data, "policy", str, src)
     options = _need(data, "policy_options", dict, src)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in options.items()):
@@ -312,7 +334,6 @@ def read_counterexample(path: str) -> Counterexample:
     engine = data.get("engine", "model")
     if engine not in ENGINES:
         raise InputError(f"{src}: 'engine' must be one of {', '.join(ENGINES)} (got {engine!r})")
-    release = data.get("vllm_release")
     ids = data.get("ids", "legacy")
     if ids not in ("given", "release", "own", "legacy"):
         raise InputError(f"{src}: 'ids' must be given, release or own (got {ids!r})")

@@ -56,10 +56,10 @@ def listing(what: str | None, vllm: str | None,
 def _corpus_row(name: str) -> dict[str, Any]:
     info = load_scenario(name).corpus
     assert info is not None  # corpus files are checked to carry [corpus] (tests)
-    return {"name": name, "issue": info.issue, "fix_pr": info.fix_pr,
+    return {"name": name, "issue": info.issue, "fix_pr": info.fix_pr, "fix_kind": info.fix_kind,
             "buggy_release": info.buggy_release, "fixed_release": info.fixed_release,
             "invariant": info.invariant,
-            "meaning": f"#{info.issue} (fixed by #{info.fix_pr}): {info.title} "
+            "meaning": f"#{info.issue} ({info.fix_text}): {info.title} "
                        f"[{info.buggy_release} -> {info.fixed_release}, {info.invariant}]"}
 
 

@@ -1,0 +1,32 @@
+"""A duplicate ADD on vLLM 0.9.2, 0.10.1.1 and 0.11.0 (issue 28, model truths; vLLM wins):
+``Scheduler.add_request`` overwrites ``requests[id]`` (0.11.0 scheduler.py:1097-1099), both
+Request objects share ``req_to_blocks[id]`` and ``num_cached_block[id]``, and
+``cache_blocks`` sets that count to the calling request's full blocks whatever it was
+(single_type_kv_cache_manager.py:154 in 0.11.0, :150 in 0.10.1.1, :156 in 0.9.2). When the
+second request's count lowers it, the first re-hashes a block it hashed already and the engine
+dies inside schedule() on ``assert blk.block_hash is None`` (block_pool.py:223 in 0.11.0,
+:129 in 0.10.1.1, :145 in 0.9.2), as the vllm backend shows on multi-frontend. The model used
+to run on with a shared table and die later on a KeyError.
+
+On 0.9.2 the KV cache manager keeps block hashes by request ID (kv_cache_manager.py:112,
+158-163, 373): the duplicate looks its prompt up in the first request's hashes, finds its
+cached blocks, and the engine dies first on ``assert len(new_computed_blocks) == 0``
+(single_type_kv_cache_manager.py:105), as the vllm backend shows."""
+
+from __future__ import annotations
+
+import pytest
+
+from racesim.runner import run_scenario
+from racesim.scenarios import load_scenario
+
+
+@pytest.mark.parametrize(("profile", "assert_"), [
+    ("0.9", "len(new_computed_blocks) == 0"), ("0.10", "assert blk.block_hash is None"),
+    ("0.11", "assert blk.block_hash is None")])
+def test_a_duplicate_add_dies_where_the_release_asserts(profile: str, assert_: str) -> None:
+    scen = load_scenario("multi-frontend").with_vllm(profile)
+    res = run_scenario(scen, "buggy", witness=True)
+    died = [v for v in res.violations if v.invariant == "engine-alive"]
+    assert died and assert_ in died[0].detail, res.violated
+    assert "unique-live-id" in res.violated
