@@ -9,11 +9,10 @@ implementation (vLLM's own classes) is audited the same way.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from racesim.engine_model.config import EngineConfig
-    from racesim.engine_model.frontend.async_llm import AsyncLLM
     from racesim.engine_model.topology import Topology
 
 __all__ = ["SystemView", "EngineView", "HeldIds", "HeldBlocks", "HeldStates"]
@@ -75,8 +74,11 @@ class SystemView(Protocol):
         ...
 
     @property
-    def frontends(self) -> Sequence[AsyncLLM]:
-        """Every API-server process's AsyncLLM."""
+    def frontends(self) -> Sequence[Any]:
+        """Every API-server process's AsyncLLM: the model's, or vLLM's own behind the real
+        frontend's adapter (engine_vllm/frontend/asyncllm.py). ``Any``, not the model's class:
+        the compiled checker must accept either (``name``, ``engines``, ``output_processor``,
+        ``dp`` are what it reads)."""
         ...
 
     @property

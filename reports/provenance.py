@@ -54,7 +54,7 @@ COMPONENTS: dict[str, dict[str, str]] = {
         "engine-loop": "model EngineCore busy loop",
         "scheduler": "vllm",
         "kv-cache": "vllm",
-        "runner": "fake executor (no model runner)",
+        "runner": "vllm",
         "connector": "model connector",
     },
 }
@@ -65,7 +65,11 @@ VLLM_CODE: dict[str, str] = {
     "request-ids": "InputProcessor.assign_request_id (from 0.14; as given before)",
     "scheduler": "Scheduler / AsyncScheduler (v1/core/sched/)",
     "kv-cache": "KVCacheManager, BlockPool (v1/core/)",
-    "connector": "NixlConnector's scheduler side (pull mode, 0.33), simulated transport",
+    "runner": "the release's own CPUModelRunner built without weights (0.11-0.33; 0.10.1.1 and "
+              "0.9.2 run the fake executor), fed the real SchedulerOutput; token values from "
+              "the fake vocabulary",
+    "connector": "NixlConnector's scheduler side and worker bookkeeping (pull mode 0.10-0.33, "
+                 "push mode 0.33), simulated transport",
 }
 
 #: The components whose state each invariant reads to decide a violation.
@@ -84,6 +88,8 @@ READS: dict[str, tuple[str, ...]] = {
     "metrics-exact": ("frontend", "output-processor"),
     "kv-destination": ("connector", "kv-cache"),
     "stranded-hold": ("connector",),
+    "runner-books": ("runner", "scheduler"),
+    "input-integrity": ("runner",),
 }
 
 #: Said wherever a trace hash is shown.

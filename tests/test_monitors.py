@@ -16,6 +16,8 @@ READ = {
     "client.abort", "client.cancel", "client.disconnect", "fe.abort_noop", "api.cancel",
     # kv-destination's read start and failure (engine_model/monitors/pd.py)
     "pd.recv_start", "pd.read_failed",
+    # runner-books and input-integrity over vLLM's own model runner (engine_model/monitors/runner.py)
+    "runner.books", "runner.input",
 }
 
 

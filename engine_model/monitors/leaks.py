@@ -7,12 +7,11 @@ each against the ground truth.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from racesim.engine_model.monitors.truth import GroundTruth, Reporter
 
 if TYPE_CHECKING:
-    from racesim.engine_model.frontend.async_llm import AsyncLLM
     from racesim.engine_model.system_view import EngineView, SystemView
 
 __all__ = ["LeakAudit"]
@@ -73,7 +72,7 @@ class LeakAudit:
                 self._leak((name, "block", o), f"{name} block {b} (not free)",
                            truth.incs[o].rid if o in truth.incs else None, o, now)
 
-    def _frontend(self, fe: AsyncLLM, now: float | int) -> None:
+    def _frontend(self, fe: Any, now: float | int) -> None:
         op = fe.output_processor
         for rid, inc in op.live_ids():
             if self.truth.leaky(inc, now):
