@@ -3,13 +3,13 @@
 The simulated parts are the model's: the process shell (racesim.engine_model.engine_shell: the
 input thread, ``engine.input:preprocess``, the busy loop that applies inputs between steps, the
 eager ``aborts_queue``, the GPU timing, ``engine.step:execute``, and death) and
-``engine.step:update_from_output``.
-At each call site the real object is called instead of the model's, in the order of
-``EngineCore.step`` / ``step_with_batch_queue`` (vllm/v1/engine/core.py:667-800): schedule ->
-execute -> ``_process_aborts_queue`` -> ``update_from_output``. The executor
-(racesim.engine_vllm.engine.executor) steps vLLM's own model runner on 0.11+ (the model's fake
-one before); either way sampled tokens carry their incarnation through ``Vocabulary``.
-An exception from vLLM's code is what kills EngineCoreProc (core.py:1582-1587): the engine dies.
+``engine.step:update_from_output``. At each call site the real object is called instead of the
+model's, in the order of ``EngineCore.step`` / ``step_with_batch_queue``
+(vllm/v1/engine/core.py:667-800): schedule -> execute -> ``_process_aborts_queue`` ->
+``update_from_output``. The executor (racesim.engine_vllm.engine.executor) steps vLLM's own model
+runner on 0.11+ (the model's fake one before); either way sampled tokens carry their incarnation
+through ``Vocabulary``. An exception from vLLM's code is what kills EngineCoreProc
+(core.py:1582-1587): the engine dies.
 """
 
 from __future__ import annotations
@@ -38,15 +38,14 @@ from racesim.engine_model.messages import (
 )
 from racesim.engine_model.versions import VllmProfile
 from racesim.engine_vllm import _vllm
-from racesim.engine_vllm.connectors import pd
-from racesim.engine_vllm.engine import sessions
-from racesim.engine_vllm.engine import finishes
+from racesim.engine_vllm.connectors import new_transport, pd
+from racesim.engine_vllm.engine import finishes, sessions
 from racesim.engine_vllm.engine.executor import Executor
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
-from racesim.engine_vllm.connectors import new_transport
 from racesim.engine_vllm.connectors.nixl import NixlFabric, NixlTransport
 from racesim.engine_vllm.oracle import vllm_raise
-from racesim.engine_vllm.engine.views import EosIds, KvShadow, PromptTokens, SchedulerView, Vocabulary
+from racesim.engine_vllm.engine.views import (
+    EosIds, KvShadow, PromptTokens, SchedulerView, Vocabulary)
 from racesim.sim.world import World
 
 __all__ = ["VllmEngineCore"]
