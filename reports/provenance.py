@@ -61,6 +61,8 @@ COMPONENTS: dict[str, dict[str, str]] = {
 
 #: What of vLLM runs for a component marked "vllm" (racesim.engine_vllm).
 VLLM_CODE: dict[str, str] = {
+    "frontend": "AsyncLLM with its AsyncMPClient (v1/engine/async_llm.py, core_client.py), "
+                "with RACESIM_VLLM_FRONTEND=asyncllm",
     "output-processor": "OutputProcessor, ParentRequest (v1/engine/output_processor.py)",
     "request-ids": "InputProcessor.assign_request_id (from 0.14; as given before)",
     "scheduler": "Scheduler / AsyncScheduler (v1/core/sched/)",
@@ -100,10 +102,15 @@ TRACE_HASH_MEANING = ("the SHA-256 of the run's simulated events: the same sched
 
 def components(engine: str, topology: str = "") -> dict[str, str]:
     """Each component and what ran it on ``engine``: "vllm" or the simulated part's name. On
-    the vllm backend P/D runs vLLM's NixlConnector scheduler side."""
+    the vllm backend P/D runs vLLM's NixlConnector scheduler side, and with
+    ``RACESIM_VLLM_FRONTEND=asyncllm`` the frontend and ID assignment are vLLM's own AsyncLLM
+    (the sockets between it and the engine stay simulated)."""
     table = dict(COMPONENTS.get(engine, COMPONENTS["model"]))
     if engine == "vllm" and topology == "pd":
         table["connector"] = "vllm"
+    # the variable engine_vllm/frontend/select.py reads (reports imports no backend)
+    if engine == "vllm" and os.environ.get("RACESIM_VLLM_FRONTEND") == "asyncllm":
+        table["frontend"] = "vllm"
     return table
 
 

@@ -70,3 +70,11 @@ def test_the_fingerprint_covers_the_imported_vllm_sources(
     (pkg / "core.py").write_text("X = 2  # patched\n")
     patched = prov.vllm_fingerprint.__wrapped__()
     assert stock and patched and stock != patched
+
+
+def test_vllms_own_frontend_is_named_as_vllms_when_it_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert prov.components("vllm")["frontend"] == "model frontend (AsyncLLM)"
+    monkeypatch.setenv("RACESIM_VLLM_FRONTEND", "asyncllm")
+    assert prov.components("vllm")["frontend"] == "vllm"
+    assert prov.components("model")["frontend"] == "model frontend (AsyncLLM)"
