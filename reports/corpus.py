@@ -10,7 +10,16 @@ from racesim.reports._io import write_text
 from racesim.reports.commands import replay_command
 from racesim.reports.html import environment
 
-__all__ = ["render_corpus_report", "write_corpus_report", "disagreement", "coverage_note"]
+__all__ = ["render_corpus_report", "write_corpus_report", "disagreement", "coverage_note",
+           "invariant_cell"]
+
+
+def invariant_cell(entry: Mapping[str, Any]) -> str:
+    """The invariant an entry is judged by; both when the vllm backend judges another one
+    (vLLM's own runner shows the bug as another symptom than the model)."""
+    mine = entry.get("invariant", "")
+    theirs = entry.get("vllm_invariant") or mine
+    return mine if mine == theirs else f"vllm: {theirs}; model: {mine}"
 
 
 def disagreement(entry: Mapping[str, Any]) -> str | None:
@@ -54,6 +63,7 @@ def render_corpus_report(doc: Mapping[str, Any]) -> str:
         buggy = dict(e.get("buggy") or {})
         path = buggy.get("counterexample")
         entries.append({**e, "buggy": buggy, "fixed": dict(e.get("fixed") or {}),
+                        "invariant_text": invariant_cell(e),
                         "command": f"{replay_command(path, '', 'vllm')}" if path else "",
                         "disagreement": disagreement(e), "coverage": coverage_note(e)})
     ctx = {"title": "racesim corpus", "doc": doc, "entries": entries,

@@ -301,20 +301,33 @@ def check_corpus(data: object, has_plans: bool) -> CorpusInfo | None:
         raise Bad(("corpus",), "a corpus entry has no [witness] and no [delays]: racesim "
                   "corpus explores it with no hint")
     out = check_table(data, ("corpus",), CorpusInfo, "corpus")
-    for key in ("issue", "fix_pr"):
-        if out[key] < 1:
-            raise Bad(("corpus", key), "must be a vLLM issue or PR number (>= 1)", out[key])
+    is_open = out.get("fix_kind") == "open"
+    if out["issue"] < 1:
+        raise Bad(("corpus", "issue"), "must be a vLLM issue or PR number (>= 1)", out["issue"])
+    if is_open and out["fix_pr"] != 0:
+        raise Bad(("corpus", "fix_pr"), 'must be 0 when fix_kind is "open" (no fix)',
+                  out["fix_pr"])
+    if not is_open and out["fix_pr"] < 1:
+        raise Bad(("corpus", "fix_pr"), "must be a vLLM issue or PR number (>= 1)",
+                  out["fix_pr"])
     for key in ("buggy_release", "fixed_release"):
         if not _RELEASE.fullmatch(out[key]):
             raise Bad(("corpus", key), 'must be a vLLM release such as "0.20.0"', out[key])
     if out["invariant"] not in INVARIANTS:
         raise Bad(("corpus", "invariant"), f"must be one of {', '.join(INVARIANTS)}",
                   out["invariant"])
+    vllm_inv = out.get("vllm_invariant", "")
+    if vllm_inv and vllm_inv not in INVARIANTS:
+        raise Bad(("corpus", "vllm_invariant"), f"must be one of {', '.join(INVARIANTS)} or "
+                  f"left out", vllm_inv)
+    if out.get("vllm_symptom") and not vllm_inv:
+        raise Bad(("corpus", "vllm_symptom"), "needs vllm_invariant (symptom is the text of "
+                  "invariant's violation)", out["vllm_symptom"])
     for key in ("title", "description"):
         if not out[key].strip():
             raise Bad(("corpus", key), "must not be empty", out[key])
-    if out.get("fix_kind", "fix") not in ("fix", "guard"):
-        raise Bad(("corpus", "fix_kind"), 'must be "fix" or "guard"', out["fix_kind"])
+    if out.get("fix_kind", "fix") not in ("fix", "guard", "open"):
+        raise Bad(("corpus", "fix_kind"), 'must be "fix", "guard" or "open"', out["fix_kind"])
     policy = out.get("policy", "")
     if policy and policy not in POLICIES:
         raise Bad(("corpus", "policy"), f"must be a built-in policy "

@@ -38,12 +38,29 @@ class CorpusInfo:
     #: broken by another bug (say, the duplicate-ID assert) does not count; "" for any
     symptom: str = ""
     #: what ``fix_pr`` is: "fix" (the PR fixed this bug) or "guard" (the PR brought a guard the
-    #: fixed release has, but the threads do not tie it to this issue: "guard present since")
+    #: fixed release has, but the threads do not tie it to this issue: "guard present since");
+    #: "open": no fix upstream (``fix_pr`` 0), and ``fixed_release`` is one from before the
+    #: bug appeared (a regression's control)
     fix_kind: str = "fix"
+    #: the invariant the vllm backend judges, where vLLM's own code shows the bug as another
+    #: symptom than the model does (#29355: the model sees the duplicate live ID, vLLM's own
+    #: runner the old request's token in the new one's input); "" is ``invariant``
+    vllm_invariant: str = ""
+    #: ``symptom`` for ``vllm_invariant`` (used only where that is given)
+    vllm_symptom: str = ""
+
+    def target(self, engine: str) -> tuple[str, str]:
+        """The invariant that shows the bug on ``engine`` ("vllm" or "model") and the text its
+        violation must contain ("" for any)."""
+        if engine == "vllm" and self.vllm_invariant:
+            return self.vllm_invariant, self.vllm_symptom
+        return self.invariant, self.symptom
 
     @property
     def fix_text(self) -> str:
-        """``fix_pr`` in words: "fixed by #N" or "guard present since #N"."""
+        """``fix_pr`` in words: "fixed by #N", "guard present since #N" or "open upstream"."""
+        if self.fix_kind == "open":
+            return f"open upstream (no fix; {self.fixed_release} predates it)"
         return (f"guard present since #{self.fix_pr}" if self.fix_kind == "guard"
                 else f"fixed by #{self.fix_pr}")
 

@@ -7,8 +7,7 @@ eager ``aborts_queue``, the GPU timing, ``engine.step:execute``, and death) and
 model's, in the order of ``EngineCore.step`` / ``step_with_batch_queue``
 (vllm/v1/engine/core.py:667-800): schedule -> execute -> ``_process_aborts_queue`` ->
 ``update_from_output``. The executor (racesim.engine_vllm.engine.executor) steps vLLM's own model
-runner on 0.11+ (the model's fake one before); either way sampled tokens carry their incarnation
-through ``Vocabulary``. An exception from vLLM's code is what kills EngineCoreProc
+runner; its sampled tokens carry their incarnation through ``Vocabulary``. An exception from vLLM's code is what kills EngineCoreProc
 (core.py:1582-1587): the engine dies.
 """
 
@@ -23,19 +22,9 @@ import simpy
 from racesim.engine_model.config import EngineConfig
 from racesim.engine_model.engine_shell import EngineShell
 from racesim.engine_model.events.engine import (
-    SchedAbortMiss,
-    SchedAdd,
-    SchedFinish,
-    SchedPreempt,
-    SchedStep,
-    SchedUpdate,
-)
+    SchedAbortMiss, SchedAdd, SchedFinish, SchedPreempt, SchedStep, SchedUpdate)
 from racesim.engine_model.messages import (
-    AbortMessage,
-    EngineCoreRequest,
-    KVDoneNotice,
-    KVHeartbeat,
-)
+    AbortMessage, EngineCoreRequest, KVDoneNotice, KVHeartbeat)
 from racesim.engine_model.versions import VllmProfile
 from racesim.engine_vllm import _vllm
 from racesim.engine_vllm.connectors import new_transport, pd
@@ -98,11 +87,15 @@ class VllmEngineCore(EngineShell):
         self._prompts = PromptTokens()
         self.scheduler = SchedulerView(self.sched, self.inc_of)
         self.vocab = vocab if vocab is not None else Vocabulary()  # DP: the ranks share one
-        #: execute_model / sample_tokens: vLLM's own model runner (0.11+), or the model's
+        #: execute_model / sample_tokens: vLLM's own model runner
         self.runner = Executor(self, shape, bool(config.async_scheduling))
         #: 0.11-0.20 step_with_batch_queue returns early only while the oldest batch is not
         #: done (0.20.0 core.py:500-507); 0.33 dropped that test (core.py:764-769)
         self._wait_unless_done = (0, 11) <= self.v.api.key < (0, 33)
+        #: 0.10's step_with_batch_queue (core.py:319-346) schedules only while the queue is not
+        #: full, returns after submitting, and executes no batch without tokens: that output's
+        #: finished_req_ids never reach the runner (#15043 took the rule out of step() only)
+        self._old_queue = self.v.api.key < (0, 11) and self._max_batches > 1
         self.coordinator: Any = None  # DP: told after each step (the model's DPCoordinator)
         self._batch_queue: deque[tuple[simpy.Event, Any, int]] = deque()
         self._step_no = 0
@@ -232,7 +225,8 @@ class VllmEngineCore(EngineShell):
         """One pass of step / step_with_batch_queue. Returns whether anything ran."""
         sched = self.sched
         queue = self._batch_queue
-        if sched.has_requests():
+        old = self._old_queue
+        if sched.has_requests() and not (old and len(queue) >= self._max_batches):
             transport = self.transport
             if transport is not None:
                 transport.before_schedule()
@@ -244,12 +238,12 @@ class VllmEngineCore(EngineShell):
             if transport is not None:
                 # execute_model starts this step's loads, with or without a forward pass
                 self.call(transport.start_load_kv, so.kv_connector_metadata)
-            if executed or so.finished_req_ids or (
-                    transport is not None and transport.has_results()):
+            if executed or not old and (so.finished_req_ids or (
+                    transport is not None and transport.has_results())):
                 self._record_step(so)
                 queue.append((self._submit(so, executed), so, self._step_no))
-                if executed and len(queue) < self._max_batches and not (
-                        self._wait_unless_done and queue[0][0].processed):
+                if executed and (old or len(queue) < self._max_batches and not (
+                        self._wait_unless_done and queue[0][0].processed)):
                     return True  # async: do not block on the step in flight
             elif not queue:
                 return False

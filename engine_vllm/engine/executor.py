@@ -1,10 +1,10 @@
 """The engine's executor: ``execute_model`` / ``sample_tokens`` on vLLM's own model runner.
 
-On 0.11 and later the runner is vLLM's own (racesim.engine_vllm.runner.RealRunner: the
-release's ``CPUModelRunner``, stepped through its real ``execute_model`` and ``sample_tokens``,
-what ``UniProcExecutor`` calls, v1/executor/uniproc_executor.py). Older releases still step
-the model's fake runner (racesim.engine_model.runner), whose tokens are computed from the
-SchedulerOutput's IDs and counts; ``runner_kind`` (racesim.engine_vllm.runner.kind) says which ran.
+From 0.10.1.1 on the runner is vLLM's own
+(racesim.engine_vllm.runner.RealRunner: the release's ``CPUModelRunner``, stepped through its
+real ``execute_model`` and, from 0.14, ``sample_tokens``, what ``UniProcExecutor`` calls,
+v1/executor/uniproc_executor.py). 0.9.2 still steps the model's fake runner
+(racesim.engine_model.runner); ``runner_kind`` (racesim.engine_vllm.runner.kind) says which ran.
 """
 
 from __future__ import annotations

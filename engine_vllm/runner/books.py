@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from racesim.engine_vllm.engine.views import Vocabulary
+from racesim.engine_vllm.runner.real import query_starts
 
 __all__ = ["runner_books", "input_errors"]
 
@@ -58,7 +59,7 @@ def input_errors(real: Any, sched: Any, inc_of: Any) -> dict[str, list[list[Any]
     """Request ID -> ``[position, token, what]`` for each wrong input of its row."""
     runner = real.runner
     batch = runner.input_batch
-    qsl = runner.query_start_loc.np
+    qsl = query_starts(runner)
     ids = getattr(runner.input_ids, "gpu", runner.input_ids)
     pos_t = getattr(runner.positions, "gpu", runner.positions)
     n = batch.num_reqs

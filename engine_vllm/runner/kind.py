@@ -13,8 +13,7 @@ RUNNER_NOTE = {
 
 
 def runner_kind(key: tuple[int, ...]) -> str:
-    """vLLM's V1 CPUModelRunner on 0.11+ (0.33 picks V1 on CPU, cpu_worker.py:148-164), else
-    the model's fake runner (0.10.1.1 not wired yet: its CPU runner's _may_reorder_batch
-    asserts an attention builder, which needs an attention layer shim,
-    ../shared/research/runner.md)."""
-    return "vllm-v1-cpu-runner" if key >= (0, 11) else "model-fake-runner"
+    """vLLM's V1 CPUModelRunner from 0.10 on (0.33 picks V1 on CPU, cpu_worker.py:148-164);
+    0.9.2 steps the model's fake runner (its runner was never probed: racesim did not import
+    there, ../shared/research/runner.md)."""
+    return "vllm-v1-cpu-runner" if key >= (0, 10) else "model-fake-runner"

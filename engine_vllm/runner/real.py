@@ -25,7 +25,14 @@ from racesim.engine_model.messages import Token
 from racesim.engine_vllm.engine.views import Vocabulary
 from racesim.engine_vllm.runner import shims
 
-__all__ = ["RealRunner"]
+__all__ = ["RealRunner", "query_starts"]
+
+
+def query_starts(runner: Any) -> Any:
+    """The batch rows' token offsets (numpy): a CpuGpuBuffer's ``.np`` from 0.11, the
+    runner's own ``query_start_loc_np`` on 0.10 (gpu_model_runner.py:315)."""
+    qsl = runner.query_start_loc
+    return qsl.np if hasattr(qsl, "np") else runner.query_start_loc_np
 
 _new_tuple = tuple.__new__
 
@@ -92,6 +99,12 @@ class RealRunner:
         runner._model_forward = self._forward
         runner._build_attention_metadata = lambda *a, **k: ({}, None)
         runner.sampler = self._sample
+        if v.api.key < (0, 11):
+            # 0.10's CPU runner asserts a TorchSDPA builder in attn_groups[0][0] to reorder the
+            # batch for its attention kernel (cpu_model_runner.py:33-58); no attention layer
+            # exists, so no reorder, as 0.11+ do with no attention groups (0.11
+            # cpu_model_runner.py:62-66)
+            runner._may_reorder_batch = lambda *a, **k: None
         if v.api.key >= (0, 20):  # a Triton kernel there; 0.14 and older compute it in numpy
             for table in runner.input_batch.block_table.block_tables:
                 table.compute_slot_mapping = shims.torch_slot_mapping(table)
@@ -158,7 +171,7 @@ class RealRunner:
         self.note_new(self._so)
         batch = runner.input_batch
         n = batch.num_reqs
-        qsl = runner.query_start_loc.np
+        qsl = query_starts(runner)
         # a CpuGpuBuffer, or (0.33 positions) a tensor; on the CPU runner .gpu is the CPU one
         ids = getattr(runner.input_ids, "gpu", runner.input_ids)
         positions = getattr(runner.positions, "gpu", runner.positions)

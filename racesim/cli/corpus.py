@@ -122,18 +122,22 @@ def _cell(side: dict[str, Any]) -> str:
 
 def markdown_table(doc: dict[str, Any]) -> str:
     """The deterministic part of the result (no seconds) as a Markdown table."""
+    from racesim.reports.corpus import invariant_cell  # jinja2 is imported only when needed
+
     rows = ["| issue | entry | invariant | buggy release | vllm backend | model | "
             "fixed release | vllm backend |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for e in doc["entries"]:
         b, f = e["buggy"], e["fixed"]
-        rows.append(f"| #{e['issue']} | {e['name']} | {e['invariant']} | {b['release']} | "
+        rows.append(f"| #{e['issue']} | {e['name']} | {invariant_cell(e)} | {b['release']} | "
                     f"{_cell(b)} | {_cell(b.get('model', {}))} | {f['release']} | "
                     f"{_cell(f)} |")
     return "\n".join(rows)
 
 
 def _print(doc: dict[str, Any]) -> None:
+    from racesim.reports.corpus import coverage_note, disagreement, invariant_cell
+
     out = console()
     if not out.is_terminal:  # a pipe or file: the whole table, not one squeezed into 80 columns
         out = Console(highlight=False, soft_wrap=False, width=160)
@@ -145,7 +149,8 @@ def _print(doc: dict[str, Any]) -> None:
         b, f = e["buggy"], e["fixed"]
         found = b.get("status") == "found"
         clean = f.get("status") == "clean"
-        t.add_row(Text(printable(f"#{e['issue']} {e['name']}")), e["invariant"], b["release"],
+        t.add_row(Text(printable(f"#{e['issue']} {e['name']}")), invariant_cell(e),
+                  b["release"],
                   Text(_cell(b), style="green" if found else "red"),
                   "" if b.get("first_find_s") is None else f"{b['first_find_s']:.2f}",
                   _cell(b.get("model", {})), f["release"],
@@ -157,8 +162,6 @@ def _print(doc: dict[str, Any]) -> None:
         if raised is not None and e["buggy"].get("status") == "found":
             out.print(Text(printable(f"#{e['issue']} on vLLM {e['buggy']['release']}: "
                                      f"{raised.get('detail', '')}"), style="dim"))
-    from racesim.reports.corpus import coverage_note, disagreement
-
     for e in doc["entries"]:  # where the model and vLLM's code disagree, and what was reached
         if (line := disagreement(e)) is not None:
             out.print(Text(printable(line), style="bold yellow"))

@@ -172,16 +172,18 @@ def _explore_one(scen: Scenario, release: str, role: str, engine: str, opts: Cor
         return {"status": "skipped", "reason": why}
     policy, options = _lifecycle(scen, release, profile)
     budget = opts.budget if engine == "vllm" else opts.model_budget
+    # each backend judges the symptom it can show (vLLM's own runner, the model's)
+    target, symptom = info.target(engine)
     res = explore(s, policy, options=options, strategy=opts.strategy, budget=budget,
                   time_limit=opts.time_limit, seed=opts.seed, workers=opts.workers,
                   reach=opts.reach,
                   out_dir=out_dir if role == "buggy" else None, engine=engine,
-                  target=info.invariant, symptom=info.symptom or None,
+                  target=target, symptom=symptom or None,
                   stop_at_target=role == "buggy",
                   # shrinking keeps the invariant, not the symptom: a symptom's find stays as found
-                  shrink_runs=opts.shrink_runs if role == "buggy" and not info.symptom else 0)
+                  shrink_runs=opts.shrink_runs if role == "buggy" and not symptom else 0)
     out = {"profile": profile, "policy": policy, "policy_options": options,
-           **_found_summary(res, info.invariant)}
+           "target": target, **_found_summary(res, target)}
     if res.interrupted:
         out["status"] = "interrupted"
     elif role == "buggy":
@@ -197,6 +199,8 @@ def _entry_doc(scen: Scenario) -> dict[str, Any]:
     return {"name": scen.name, "issue": info.issue, "fix_pr": info.fix_pr,
             "fix_kind": info.fix_kind, "fix_text": info.fix_text, "title": info.title,
             "invariant": info.invariant, "symptom": info.symptom or None,
+            "vllm_invariant": info.target("vllm")[0],
+            "vllm_symptom": info.target("vllm")[1] or None,
             "buggy_release": info.buggy_release,
             "fixed_release": info.fixed_release, "policy": info.policy or None,
             "description": info.description,

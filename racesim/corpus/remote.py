@@ -145,7 +145,7 @@ ROLE_FIELDS: dict[str, tuple[type, ...]] = {
     "first_find_run": (int, type(None)), "first_find_s": (int, float, type(None)),
     "elapsed_s": (int, float), "invariants": (list,), "found": (bool,),
     "counterexample": (str, type(None)), "violations": (list,), "error": (str, type(None)),
-    "model": (dict,),
+    "model": (dict,), "target": (str,),
 }
 _STATUSES = {"found", "not found", "clean", "not clean", "interrupted", "skipped", "not run"}
 

@@ -56,11 +56,13 @@ def listing(what: str | None, vllm: str | None,
 def _corpus_row(name: str) -> dict[str, Any]:
     info = load_scenario(name).corpus
     assert info is not None  # corpus files are checked to carry [corpus] (tests)
+    judged = info.invariant if info.target("vllm")[0] == info.invariant else \
+        f"vllm: {info.target('vllm')[0]}; model: {info.invariant}"
     return {"name": name, "issue": info.issue, "fix_pr": info.fix_pr, "fix_kind": info.fix_kind,
             "buggy_release": info.buggy_release, "fixed_release": info.fixed_release,
-            "invariant": info.invariant,
+            "invariant": info.invariant, "vllm_invariant": info.target("vllm")[0],
             "meaning": f"#{info.issue} ({info.fix_text}): {info.title} "
-                       f"[{info.buggy_release} -> {info.fixed_release}, {info.invariant}]"}
+                       f"[{info.buggy_release} -> {info.fixed_release}, {judged}]"}
 
 
 def _versions_rows() -> list[dict[str, Any]]:
