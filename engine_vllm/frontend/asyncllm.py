@@ -46,7 +46,7 @@ from racesim.engine_vllm.frontend.wire import (
 
 __all__ = ["RealFrontend", "RealOutputView"]
 
-_ADD, _ABORT = b"\x00", b"\x01"
+_ADD, _ABORT, _UTILITY = b"\x00", b"\x01", b"\x03"
 
 
 class _Bound:
@@ -92,6 +92,8 @@ class RealFrontend:
     engine_dead: str | None = None
     #: the run is over: vLLM's cleanup (closing coroutines) is no longer traced or sent
     closed = False
+    #: the server is starting (:meth:`start_serving`): its sends are answered outside the run
+    starting = False
 
     def __init__(self, system: Any, index: int, name: str, engine: Any, loop: SimLoop,
                  count: int) -> None:
@@ -248,6 +250,37 @@ class RealFrontend:
         b = self._bound.pop(id(state), None)
         if b is not None:
             self.world.emit(self.name, b.rid, b.inc, FePop(why))
+
+    # -- start-up -------------------------------------------------------------------------------
+
+    def start_serving(self) -> None:
+        """What ``vllm serve`` does before it takes a request: ``build_and_serve`` awaits
+        ``engine_client.get_supported_tasks()`` (0.33.0 entrypoints/launchers/api_server/
+        entry.py:132; 0.20.0 entrypoints/openai/api_server.py:595; 0.10.1.1 :1607), which caches
+        them in the AsyncLLM (0.33.0 async_llm.py:390-395, 0.20.0 :273-278), so no request ever
+        waits for that round trip. It runs here, before the run's time 0, with the engine's
+        answer handed straight to the PULL socket, as the READY handshake is (wire._Shadow)."""
+        task = self.loop.create_task(self.llm.get_supported_tasks(), name="serve:startup")
+        self.starting = True
+        try:
+            self.loop.run_ready()  # runs until nothing is ready: the answer is already waiting
+        finally:
+            self.starting = False
+        if not task.done():
+            raise RuntimeError("the API server's start-up call did not complete")
+        task.result()
+
+    def answer_startup(self, frames: tuple[bytes, ...]) -> None:
+        """The engine's answer to a start-up utility call (engine_side.to_shell's, unrouted)."""
+        from racesim.engine_vllm.frontend.engine_side import utility_outputs
+
+        if frames[0] != _UTILITY:
+            raise RuntimeError(f"the API server sent {frames[0]!r} while starting")
+        _client, call_id, method, _args = self.v.MsgpackDecoder().decode(list(frames[1:]))
+        if method != "get_supported_tasks":
+            raise RuntimeError(f"the API server called {method!r} while starting")
+        real = utility_outputs(self.v, call_id, ("generate",))
+        self.pull.deliver([self.v.zmq.Frame(bytes(b)) for b in self._encoder.encode(real)])
 
     # -- the wire -------------------------------------------------------------------------------
 

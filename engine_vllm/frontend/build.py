@@ -112,7 +112,8 @@ def vllm_names() -> Any:
         api=v.api, version=v.version, AsyncLLM=al.AsyncLLM, zmq=zmq,
         ENGINE_CORE_DEAD=core.EngineCoreProc.ENGINE_CORE_DEAD,
         MsgpackEncoder=MsgpackEncoder, MsgpackDecoder=MsgpackDecoder,
-        EngineCoreRequest=v.EngineCoreRequest, RequestType=EngineCoreRequestType,
+        EngineCoreRequest=v.EngineCoreRequest, EngineCoreOutputs=v.EngineCoreOutputs,
+        RequestType=EngineCoreRequestType,
         tokens_input=tokens_input, SamplingParams=SamplingParams, RequestOutputKind=RequestOutputKind,
         EngineDeadError=v.EngineDeadError)
 

@@ -16,7 +16,7 @@ from typing import Any
 from racesim.engine_model.messages import AbortMessage, EngineCoreRequest
 from racesim.engine_vllm.frontend import EngineCoreOutputs
 
-__all__ = ["to_shell"]
+__all__ = ["to_shell", "utility_outputs"]
 
 
 def to_shell(engine: Any, request_type: Any, request: Any, truth: Any) -> Any:
@@ -39,12 +39,16 @@ def to_shell(engine: Any, request_type: Any, request: Any, truth: Any) -> Any:
     return None
 
 
-def _reply(engine: Any, client: int, call_id: int, result: Any) -> None:
+def utility_outputs(v: Any, call_id: int, result: Any) -> Any:
+    """vLLM's ``EngineCoreOutputs`` carrying one utility call's result."""
     from vllm.v1.engine import UtilityOutput, UtilityResult
 
+    return v.EngineCoreOutputs(utility_output=UtilityOutput(call_id, result=UtilityResult(result)))
+
+
+def _reply(engine: Any, client: int, call_id: int, result: Any) -> None:
     channel = engine.output_channels.get(client)
     if channel is None:
         return
-    real = engine.v.EngineCoreOutputs(
-        utility_output=UtilityOutput(call_id, result=UtilityResult(result)))
-    channel.send(EngineCoreOutputs(engine.index, (), real), [])
+    channel.send(EngineCoreOutputs(engine.index, (), utility_outputs(engine.v, call_id, result)),
+                 [])

@@ -90,6 +90,8 @@ class RealFrontendSystem(VllmSystem):
             engine.output_channels[i] = self._channel("ipc", engine.name, name,
                                                       "ipc.output:transit", fe.deliver)
             self.frontends.append(fe)
+        for fe in self.frontends:  # each server is up before its first client connects
+            fe.start_serving()
         self.api_servers: list[Any] = []
         self.clients: list[Any] = [
             RealClient(self.frontends[spec.frontend], i, self.next_inc(), spec, self.vocab)
