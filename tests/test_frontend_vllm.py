@@ -92,3 +92,14 @@ def test_list_points_reads_the_release_code() -> None:
     out = CliRunner().invoke(cli, ["list", "points", "--engine", "vllm", "--json"]).output
     assert "output_handler: await asyncio.sleep(0)" in out
     assert "AsyncLLM.abort: await self.engine_core.abort_requests_async(...)" in out
+
+
+@pytest.mark.vllm
+def test_a_preprocessing_fault_is_the_engines_on_vllms_frontend(real: None) -> None:
+    """The scripted fault rides beside the ADD's frames; the engine's input thread answers it
+    with an ERROR output. With equal IDs vLLM's OutputProcessor takes the retry as the first
+    stream's update and drops the ERROR: the retry hangs, as on the model's frontend."""
+    scen = load_scenario("preprocess-error-reuse")
+    r = run_scenario(scen, "buggy", engine="vllm")
+    assert "no-hang" in r.violated and r.reach().reach == "live"
+    assert not run_scenario(scen, "internal-id", engine="vllm").violated

@@ -163,9 +163,12 @@ class RealFrontend:
             if client is not None:
                 client.accepted = True  # add_request registered it (the model's "accepted")
             spec = client.spec if client is not None else None
+            # a scripted preprocessing fault is the engine's (its input thread raises while
+            # preprocessing the ADD): it rides beside the frames, as the model's ADD carries it
             self._pending.append((rid, AddTruth(
                 inc, uid, spec.eos_at if spec is not None else None,
-                (spec.prompt if spec is not None and spec.prompt is not None else f"#{uid}"))))
+                (spec.prompt if spec is not None and spec.prompt is not None else f"#{uid}"),
+                "preprocess" if spec is not None and spec.preprocess_error else "")))
             state = states.get(rid)
             old = before.get(rid)
             external = getattr(request, "external_req_id", None) or rid
