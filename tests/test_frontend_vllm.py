@@ -103,3 +103,28 @@ def test_a_preprocessing_fault_is_the_engines_on_vllms_frontend(real: None) -> N
     r = run_scenario(scen, "buggy", engine="vllm")
     assert "no-hang" in r.violated and r.reach().reach == "live"
     assert not run_scenario(scen, "internal-id", engine="vllm").violated
+
+
+@pytest.mark.vllm
+def test_pause_generation_is_vllms_own_call_and_reply(real: None) -> None:
+    """A trainer task awaits vLLM's AsyncLLM.pause_generation(mode="abort"): its UTILITY call
+    reaches the engine's busy loop and its reply comes back; the retry of X during the pause
+    hangs with equal IDs, as on the model's frontend (pause-abort-reuse)."""
+    scen = load_scenario("pause-abort-reuse")
+    r = run_scenario(scen, "buggy", engine="vllm")
+    assert "no-hang" in r.violated and r.reach().reach == "live"
+    assert [q.finish_reason for q in r.requests] == ["stream_finished", None, "length"]
+    assert r.occurrences.get("send:v1.engine.async_llm.AsyncLLM.pause_generation:UTILITY") == 1
+    utilities = [e for e in r.trace if e.kind == "engine.utility"]
+    assert [e.detail.method for e in utilities] == ["pause_generation", "resume_scheduler"]
+    assert not run_scenario(scen, "internal-id", engine="vllm").violated
+
+
+@pytest.mark.vllm
+def test_a_pause_mode_vllms_frontend_does_not_run_is_one_line(real: None, tmp_path: Path) -> None:
+    text = (REPO / "scenarios" / "bundled" / "pause-abort-reuse.toml").read_text()
+    assert 'pause_mode = "abort"' in text
+    path = tmp_path / "keep.toml"
+    path.write_text(text.replace('pause_mode = "abort"', 'pause_mode = "keep"'))
+    with pytest.raises(InputError, match="pause_generation"):
+        run_scenario(load_scenario(str(path)), "buggy", engine="vllm")

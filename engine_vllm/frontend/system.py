@@ -10,11 +10,13 @@ does (core.py ``process_input_sockets``) and hands the engine ``(request_type, r
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import Iterable
 from typing import Any
 
 from racesim.engine_model.config import Workload
+from racesim.engine_model.events.frontend import FeUtility
 from racesim.engine_model.policies import LifecyclePolicy
 from racesim.engine_model.system import RunResult
 from racesim.engine_model.system import run_workload as _run_model
@@ -40,8 +42,8 @@ def unsupported(workload: Workload) -> str | None:
         return f"topology {workload.topology!r} (only 'single')"
     if workload.engine.dp_size > 1:
         return "data parallelism"
-    if workload.engine.pause_at is not None:
-        return "pause_generation"
+    if workload.engine.pause_at is not None and (workload.engine.pause_mode or "abort") != "abort":
+        return f"pause_generation(mode={workload.engine.pause_mode!r}) (only 'abort')"
     if workload.frontend.abort_all_at is not None:
         return "the RL router's abort-all"
     if workload.engine.connect_at is not None:
@@ -96,10 +98,33 @@ class RealFrontendSystem(VllmSystem):
         self.clients: list[Any] = [
             RealClient(self.frontends[spec.frontend], i, self.next_inc(), spec, self.vocab)
             for i, spec in enumerate(workload.requests)]
+        if workload.engine.pause_at is not None:
+            self._pause_and_resume(self.frontends[0])
         for loop in self.loops:
             loop.start()
         self.topology = self._topology([])
         _LAST.system = self
+
+    def _pause_and_resume(self, fe: Any) -> None:
+        """API server 0's caller (an RL trainer) awaits ``AsyncLLM.pause_generation(mode=)``
+        at ``pause_at`` and ``resume_generation()`` at ``resume_at``, each a task of its own
+        (0.33.0 async_llm.py pause_generation / resume_generation), as the model's frontend
+        calls them (engine_model/system.py ``_pause_and_resume``)."""
+        config = self.workload.engine
+        loop = fe.loop
+
+        async def at(when: float, method: str, call: Any) -> None:
+            await asyncio.sleep(max(0.0, when - loop.time()))
+            self.world.emit(fe.name, None, 0, FeUtility(method, config.pause_mode or "abort"
+                                                        if method == "pause_generation" else ""))
+            await call()
+
+        loop.create_task(at(float(config.pause_at), "pause_generation", lambda: fe.llm.
+                            pause_generation(mode=config.pause_mode or "abort")),
+                         name="trainer:pause_generation")
+        if config.resume_at is not None:
+            loop.create_task(at(float(config.resume_at), "resume_scheduler",
+                                fe.llm.resume_generation), name="trainer:resume_generation")
 
     def engine_shape(self) -> Any:
         wl = self.workload
