@@ -128,3 +128,13 @@ def test_a_pause_mode_vllms_frontend_does_not_run_is_one_line(real: None, tmp_pa
     path.write_text(text.replace('pause_mode = "abort"', 'pause_mode = "keep"'))
     with pytest.raises(InputError, match="pause_generation"):
         run_scenario(load_scenario(str(path)), "buggy", engine="vllm")
+
+
+@pytest.mark.vllm
+def test_an_add_before_the_engine_connects_is_dropped_on_vllms_frontend(real: None) -> None:
+    """dropped-add: vLLM's own ROUTER send of X goes into a pipe with no engine yet (the
+    model's gate), so X's client hangs; Y, sent after the engine connected, is served."""
+    r = run_scenario(load_scenario("dropped-add"), "buggy", engine="vllm")
+    assert r.violated == ("no-hang",) and r.reach().reach == "live"
+    assert [(q.id, q.finish_reason) for q in r.requests] == [("X", None), ("Y", "length")]
+    assert any(e.kind == "ipc.dropped" and e.request == "X" for e in r.trace)

@@ -46,8 +46,6 @@ def unsupported(workload: Workload) -> str | None:
         return f"pause_generation(mode={workload.engine.pause_mode!r}) (only 'abort')"
     if workload.frontend.abort_all_at is not None:
         return "the RL router's abort-all"
-    if workload.engine.connect_at is not None:
-        return "engine.connect_at"
     for r in workload.requests:
         if r.endpoint is not None:
             return f"request {r.id!r}: the OpenAI serving layer (endpoint)"
@@ -92,6 +90,10 @@ class RealFrontendSystem(VllmSystem):
             engine.output_channels[i] = self._channel("ipc", engine.name, name,
                                                       "ipc.output:transit", fe.deliver)
             self.frontends.append(fe)
+        if workload.engine.connect_at is not None:
+            # the engine's pipe drops what the ROUTER sends before it connects (the model's
+            # gate, System._gate_inputs: no ROUTER_MANDATORY, core_client.py:1293-1300)
+            self._gate_inputs(workload.engine.connect_at)
         for fe in self.frontends:  # each server is up before its first client connects
             fe.start_serving()
         self.api_servers: list[Any] = []
