@@ -138,3 +138,19 @@ def test_an_add_before_the_engine_connects_is_dropped_on_vllms_frontend(real: No
     assert r.violated == ("no-hang",) and r.reach().reach == "live"
     assert [(q.id, q.finish_reason) for q in r.requests] == [("X", None), ("Y", "length")]
     assert any(e.kind == "ipc.dropped" and e.request == "X" for e in r.trace)
+
+
+@pytest.mark.vllm
+def test_a_streaming_input_session_is_vllms_own_on_its_frontend(real: None) -> None:
+    """streaming-input-session: the client hands AsyncLLM.generate an async generator of
+    vLLM's StreamingInput chunks; vLLM's handle_inputs task adds each under the session's
+    internal ID and then the final add. With equal IDs the second S ends session S early and
+    hangs; under internal-id both sessions run every chunk and the duplicate completes."""
+    scen = load_scenario("streaming-input-session")
+    buggy = run_scenario(scen, "buggy", engine="vllm")
+    assert "no-hang" in buggy.violated and buggy.reach().reach == "live"
+    assert [(q.id, q.tokens) for q in buggy.requests][:2] == [("S", 10), ("S", 0)]
+    safe = run_scenario(scen, "internal-id", engine="vllm")
+    assert safe.violated == ()
+    assert [(q.id, q.tokens, q.finish_reason) for q in safe.requests] == [
+        ("S", 15, "length"), ("S", 5, "length"), ("T", 40, "length")]

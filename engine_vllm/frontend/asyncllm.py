@@ -18,6 +18,7 @@ when it appeared (ground truth vLLM never reads).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import types
 from collections import deque
 from typing import Any
@@ -45,6 +46,10 @@ from racesim.engine_vllm.frontend.wire import (
 )
 
 __all__ = ["RealFrontend", "RealOutputView"]
+
+#: the client whose task is running (set by the client's task; inherited by the tasks vLLM
+#: creates inside its calls)
+CALLER: contextvars.ContextVar[Any] = contextvars.ContextVar("racesim_caller", default=None)
 
 _ADD, _ABORT, _UTILITY = b"\x00", b"\x01", b"\x03"
 
@@ -131,8 +136,12 @@ class RealFrontend:
         return b.inc if b is not None and b.state is state else 0
 
     def _client(self) -> Any:
+        """The client whose call this is: its task's, or, for a task vLLM created inside a
+        client's call (a streaming session's ``handle_inputs``), the client it was created by
+        (asyncio copies the context into a new task)."""
         task = asyncio.current_task(self.loop)
-        return self.clients.get(task)
+        found = self.clients.get(task)
+        return found if found is not None else CALLER.get()
 
     # -- the OutputProcessor, wrapped on the instance ------------------------------------------
 
@@ -158,7 +167,13 @@ class RealFrontend:
             result = real_add(request, *args, **kw)
             client = self._client()
             rid = request.request_id
-            inc = self.system.next_inc()
+            old = before.get(rid)
+            held = self._bound.get(id(old)) if old is not None else None
+            # a session's own later chunk (or its final add) continues its incarnation, as
+            # the model's session sends it; another client's add of a held ID is a new one
+            own = (held is not None and held.state is old and client is not None
+                   and held.uid == client.uid)
+            inc = held.inc if own and held is not None else self.system.next_inc()
             uid = client.uid if client is not None else 0
             if client is not None:
                 client.accepted = True  # add_request registered it (the model's "accepted")
@@ -170,7 +185,6 @@ class RealFrontend:
                 (spec.prompt if spec is not None and spec.prompt is not None else f"#{uid}"),
                 "preprocess" if spec is not None and spec.preprocess_error else "")))
             state = states.get(rid)
-            old = before.get(rid)
             external = getattr(request, "external_req_id", None) or rid
             if state is not None and state is not old:
                 self._bound[id(state)] = _Bound(state, inc, uid, rid)
@@ -184,7 +198,8 @@ class RealFrontend:
                 # vLLM took it as the held state's streaming update (0.20+
                 # output_processor.py add_request): this ADD is never registered, and a
                 # non-resumable one finishes the held state (_finish_request, STREAM_FINISHED)
-                world.emit(name, rid, inc, FeAdd(uid, external, 0, tracked=False))
+                if not own:
+                    world.emit(name, rid, inc, FeAdd(uid, external, 0, tracked=False))
                 self._diff(before, "stream-finished")
             return result
 

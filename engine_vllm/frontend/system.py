@@ -49,8 +49,6 @@ def unsupported(workload: Workload) -> str | None:
     for r in workload.requests:
         if r.endpoint is not None:
             return f"request {r.id!r}: the OpenAI serving layer (endpoint)"
-        if r.input_chunks:
-            return f"request {r.id!r}: streaming-input sessions"
         if r.kv_load_fails or r.unserializable:
             return f"request {r.id!r}: a scripted fault (kv_load_fails, unserializable)"
         if r.dp_rank is not None:
