@@ -121,13 +121,22 @@ def test_pause_generation_is_vllms_own_call_and_reply(real: None) -> None:
 
 
 @pytest.mark.vllm
-def test_a_pause_mode_vllms_frontend_does_not_run_is_one_line(real: None, tmp_path: Path) -> None:
+def test_a_keep_pause_agrees_with_the_models_frontend(tmp_path: Path) -> None:
+    """pause_generation(mode="keep") freezes X instead of aborting it (PAUSED_ALL, no
+    rejections): with equal IDs the retry of X is a duplicate vLLM's Scheduler asserts on,
+    on both frontends; vLLM's pause call is answered only once the engine is idle."""
+    from racesim.conform import conform
+    from racesim.conform.frontend import SIDES
+
     text = (REPO / "scenarios" / "bundled" / "pause-abort-reuse.toml").read_text()
     assert 'pause_mode = "abort"' in text
     path = tmp_path / "keep.toml"
     path.write_text(text.replace('pause_mode = "abort"', 'pause_mode = "keep"'))
-    with pytest.raises(InputError, match="pause_generation"):
-        run_scenario(load_scenario(str(path)), "buggy", engine="vllm")
+    scen = load_scenario(str(path))
+    res = conform([scen], [("buggy", {}), ("internal-id", {})], budget=4, workers=1,
+                  engines=SIDES)
+    assert res.runs == 8 and not res.mismatches
+    assert res.cells[0]["engine_death_runs"] == 4 and res.cells[1]["violating_runs"] == 0
 
 
 @pytest.mark.vllm

@@ -42,8 +42,6 @@ def unsupported(workload: Workload) -> str | None:
         return f"topology {workload.topology!r} (only 'single')"
     if workload.engine.dp_size > 1:
         return "data parallelism"
-    if workload.engine.pause_at is not None and (workload.engine.pause_mode or "abort") != "abort":
-        return f"pause_generation(mode={workload.engine.pause_mode!r}) (only 'abort')"
     if workload.frontend.abort_all_at is not None:
         return "the RL router's abort-all"
     for r in workload.requests:
