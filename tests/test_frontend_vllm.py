@@ -163,3 +163,28 @@ def test_a_streaming_input_session_is_vllms_own_on_its_frontend(real: None) -> N
     assert safe.violated == ()
     assert [(q.id, q.tokens, q.finish_reason) for q in safe.requests] == [
         ("S", 15, "length"), ("S", 5, "length"), ("T", 40, "length")]
+
+
+@pytest.mark.vllm
+def test_the_rl_routers_abort_all_sweeps_the_leaked_parent(real: None, tmp_path: Path) -> None:
+    """router-abort-all without its endpoint (the serving layer vLLM's frontend does not run
+    yet): X (n = 2) aborted by its external ID leaks its parent in vLLM's OutputProcessor; the
+    abort-all at 0.3 s names every request_states and parent_requests key and pops it, on
+    both frontends."""
+    from racesim.conform import conform
+    from racesim.conform.frontend import SIDES
+
+    text = (REPO / "scenarios" / "bundled" / "router-abort-all.toml").read_text()
+    plain = "\n".join(line for line in text.splitlines() if not line.startswith("endpoint = "))
+    assert len(plain.splitlines()) == len(text.splitlines()) - 2
+    path = tmp_path / "abort-all.toml"
+    path.write_text(plain + "\n")
+    scen = load_scenario(str(path))
+    r = run_scenario(scen, "buggy", engine="vllm")
+    swept = [e.detail.ids for e in r.trace if e.kind == "api.router_abort"]
+    assert swept == [["Y", "X"]]  # Y still runs; X is the parent its external abort left
+    assert "no-leak" not in r.violated
+    assert [(q.id, q.finish_reason) for q in r.requests] == [("X", "abort"), ("Y", "abort")]
+    res = conform([scen], [("buggy", {}), ("internal-id", {})], budget=3, workers=1,
+                  engines=SIDES)
+    assert res.runs == 6 and not res.mismatches

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from racesim.engine_model.config import Workload
+from racesim.engine_model.events.api import ApiRouterAbort
 from racesim.engine_model.events.frontend import FeUtility
 from racesim.engine_model.policies import LifecyclePolicy
 from racesim.engine_model.system import RunResult
@@ -42,8 +43,6 @@ def unsupported(workload: Workload) -> str | None:
         return f"topology {workload.topology!r} (only 'single')"
     if workload.engine.dp_size > 1:
         return "data parallelism"
-    if workload.frontend.abort_all_at is not None:
-        return "the RL router's abort-all"
     for r in workload.requests:
         if r.endpoint is not None:
             return f"request {r.id!r}: the OpenAI serving layer (endpoint)"
@@ -98,6 +97,8 @@ class RealFrontendSystem(VllmSystem):
             for i, spec in enumerate(workload.requests)]
         if workload.engine.pause_at is not None:
             self._pause_and_resume(self.frontends[0])
+        if workload.frontend.abort_all_at is not None:
+            self._abort_all_at(self.frontends[0], float(workload.frontend.abort_all_at))
         for loop in self.loops:
             loop.start()
         self.topology = self._topology([])
@@ -123,6 +124,23 @@ class RealFrontendSystem(VllmSystem):
         if config.resume_at is not None:
             loop.create_task(at(float(config.resume_at), "resume_scheduler",
                                 fe.llm.resume_generation), name="trainer:resume_generation")
+
+    def _abort_all_at(self, fe: Any, when: float) -> None:
+        """The RL router's ``POST /abort_requests`` with no IDs on API server 0: every
+        ``request_states`` and ``parent_requests`` key of vLLM's OutputProcessor, aborted by
+        internal ID in one ``AsyncLLM.abort`` call (0.33.0 entrypoints/rl/online/
+        api_router.py:120-132), as the model's API server sends it."""
+        loop = fe.loop
+
+        async def abort_all() -> None:
+            await asyncio.sleep(max(0.0, when - loop.time()))
+            op = fe.llm.output_processor
+            ids = [*op.request_states.keys(), *op.parent_requests.keys()]
+            self.world.emit(fe.name, None, 0, ApiRouterAbort("rl", list(ids), True, 0))
+            if ids:
+                await fe.llm.abort(ids, internal=True)
+
+        loop.create_task(abort_all(), name="router:abort_all")
 
     def engine_shape(self) -> Any:
         wl = self.workload
