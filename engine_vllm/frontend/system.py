@@ -116,7 +116,7 @@ class RealFrontendSystem(VllmSystem):
             await asyncio.sleep(max(0.0, when - loop.time()))
             self.world.emit(fe.name, None, 0, FeUtility(method, config.pause_mode or "abort"
                                                         if method == "pause_generation" else ""))
-            await call()
+            await self._operator(call)
 
         loop.create_task(at(float(config.pause_at), "pause_generation", lambda: fe.llm.
                             pause_generation(mode=config.pause_mode or "abort")),
@@ -124,6 +124,18 @@ class RealFrontendSystem(VllmSystem):
         if config.resume_at is not None:
             loop.create_task(at(float(config.resume_at), "resume_scheduler",
                                 fe.llm.resume_generation), name="trainer:resume_generation")
+
+    async def _operator(self, call: Any) -> None:
+        """An operator's call into vLLM: what vLLM raises is its answer (EngineDeadError once
+        the engine died); an exception raised in racesim's adapter fails the run."""
+        try:
+            await call()
+        except Exception as exc:
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            if tb is not None and "/engine_vllm/frontend/" in tb.tb_frame.f_code.co_filename:
+                self.crashes.append(f"{type(exc).__name__}: {exc}")
 
     def _abort_all_at(self, fe: Any, when: float) -> None:
         """The RL router's ``POST /abort_requests`` with no IDs on API server 0: every
@@ -138,7 +150,7 @@ class RealFrontendSystem(VllmSystem):
             ids = [*op.request_states.keys(), *op.parent_requests.keys()]
             self.world.emit(fe.name, None, 0, ApiRouterAbort("rl", list(ids), True, 0))
             if ids:
-                await fe.llm.abort(ids, internal=True)
+                await self._operator(lambda: fe.llm.abort(ids, internal=True))
 
         loop.create_task(abort_all(), name="router:abort_all")
 
