@@ -72,6 +72,9 @@ class EngineShell:
         #: ``pause_generation`` in "abort"/"wait" mode: adds of new IDs get a retryable ERROR.
         self.reject_new_requests = False
         self.input_queue: deque[tuple[str, Any]] = deque()
+        #: run once each when the busy loop next finds no work (vLLM 0.33's
+        #: ``_idle_state_callbacks``, core.py:1650-1652, 1698-1701: a pause's deferred reply)
+        self.idle_callbacks: list[Any] = []
         self.aborts_queue: deque[AbortMessage] = deque()
         # vLLM 0.33 core.py:1650-1666: an idle busy loop discards aborts_queue (every ABORT is
         # also in input_queue).
@@ -188,6 +191,8 @@ class EngineShell:
             # in that step's KVConnectorOutput, which update_from_output applies (0.33
             # scheduler.py:2581-2582, 3556-3582), after the loop applied the queued inputs
             # (core.py:1621-1690). A backend's _has_work counts such a report.
+            while not self._has_work() and self.idle_callbacks:
+                self.idle_callbacks.pop()()
             while not self.input_queue and not self._has_work():
                 if self._idle_clears_aborts:
                     self.aborts_queue.clear()

@@ -16,6 +16,9 @@ __all__ = ["render_conform_report", "write_conform_report"]
 def render_conform_report(doc: Mapping[str, Any]) -> str:
     """One self-contained page from ``racesim conform --json``'s document: a row per cell, then
     every mismatch side by side (each backend's outcome per client), with its replay commands."""
+    parameters = dict(doc.get("parameters") or {})
+    #: ``conform --frontend``: the model's frontend against vLLM's own AsyncLLM
+    frontends = parameters.get("engines") == ["vllm@model", "vllm@asyncllm"]
     mismatches = []
     for m in doc.get("mismatches") or []:
         model, vllm = m.get("model") or {}, m.get("vllm") or {}
@@ -25,10 +28,14 @@ def render_conform_report(doc: Mapping[str, Any]) -> str:
             clients.append({"index": i, "id": a.get("id"), "model": a, "vllm": b,
                             "same": a == b})
         path = m.get("path")
-        commands = [f"{replay_command(path)} --engine {e}" for e in ("model", "vllm")]
+        if frontends:  # both on the vllm backend; the frontend is chosen by the environment
+            commands = [f"RACESIM_VLLM_FRONTEND={f} {replay_command(path)} --engine vllm"
+                        for f in ("model", "asyncllm")]
+        else:
+            commands = [f"{replay_command(path)} --engine {e}" for e in ("model", "vllm")]
         mismatches.append({**m, "clients": clients, "commands": commands if path else []})
     ctx = {"title": "racesim conform", "doc": doc, "cells": doc.get("cells") or [],
-           "parameters": dict(doc.get("parameters") or {}), "mismatches": mismatches,
+           "parameters": parameters, "mismatches": mismatches, "frontends": frontends,
            "unlisted": doc.get("unlisted_mismatches", 0)}
     return environment().get_template("conform.j2").render(ctx)
 

@@ -5,7 +5,9 @@ vLLM's own ``AsyncLLM.abort``, between the OutputProcessor's abort and the ABORT
 
 It needs vLLM's own AsyncLLM running in the World, selected with RACESIM_VLLM_FRONTEND=asyncllm
 (not yet the vllm backend's default, docs/backends.md): with the model's AsyncLLM a patch to
-async_llm.py changes nothing in a run.
+async_llm.py changes nothing in a run. It runs on the installed release (0.33.0 in the main
+venv, 0.20.0 in CI's second one: tests/conftest.py ``ANY_RELEASE``), whose own
+``async_llm.py`` the patch is made from.
 """
 
 from __future__ import annotations
@@ -58,9 +60,11 @@ def test_a_yield_in_asyncllm_abort_opens_a_live_race(tmp_path: Path, patched: bo
     else:
         patch = tmp_path / "empty.diff"
         patch.write_text("")
+    from racesim.runner.engines import installed_profile
+
     done = _racesim(["diff", "-s", "abort-reuse", "-p", "buggy", "--reach", "live",
-                     "--budget", "100", "--vllm-patch", str(patch), "--out", "out", "--json"],
-                    tmp_path)
+                     "--budget", "100", "--vllm", str(installed_profile()),
+                     "--vllm-patch", str(patch), "--out", "out", "--json"], tmp_path)
     doc = json.loads(done.stdout)
     opened = [c for cell in doc["cells"] for c in cell["opens"]]
     if not patched:

@@ -92,3 +92,99 @@ def test_list_points_reads_the_release_code() -> None:
     out = CliRunner().invoke(cli, ["list", "points", "--engine", "vllm", "--json"]).output
     assert "output_handler: await asyncio.sleep(0)" in out
     assert "AsyncLLM.abort: await self.engine_core.abort_requests_async(...)" in out
+
+
+@pytest.mark.vllm
+def test_a_preprocessing_fault_is_the_engines_on_vllms_frontend(real: None) -> None:
+    """The scripted fault rides beside the ADD's frames; the engine's input thread answers it
+    with an ERROR output. With equal IDs vLLM's OutputProcessor takes the retry as the first
+    stream's update and drops the ERROR: the retry hangs, as on the model's frontend."""
+    scen = load_scenario("preprocess-error-reuse")
+    r = run_scenario(scen, "buggy", engine="vllm")
+    assert "no-hang" in r.violated and r.reach().reach == "live"
+    assert not run_scenario(scen, "internal-id", engine="vllm").violated
+
+
+@pytest.mark.vllm
+def test_pause_generation_is_vllms_own_call_and_reply(real: None) -> None:
+    """A trainer task awaits vLLM's AsyncLLM.pause_generation(mode="abort"): its UTILITY call
+    reaches the engine's busy loop and its reply comes back; the retry of X during the pause
+    hangs with equal IDs, as on the model's frontend (pause-abort-reuse)."""
+    scen = load_scenario("pause-abort-reuse")
+    r = run_scenario(scen, "buggy", engine="vllm")
+    assert "no-hang" in r.violated and r.reach().reach == "live"
+    assert [q.finish_reason for q in r.requests] == ["stream_finished", None, "length"]
+    assert r.occurrences.get("send:v1.engine.async_llm.AsyncLLM.pause_generation:UTILITY") == 1
+    utilities = [e for e in r.trace if e.kind == "engine.utility"]
+    assert [e.detail.method for e in utilities] == ["pause_generation", "resume_scheduler"]
+    assert not run_scenario(scen, "internal-id", engine="vllm").violated
+
+
+@pytest.mark.vllm
+def test_a_keep_pause_agrees_with_the_models_frontend(tmp_path: Path) -> None:
+    """pause_generation(mode="keep") freezes X instead of aborting it (PAUSED_ALL, no
+    rejections): with equal IDs the retry of X is a duplicate vLLM's Scheduler asserts on,
+    on both frontends; vLLM's pause call is answered only once the engine is idle."""
+    from racesim.conform import conform
+    from racesim.conform.frontend import SIDES
+
+    text = (REPO / "scenarios" / "bundled" / "pause-abort-reuse.toml").read_text()
+    assert 'pause_mode = "abort"' in text
+    path = tmp_path / "keep.toml"
+    path.write_text(text.replace('pause_mode = "abort"', 'pause_mode = "keep"'))
+    scen = load_scenario(str(path))
+    res = conform([scen], [("buggy", {}), ("internal-id", {})], budget=4, workers=1,
+                  engines=SIDES)
+    assert res.runs == 8 and not res.mismatches
+    assert res.cells[0]["engine_death_runs"] == 4 and res.cells[1]["violating_runs"] == 0
+
+
+@pytest.mark.vllm
+def test_an_add_before_the_engine_connects_is_dropped_on_vllms_frontend(real: None) -> None:
+    """dropped-add: vLLM's own ROUTER send of X goes into a pipe with no engine yet (the
+    model's gate), so X's client hangs; Y, sent after the engine connected, is served."""
+    r = run_scenario(load_scenario("dropped-add"), "buggy", engine="vllm")
+    assert r.violated == ("no-hang",) and r.reach().reach == "live"
+    assert [(q.id, q.finish_reason) for q in r.requests] == [("X", None), ("Y", "length")]
+    assert any(e.kind == "ipc.dropped" and e.request == "X" for e in r.trace)
+
+
+@pytest.mark.vllm
+def test_a_streaming_input_session_is_vllms_own_on_its_frontend(real: None) -> None:
+    """streaming-input-session: the client hands AsyncLLM.generate an async generator of
+    vLLM's StreamingInput chunks; vLLM's handle_inputs task adds each under the session's
+    internal ID and then the final add. With equal IDs the second S ends session S early and
+    hangs; under internal-id both sessions run every chunk and the duplicate completes."""
+    scen = load_scenario("streaming-input-session")
+    buggy = run_scenario(scen, "buggy", engine="vllm")
+    assert "no-hang" in buggy.violated and buggy.reach().reach == "live"
+    assert [(q.id, q.tokens) for q in buggy.requests][:2] == [("S", 10), ("S", 0)]
+    safe = run_scenario(scen, "internal-id", engine="vllm")
+    assert safe.violated == ()
+    assert [(q.id, q.tokens, q.finish_reason) for q in safe.requests] == [
+        ("S", 15, "length"), ("S", 5, "length"), ("T", 40, "length")]
+
+
+@pytest.mark.vllm
+def test_the_rl_routers_abort_all_sweeps_the_leaked_parent(real: None, tmp_path: Path) -> None:
+    """router-abort-all without its endpoint (the serving layer vLLM's frontend does not run
+    yet): X (n = 2) aborted by its external ID leaks its parent in vLLM's OutputProcessor; the
+    abort-all at 0.3 s names every request_states and parent_requests key and pops it, on
+    both frontends."""
+    from racesim.conform import conform
+    from racesim.conform.frontend import SIDES
+
+    text = (REPO / "scenarios" / "bundled" / "router-abort-all.toml").read_text()
+    plain = "\n".join(line for line in text.splitlines() if not line.startswith("endpoint = "))
+    assert len(plain.splitlines()) == len(text.splitlines()) - 2
+    path = tmp_path / "abort-all.toml"
+    path.write_text(plain + "\n")
+    scen = load_scenario(str(path))
+    r = run_scenario(scen, "buggy", engine="vllm")
+    swept = [e.detail.ids for e in r.trace if e.kind == "api.router_abort"]
+    assert swept == [["Y", "X"]]  # Y still runs; X is the parent its external abort left
+    assert "no-leak" not in r.violated
+    assert [(q.id, q.finish_reason) for q in r.requests] == [("X", "abort"), ("Y", "abort")]
+    res = conform([scen], [("buggy", {}), ("internal-id", {})], budget=3, workers=1,
+                  engines=SIDES)
+    assert res.runs == 6 and not res.mismatches

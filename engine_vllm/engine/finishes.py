@@ -20,7 +20,7 @@ from racesim.engine_model.events.engine import EngineReject, EngineUtility, Sche
 from racesim.engine_model.messages import UtilityMessage
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
 
-__all__ = ["abort_all", "send_finish_outputs", "reject", "utility"]
+__all__ = ["abort_all", "send_finish_outputs", "reject", "utility", "reply_when_paused"]
 
 
 class VllmEngineCore(Protocol):
@@ -83,16 +83,35 @@ def abort_all(core: VllmEngineCore, cause: str) -> None:
 
 
 def utility(core: VllmEngineCore, msg: UtilityMessage) -> None:
-    """pause_generation / resume_scheduler (core.py:2181-2237) on the real Scheduler."""
+    """pause_generation / resume_scheduler (core.py:2181-2237) on the real Scheduler, then the
+    call's reply when vLLM's own frontend awaits one (:func:`reply_when_paused`)."""
     v = core.v
     sched = core.sched
     core.world.emit(core.c_core, None, 0, EngineUtility(msg.method, msg.mode))
     if msg.method != "pause_generation":
         core.reject_new_requests = False
         sched.set_pause_state(v.PauseState.UNPAUSED)
+        reply_when_paused(core, False)
         return
     if msg.mode == "abort":
         abort_all(core, "pause")
     sched.set_pause_state(v.PauseState.PAUSED_ALL if msg.mode == "keep"
                           else v.PauseState.PAUSED_NEW)
     core.reject_new_requests = msg.mode != "keep"
+    reply_when_paused(core, True)
+
+
+def reply_when_paused(core: Any, pausing: bool) -> None:
+    """The UTILITY reply vLLM's frontend awaits (``call_utility_async``), queued by
+    engine_side.to_shell for its calls only (the model's frontend awaits none). A pause
+    replies at once when the engine has no work left, else once it is idle: ``pause_scheduler``
+    returns a Future completed by an idle-state callback (core.py:2208-2223, 2239-2244). Its
+    abort outputs were sent first, on the same pipe."""
+    calls = core.__dict__.get("utility_replies")
+    if not calls:
+        return
+    reply = calls.popleft()
+    if pausing and core._has_work():
+        core.idle_callbacks.append(reply)
+    else:
+        reply()

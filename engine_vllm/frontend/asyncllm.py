@@ -18,6 +18,7 @@ when it appeared (ground truth vLLM never reads).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import types
 from collections import deque
 from typing import Any
@@ -46,7 +47,11 @@ from racesim.engine_vllm.frontend.wire import (
 
 __all__ = ["RealFrontend", "RealOutputView"]
 
-_ADD, _ABORT = b"\x00", b"\x01"
+#: the client whose task is running (set by the client's task; inherited by the tasks vLLM
+#: creates inside its calls)
+CALLER: contextvars.ContextVar[Any] = contextvars.ContextVar("racesim_caller", default=None)
+
+_ADD, _ABORT, _UTILITY = b"\x00", b"\x01", b"\x03"
 
 
 class _Bound:
@@ -92,6 +97,8 @@ class RealFrontend:
     engine_dead: str | None = None
     #: the run is over: vLLM's cleanup (closing coroutines) is no longer traced or sent
     closed = False
+    #: the server is starting (:meth:`start_serving`): its sends are answered outside the run
+    starting = False
 
     def __init__(self, system: Any, index: int, name: str, engine: Any, loop: SimLoop,
                  count: int) -> None:
@@ -129,8 +136,12 @@ class RealFrontend:
         return b.inc if b is not None and b.state is state else 0
 
     def _client(self) -> Any:
+        """The client whose call this is: its task's, or, for a task vLLM created inside a
+        client's call (a streaming session's ``handle_inputs``), the client it was created by
+        (asyncio copies the context into a new task)."""
         task = asyncio.current_task(self.loop)
-        return self.clients.get(task)
+        found = self.clients.get(task)
+        return found if found is not None else CALLER.get()
 
     # -- the OutputProcessor, wrapped on the instance ------------------------------------------
 
@@ -156,16 +167,24 @@ class RealFrontend:
             result = real_add(request, *args, **kw)
             client = self._client()
             rid = request.request_id
-            inc = self.system.next_inc()
+            old = before.get(rid)
+            held = self._bound.get(id(old)) if old is not None else None
+            # a session's own later chunk (or its final add) continues its incarnation, as
+            # the model's session sends it; another client's add of a held ID is a new one
+            own = (held is not None and held.state is old and client is not None
+                   and held.uid == client.uid)
+            inc = held.inc if own and held is not None else self.system.next_inc()
             uid = client.uid if client is not None else 0
             if client is not None:
                 client.accepted = True  # add_request registered it (the model's "accepted")
             spec = client.spec if client is not None else None
+            # a scripted preprocessing fault is the engine's (its input thread raises while
+            # preprocessing the ADD): it rides beside the frames, as the model's ADD carries it
             self._pending.append((rid, AddTruth(
                 inc, uid, spec.eos_at if spec is not None else None,
-                (spec.prompt if spec is not None and spec.prompt is not None else f"#{uid}"))))
+                (spec.prompt if spec is not None and spec.prompt is not None else f"#{uid}"),
+                "preprocess" if spec is not None and spec.preprocess_error else "")))
             state = states.get(rid)
-            old = before.get(rid)
             external = getattr(request, "external_req_id", None) or rid
             if state is not None and state is not old:
                 self._bound[id(state)] = _Bound(state, inc, uid, rid)
@@ -179,7 +198,8 @@ class RealFrontend:
                 # vLLM took it as the held state's streaming update (0.20+
                 # output_processor.py add_request): this ADD is never registered, and a
                 # non-resumable one finishes the held state (_finish_request, STREAM_FINISHED)
-                world.emit(name, rid, inc, FeAdd(uid, external, 0, tracked=False))
+                if not own:
+                    world.emit(name, rid, inc, FeAdd(uid, external, 0, tracked=False))
                 self._diff(before, "stream-finished")
             return result
 
@@ -248,6 +268,37 @@ class RealFrontend:
         b = self._bound.pop(id(state), None)
         if b is not None:
             self.world.emit(self.name, b.rid, b.inc, FePop(why))
+
+    # -- start-up -------------------------------------------------------------------------------
+
+    def start_serving(self) -> None:
+        """What ``vllm serve`` does before it takes a request: ``build_and_serve`` awaits
+        ``engine_client.get_supported_tasks()`` (0.33.0 entrypoints/launchers/api_server/
+        entry.py:132; 0.20.0 entrypoints/openai/api_server.py:595; 0.10.1.1 :1607), which caches
+        them in the AsyncLLM (0.33.0 async_llm.py:390-395, 0.20.0 :273-278), so no request ever
+        waits for that round trip. It runs here, before the run's time 0, with the engine's
+        answer handed straight to the PULL socket, as the READY handshake is (wire._Shadow)."""
+        task = self.loop.create_task(self.llm.get_supported_tasks(), name="serve:startup")
+        self.starting = True
+        try:
+            self.loop.run_ready()  # runs until nothing is ready: the answer is already waiting
+        finally:
+            self.starting = False
+        if not task.done():
+            raise RuntimeError("the API server's start-up call did not complete")
+        task.result()
+
+    def answer_startup(self, frames: tuple[bytes, ...]) -> None:
+        """The engine's answer to a start-up utility call (engine_side.to_shell's, unrouted)."""
+        from racesim.engine_vllm.frontend.engine_side import utility_outputs
+
+        if frames[0] != _UTILITY:
+            raise RuntimeError(f"the API server sent {frames[0]!r} while starting")
+        _client, call_id, method, _args = self.v.MsgpackDecoder().decode(list(frames[1:]))
+        if method != "get_supported_tasks":
+            raise RuntimeError(f"the API server called {method!r} while starting")
+        real = utility_outputs(self.v, call_id, ("generate",))
+        self.pull.deliver([self.v.zmq.Frame(bytes(b)) for b in self._encoder.encode(real)])
 
     # -- the wire -------------------------------------------------------------------------------
 

@@ -108,12 +108,19 @@ def vllm_names() -> Any:
         tokens_input = None
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
+    try:  # streaming-input sessions (0.20+)
+        from vllm.engine.protocol import StreamingInput
+    except ImportError:
+        StreamingInput = None
+
     return types.SimpleNamespace(
         api=v.api, version=v.version, AsyncLLM=al.AsyncLLM, zmq=zmq,
         ENGINE_CORE_DEAD=core.EngineCoreProc.ENGINE_CORE_DEAD,
         MsgpackEncoder=MsgpackEncoder, MsgpackDecoder=MsgpackDecoder,
-        EngineCoreRequest=v.EngineCoreRequest, RequestType=EngineCoreRequestType,
-        tokens_input=tokens_input, SamplingParams=SamplingParams, RequestOutputKind=RequestOutputKind,
+        EngineCoreRequest=v.EngineCoreRequest, EngineCoreOutputs=v.EngineCoreOutputs,
+        RequestType=EngineCoreRequestType,
+        tokens_input=tokens_input, StreamingInput=StreamingInput, SamplingParams=SamplingParams,
+        RequestOutputKind=RequestOutputKind,
         EngineDeadError=v.EngineDeadError)
 
 

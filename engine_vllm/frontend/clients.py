@@ -24,6 +24,7 @@ from racesim.engine_model.events.client import (
     ClientSend,
 )
 from racesim.engine_model.messages import FinishReason
+from racesim.engine_vllm.frontend.asyncllm import CALLER
 
 __all__ = ["RealClient"]
 
@@ -80,6 +81,17 @@ class RealClient:
             return v.tokens_input(ids)
         return {"prompt_token_ids": ids}  # TokensPrompt (before vllm.inputs.engine)
 
+    async def _session(self) -> Any:
+        """A streaming-input session's input stream (vLLM's ``StreamingInput`` chunks, which
+        ``AsyncLLM.generate`` takes as an async generator): the first chunk at once, then one
+        more every ``chunk_interval``, each of ``prompt_tokens`` tokens; ending the stream is
+        what makes vLLM send the session's final add (async_llm.py ``handle_inputs``)."""
+        v = self.fe.v
+        for k in range(self.spec.input_chunks + 1):
+            if k:
+                await asyncio.sleep(self.spec.chunk_interval)
+            yield v.StreamingInput(self._prompt())
+
     async def _run(self) -> None:
         world = self.world
         spec = self.spec
@@ -94,8 +106,10 @@ class RealClient:
                                                      spec.prompt))
         llm = self.fe.llm
         decode = self.vocab.decode
+        CALLER.set(self)
+        prompt = self._session() if spec.input_chunks else self._prompt()
         try:
-            async for out in llm.generate(self._prompt(), self._params(), spec.id):
+            async for out in llm.generate(prompt, self._params(), spec.id):
                 tokens = []
                 for c in out.outputs:
                     for t in c.token_ids:

@@ -6,17 +6,20 @@ busy loop, and takes its inputs as racesim's messages. This maps one onto the ot
 vLLM's request ID, client index, max_tokens, prompt length and ``resumable`` as decoded, and the
 ground truth that rode beside the frames. A ``get_supported_tasks`` utility call is answered as
 ``EngineCore.get_supported_tasks`` answers on a generate model (``("generate",)``), with vLLM's
-``UtilityOutput``.
+``UtilityOutput``; ``pause_generation`` / ``resume_scheduler`` go to the busy loop as the model's
+frontend sends them, and are answered when vLLM answers them (finishes.reply_when_paused).
 """
 
 from __future__ import annotations
 
+from collections import deque
+from functools import partial
 from typing import Any
 
-from racesim.engine_model.messages import AbortMessage, EngineCoreRequest
+from racesim.engine_model.messages import AbortMessage, EngineCoreRequest, UtilityMessage
 from racesim.engine_vllm.frontend import EngineCoreOutputs
 
-__all__ = ["to_shell"]
+__all__ = ["to_shell", "utility_outputs"]
 
 
 def to_shell(engine: Any, request_type: Any, request: Any, truth: Any) -> Any:
@@ -32,19 +35,29 @@ def to_shell(engine: Any, request_type: Any, request: Any, truth: Any) -> Any:
     if name == "ABORT":
         return AbortMessage(tuple(str(r) for r in request), int(truth or 0))
     if name == "UTILITY":
-        client, call_id, method, _args = request
+        client, call_id, method, args = request
         if method == "get_supported_tasks":
             _reply(engine, int(client), call_id, ("generate",))
-        return None
+            return None
+        if method in ("pause_generation", "resume_scheduler"):
+            # 0.33's AsyncLLM.pause_generation / resume_generation (core_client.py:1353-1359):
+            # the busy loop applies it, and the reply follows (finishes.reply_when_paused)
+            replies = engine.__dict__.setdefault("utility_replies", deque())
+            replies.append(partial(_reply, engine, int(client), call_id, None))
+            return UtilityMessage(method, str(args[0]) if method == "pause_generation" else "")
     return None
 
 
-def _reply(engine: Any, client: int, call_id: int, result: Any) -> None:
+def utility_outputs(v: Any, call_id: int, result: Any) -> Any:
+    """vLLM's ``EngineCoreOutputs`` carrying one utility call's result."""
     from vllm.v1.engine import UtilityOutput, UtilityResult
 
+    return v.EngineCoreOutputs(utility_output=UtilityOutput(call_id, result=UtilityResult(result)))
+
+
+def _reply(engine: Any, client: int, call_id: int, result: Any) -> None:
     channel = engine.output_channels.get(client)
     if channel is None:
         return
-    real = engine.v.EngineCoreOutputs(
-        utility_output=UtilityOutput(call_id, result=UtilityResult(result)))
-    channel.send(EngineCoreOutputs(engine.index, (), real), [])
+    channel.send(EngineCoreOutputs(engine.index, (), utility_outputs(engine.v, call_id, result)),
+                 [])

@@ -10,11 +10,14 @@ does (core.py ``process_input_sockets``) and hands the engine ``(request_type, r
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import Iterable
 from typing import Any
 
 from racesim.engine_model.config import Workload
+from racesim.engine_model.events.api import ApiRouterAbort
+from racesim.engine_model.events.frontend import FeUtility
 from racesim.engine_model.policies import LifecyclePolicy
 from racesim.engine_model.system import RunResult
 from racesim.engine_model.system import run_workload as _run_model
@@ -40,19 +43,11 @@ def unsupported(workload: Workload) -> str | None:
         return f"topology {workload.topology!r} (only 'single')"
     if workload.engine.dp_size > 1:
         return "data parallelism"
-    if workload.engine.pause_at is not None:
-        return "pause_generation"
-    if workload.frontend.abort_all_at is not None:
-        return "the RL router's abort-all"
-    if workload.engine.connect_at is not None:
-        return "engine.connect_at"
     for r in workload.requests:
         if r.endpoint is not None:
             return f"request {r.id!r}: the OpenAI serving layer (endpoint)"
-        if r.input_chunks:
-            return f"request {r.id!r}: streaming-input sessions"
-        if r.preprocess_error or r.kv_load_fails or r.unserializable:
-            return f"request {r.id!r}: a scripted fault"
+        if r.kv_load_fails or r.unserializable:
+            return f"request {r.id!r}: a scripted fault (kv_load_fails, unserializable)"
         if r.dp_rank is not None:
             return f"request {r.id!r}: dp_rank"
     return None
@@ -90,14 +85,74 @@ class RealFrontendSystem(VllmSystem):
             engine.output_channels[i] = self._channel("ipc", engine.name, name,
                                                       "ipc.output:transit", fe.deliver)
             self.frontends.append(fe)
+        if workload.engine.connect_at is not None:
+            # the engine's pipe drops what the ROUTER sends before it connects (the model's
+            # gate, System._gate_inputs: no ROUTER_MANDATORY, core_client.py:1293-1300)
+            self._gate_inputs(workload.engine.connect_at)
+        for fe in self.frontends:  # each server is up before its first client connects
+            fe.start_serving()
         self.api_servers: list[Any] = []
         self.clients: list[Any] = [
             RealClient(self.frontends[spec.frontend], i, self.next_inc(), spec, self.vocab)
             for i, spec in enumerate(workload.requests)]
+        if workload.engine.pause_at is not None:
+            self._pause_and_resume(self.frontends[0])
+        if workload.frontend.abort_all_at is not None:
+            self._abort_all_at(self.frontends[0], float(workload.frontend.abort_all_at))
         for loop in self.loops:
             loop.start()
         self.topology = self._topology([])
         _LAST.system = self
+
+    def _pause_and_resume(self, fe: Any) -> None:
+        """API server 0's caller (an RL trainer) awaits ``AsyncLLM.pause_generation(mode=)``
+        at ``pause_at`` and ``resume_generation()`` at ``resume_at``, each a task of its own
+        (0.33.0 async_llm.py pause_generation / resume_generation), as the model's frontend
+        calls them (engine_model/system.py ``_pause_and_resume``)."""
+        config = self.workload.engine
+        loop = fe.loop
+
+        async def at(when: float, method: str, call: Any) -> None:
+            await asyncio.sleep(max(0.0, when - loop.time()))
+            self.world.emit(fe.name, None, 0, FeUtility(method, config.pause_mode or "abort"
+                                                        if method == "pause_generation" else ""))
+            await self._operator(call)
+
+        loop.create_task(at(float(config.pause_at), "pause_generation", lambda: fe.llm.
+                            pause_generation(mode=config.pause_mode or "abort")),
+                         name="trainer:pause_generation")
+        if config.resume_at is not None:
+            loop.create_task(at(float(config.resume_at), "resume_scheduler",
+                                fe.llm.resume_generation), name="trainer:resume_generation")
+
+    async def _operator(self, call: Any) -> None:
+        """An operator's call into vLLM: what vLLM raises is its answer (EngineDeadError once
+        the engine died); an exception raised in racesim's adapter fails the run."""
+        try:
+            await call()
+        except Exception as exc:
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            if tb is not None and "/engine_vllm/frontend/" in tb.tb_frame.f_code.co_filename:
+                self.crashes.append(f"{type(exc).__name__}: {exc}")
+
+    def _abort_all_at(self, fe: Any, when: float) -> None:
+        """The RL router's ``POST /abort_requests`` with no IDs on API server 0: every
+        ``request_states`` and ``parent_requests`` key of vLLM's OutputProcessor, aborted by
+        internal ID in one ``AsyncLLM.abort`` call (0.33.0 entrypoints/rl/online/
+        api_router.py:120-132), as the model's API server sends it."""
+        loop = fe.loop
+
+        async def abort_all() -> None:
+            await asyncio.sleep(max(0.0, when - loop.time()))
+            op = fe.llm.output_processor
+            ids = [*op.request_states.keys(), *op.parent_requests.keys()]
+            self.world.emit(fe.name, None, 0, ApiRouterAbort("rl", list(ids), True, 0))
+            if ids:
+                await self._operator(lambda: fe.llm.abort(ids, internal=True))
+
+        loop.create_task(abort_all(), name="router:abort_all")
 
     def engine_shape(self) -> Any:
         wl = self.workload

@@ -123,6 +123,11 @@ class FakeRouter(_Socket):
             fut.set_result(None)
             return fut
         frames = tuple(bytes(f) if not isinstance(f, bytes) else f for f in msg[1:])
+        if self.frontend.starting:  # the server's start-up call, before the run's time 0
+            self.frontend.answer_startup(frames)
+            fut = loop.create_future()
+            fut.set_result(None)
+            return fut
         kind, cls, truth = self.frontend.classify(frames)
         point, where = _caller_point(kind)
         loop.seen.setdefault(point, where)

@@ -13,7 +13,9 @@ from rich.text import Text
 
 from racesim.cli.support import BUDGET, check_workers, console, emit_json, output_dir, output_file
 from racesim.cli.support import parse_options as _options
-from racesim.conform import STRATEGIES, conform, lifecycle
+from racesim.conform import ENGINES, STRATEGIES, conform, lifecycle
+from racesim.conform.frontend import SIDES as FRONTEND_SIDES
+from racesim.conform.frontend import default_policies as frontend_policies
 from racesim.engine_model.versions import ALIASES, PROFILES, profile_gap
 from racesim.cli.progress import ProgressBar
 from racesim.reports.text import printable
@@ -43,19 +45,26 @@ __all__ = ["conform_cmd"]
               help="Leave an invariant unchecked on both sides (repeatable).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="racesim-out",
               show_default=True, help="Where each mismatch's counterexample file is written.")
+@click.option("--frontend", "frontends", is_flag=True,
+              help="Compare the model's frontend with vLLM's own AsyncLLM instead, both on "
+                   "vLLM's engine classes (--engine vllm), on the points both pass; default "
+                   "policies: buggy and internal-id.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
               help="Write the HTML conformance report.")
 def conform_cmd(scenarios: Sequence[str], vllm: str | None, policies: Sequence[str],
                 policy_opts: Sequence[str], budget: int, strategy: str, seed: int,
-                workers: int | None, skip: Sequence[str], out_dir: str, as_json: bool,
-                html_file: str | None) -> None:
+                workers: int | None, skip: Sequence[str], frontends: bool, out_dir: str,
+                as_json: bool, html_file: str | None) -> None:
     """Replay the same schedules on the model and on vLLM's own engine code, and compare.
 
     Each SCENARIO (default: every bundled one) gets --budget schedules drawn on the model;
     each exact schedule then runs on both backends, which must agree on every client's tokens,
     finish reason and token owners, on the violated invariants and their reach, and on engine
-    death. Exit 1 on a mismatch the known-mismatch table does not list, else 0."""
+    death. Exit 1 on a mismatch the known-mismatch table does not list, else 0.
+
+    With --frontend the two sides are the model's frontend and vLLM's own AsyncLLM, both on
+    vLLM's engine classes; a scenario vLLM's frontend does not run is left out, with why."""
     scens = [load_scenario(n).with_vllm(vllm) for n in (scenarios or bundled_names())]
     if not scenarios:
         # every bundled one: those needing a feature this release lacks are left out
@@ -72,8 +81,15 @@ def conform_cmd(scenarios: Sequence[str], vllm: str | None, policies: Sequence[s
                 click.echo(f"racesim: {scen.name}: {gap}; not conformed", err=True)
         scens = kept
     options = _options(policy_opts)
+    engines = FRONTEND_SIDES if frontends else ENGINES
+    if frontends:
+        from racesim.runner.engines import installed_vllm
+
+        defaults = frontend_policies(installed_vllm())
+    else:
+        defaults = _default_policies(scens)
     cells = ([(p, options) for p in policies]
-             or [(p, {**o, **options}) for p, o in _default_policies(scens)])
+             or [(p, {**o, **options}) for p, o in defaults])
     output_file("--html", html_file)
     out = output_dir("--out", out_dir)
     check_workers(workers, None)
@@ -84,7 +100,7 @@ def conform_cmd(scenarios: Sequence[str], vllm: str | None, policies: Sequence[s
             scenario, policy = divmod(done, len(cells))
             bar.start(f"{scens[scenario].name} / {cells[policy][0]}", steps=total)
         elif cell["model_only"]:
-            bar.finish("model only")
+            bar.finish("left out" if frontends else "model only")
         else:
             bar.finish(f"{cell['mismatching_runs']} of {cell['runs']} runs differ"
                        + (f", {cell['unlisted']} not in the known table"
@@ -92,7 +108,8 @@ def conform_cmd(scenarios: Sequence[str], vllm: str | None, policies: Sequence[s
 
     try:
         res = conform(scens, cells, budget=budget, strategy=strategy, seed=seed,
-                      workers=workers, skip=skip, out_dir=out, progress=bar, on_cell=on_cell)
+                      workers=workers, skip=skip, out_dir=out, progress=bar, on_cell=on_cell,
+                      engines=engines)
     finally:
         bar.close()
     doc = res.document()
@@ -119,7 +136,10 @@ def _default_policies(scens: Sequence[Any]) -> list[tuple[str, dict[str, str]]]:
 
 def _print(doc: dict[str, Any]) -> None:
     out = console()
-    t = Table(title="model vs vLLM", title_justify="left")
+    frontends = doc["parameters"].get("engines") == list(FRONTEND_SIDES)
+    title = "model frontend vs vLLM's AsyncLLM (vLLM's engine)" if frontends else "model vs vLLM"
+    only = "not on vLLM's frontend" if frontends else "model only"
+    t = Table(title=title, title_justify="left")
     t.add_column("scenario / policy", no_wrap=True)
     t.add_column("runs", justify="right")
     t.add_column("violating", justify="right")
@@ -128,13 +148,14 @@ def _print(doc: dict[str, Any]) -> None:
     for c in doc["cells"]:
         name = Text(printable(f"{c['scenario']} / {c['policy']}"))
         if c["model_only"]:
-            t.add_row(name, Text("model only", style="dim"), "", "", "")
+            t.add_row(name, Text("left out" if frontends else "model only", style="dim"),
+                      "", "", "")
             continue
         t.add_row(name, str(c["runs"]), str(c["violating_runs"]), str(c["mismatching_runs"]),
                   Text(str(c["unlisted"]), style="bold red" if c["unlisted"] else "green"))
     out.print(t)
     for why in dict.fromkeys(c["model_only"] for c in doc["cells"] if c["model_only"]):
-        out.print(Text(printable(f"model only: {why}"), style="dim"))
+        out.print(Text(printable(f"{only}: {why}"), style="dim"))
     for m in doc["mismatches"]:
         tag = "known" if m["known"] else "UNLISTED"
         out.print(Text(printable(f"{tag}: {m['scenario']} / {m['policy']} run {m['run']} "

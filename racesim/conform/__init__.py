@@ -23,6 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from racesim.conform.frontend import (
+    explain_frontend,
+    frontend_env,
+    frontend_skip,
+    shared_occurrences,
+    split_side,
+)
 from racesim.conform.outcome import Outcome, differences, outcome_of
 from racesim.documents import (
     Counterexample,
@@ -70,6 +77,10 @@ def lifecycle(profile: str) -> tuple[str, dict[str, str]]:
     return policy, dict(options)
 
 
+def _uses_vllm(engines: Sequence[str]) -> bool:
+    return any(split_side(e)[0] == "vllm" for e in engines)
+
+
 def check_backend(scenario: Scenario) -> None:
     """An InputError, before any work, when the vLLM backend cannot run ``scenario``'s profile
     here (another release, or vLLM not installed: the line names the install command)."""
@@ -79,8 +90,9 @@ def check_backend(scenario: Scenario) -> None:
 def model_only(scenario: Scenario, policy: str, options: Mapping[str, str],
                engines: Sequence[str]) -> str | None:
     """Why this cell runs on the model only (none bundled today), else None. A policy the
-    vllm backend cannot express is bad input: one InputError line."""
-    if "vllm" not in engines:
+    vllm backend cannot express is bad input: one InputError line. Comparing frontends
+    (``vllm@asyncllm``), a cell vLLM's own frontend does not run is left out likewise."""
+    if not _uses_vllm(engines):
         return None
     from racesim.engine_vllm import model_only_reason, unsupported_reason
 
@@ -92,12 +104,17 @@ def model_only(scenario: Scenario, policy: str, options: Mapping[str, str],
     why = unsupported_reason(scenario.workload, policy, options, installed_vllm())
     if why is not None:
         raise InputError(why)
+    if any(split_side(e)[1] == "asyncllm" for e in engines):
+        return frontend_skip(scenario.workload, policy, installed_vllm())
     return None
 
 
 def run_on(engine: str, scenario: Scenario, policy: str, **kwargs: Any) -> RunResult:
-    """``run_scenario`` on one backend (tests replace this to perturb one side)."""
-    return run_scenario(scenario, policy, engine=engine, **kwargs)
+    """``run_scenario`` on one backend (tests replace this to perturb one side); a side
+    ``vllm@<frontend>`` is the vllm backend with that frontend (:mod:`.frontend`)."""
+    backend, frontend = split_side(engine)
+    with frontend_env(frontend):
+        return run_scenario(scenario, policy, engine=backend, **kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,9 +228,11 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
         policy_spec(name)
         for scen in scenarios:
             model_only(scen, name, opts, engines)
-            if "vllm" in engines:
+            if _uses_vllm(engines):
                 check_backend(scen)
-    if known is None:
+    if known is None and split_side(engines[1])[1] is not None:
+        known = explain_frontend
+    elif known is None:
         from racesim.conform.known import explain as known
     started = time.monotonic()
     result = ConformResult([s.name for s in scenarios], [p for p, _ in policies], {
@@ -254,7 +273,13 @@ def _cell(result: ConformResult, scen: Scenario, policy: str, options: dict[str,
         return
     baseline = run_on(engines[0], scen, policy, options=options, seed=seed, skip=skip,
                       retain_trace=False, hash_trace=False)
-    config = StrategyConfig(occurrences=baseline.occurrences,
+    occurrences = baseline.occurrences
+    if split_side(engines[0])[1] != split_side(engines[1])[1]:
+        # two frontends: perturb only the points both pass (the frontend-only ones differ)
+        other = run_on(engines[1], scen, policy, options=options, seed=seed, skip=skip,
+                       retain_trace=False, hash_trace=False)
+        occurrences = shared_occurrences(occurrences, other.occurrences)
+    config = StrategyConfig(occurrences=occurrences,
                             scale=scen.workload.engine.step_time, seed=seed)
     size = make_strategy(strategy, config).size()
     runs = budget if size is None else min(budget, size + 1)
@@ -282,9 +307,12 @@ def _cell(result: ConformResult, scen: Scenario, policy: str, options: dict[str,
             progress(result.runs, total, len(result.unlisted))
 
 
-def mismatch_path(out_dir: Path, m: Mismatch, strategy: str) -> Path:
-    """One file per (scenario, policy, strategy, seed, run): conform runs never collide."""
-    stem = safe_file_name(f"conform__{m.scenario}__{m.policy}__{strategy}__seed{m.seed}"
+def mismatch_path(out_dir: Path, m: Mismatch, strategy: str,
+                  engines: tuple[str, str] = ENGINES) -> Path:
+    """One file per (scenario, policy, strategy, seed, run): conform runs never collide
+    (a comparison of frontends has its own prefix)."""
+    kind = "conform-frontend" if split_side(engines[1])[1] is not None else "conform"
+    stem = safe_file_name(f"{kind}__{m.scenario}__{m.policy}__{strategy}__seed{m.seed}"
                           f"__run{m.run}")
     return out_dir / f"{stem}.json"
 
@@ -313,7 +341,8 @@ def _save(m: Mismatch, scen: Scenario, skip: tuple[str, ...], engines: tuple[str
                          "outcomes": {engines[0]: outcomes[0].as_dict(),
                                       engines[1]: outcomes[1].as_dict()},
                          "known": m.known},
-                        r.reach().reach if r.violations else None, engine=engines[1])
-    first = mismatch_path(out_dir, m, strategy)
+                        r.reach().reach if r.violations else None,
+                        engine=split_side(engines[1])[0])
+    first = mismatch_path(out_dir, m, strategy, engines)
     path = write_claimed(free_path(first, _ours), cx, _ours, first=first)
     return dataclasses.replace(m, outcomes=outcomes, path=str(path))
