@@ -68,6 +68,7 @@ class EngineCore(PdCore):
                 self.connector.use_mooncake(None if index else MooncakeSender(
                     world, f"{name}.connector", hold_timeout, transfer_time,
                     lambda: self.dead is not None, self._send_pull_result, self._wake_loop))
+        self._kv_idle_blocks = "kv-idle-blocks" in profile.features
         self.push_mode = kv_connector == "nixl-push"
         self.mooncake_mode = kv_connector == "mooncake"
         self.transfer_time = transfer_time
@@ -91,7 +92,16 @@ class EngineCore(PdCore):
         """The connector's worker has a transfer result to report (vLLM's busy loop keeps
         stepping while requests are held or wait for KV, so the next step reports it)."""
         c = self.connector
-        return c is not None and c.has_finished()
+        return c is not None and self._kv_wakes_idle() and c.has_finished()
+
+    def _kv_wakes_idle(self) -> bool:
+        """Up to 0.20 a held request is in no queue, so an engine holding only such requests
+        has none (has_requests: waiting, running or just finished; 0.10.1.1
+        v1/core/sched/scheduler.py:1040-1044, 0.20.0 :1856-1869) and blocks on its input
+        queue (0.10.1.1 v1/engine/core.py:722-731, 0.20.0 :1152-1158, 1174-1196): a notice
+        or a timeout waits for the next request's step. 0.33 counts held requests
+        (scheduler.py:3157-3165) and keeps stepping."""
+        return not self._kv_idle_blocks or self.scheduler.has_requests()
 
     def _collect_kv_finished(self) -> _KvResults:
         """The worker's get_transfer_results, at the end of execute_model: failed reads, reads

@@ -23,7 +23,6 @@ import simpy
 from racesim.engine_model.config import EngineConfig
 from racesim.engine_model.engine_shell import EngineShell
 from racesim.engine_model.events.engine import (
-    SchedAbortMiss,
     SchedAdd,
     SchedFinish,
     SchedPreempt,
@@ -201,20 +200,7 @@ class VllmEngineCore(EngineShell):
                         SchedAdd(self.inc_of(prev) if prev is not None else 0))
 
     def _abort(self, msg: AbortMessage, cause: str) -> None:
-        # One ID per call (finish_requests iterates a set, scheduler.py:2983). vLLM decides what
-        # it finishes: a finished, held request again before 0.14 (#25067; 0.10.1.1
-        # scheduler.py:997-1018), not since (0.14.0 scheduler.py:1473).
-        for rid in msg.request_ids:
-            req = self.sched.requests.get(rid)
-            before, inc = (None, 0) if req is None else (req.status, self.inc_of(req))
-            if req is not None:
-                self.call(self.sched.finish_requests, rid, self.v.RequestStatus.FINISHED_ABORTED)
-            if req is None or req.status == before:
-                self.world.emit(self.c_sched, rid, inc, SchedAbortMiss(cause, msg.tag))
-                continue
-            self.world.emit(self.c_sched, rid, inc,
-                            SchedFinish("FINISHED_ABORTED", cause, msg.tag))
-            self.kv.sync({rid: inc})
+        finishes.abort(self, msg, cause)
 
     def _abort_all_for_fault(self) -> None:
         finishes.abort_all(self, "fault")
