@@ -304,17 +304,24 @@ def check_corpus(data: object, has_plans: bool) -> CorpusInfo | None:
     for key in ("issue", "fix_pr"):
         if out[key] < 1:
             raise Bad(("corpus", key), "must be a vLLM issue or PR number (>= 1)", out[key])
+    fix_kind = out.get("fix_kind", "fix")
+    if fix_kind not in ("fix", "guard", "open"):
+        raise Bad(("corpus", "fix_kind"), 'must be "fix", "guard" or "open"', fix_kind)
     for key in ("buggy_release", "fixed_release"):
-        if not _RELEASE.fullmatch(out[key]):
-            raise Bad(("corpus", key), 'must be a vLLM release such as "0.20.0"', out[key])
+        if key == "fixed_release" and fix_kind == "open":
+            if out[key] != "open":
+                raise Bad(("corpus", key), 'must be "open" for an open bug (fix_kind = "open")',
+                          out[key])
+        elif not _RELEASE.fullmatch(out[key]):
+            raise Bad(("corpus", key), 'must be a vLLM release such as "0.20.0"'
+                      + (' (or "open" with fix_kind = "open")' if key == "fixed_release" else ""),
+                      out[key])
     if out["invariant"] not in INVARIANTS:
         raise Bad(("corpus", "invariant"), f"must be one of {', '.join(INVARIANTS)}",
                   out["invariant"])
     for key in ("title", "description"):
         if not out[key].strip():
             raise Bad(("corpus", key), "must not be empty", out[key])
-    if out.get("fix_kind", "fix") not in ("fix", "guard"):
-        raise Bad(("corpus", "fix_kind"), 'must be "fix" or "guard"', out["fix_kind"])
     policy = out.get("policy", "")
     if policy and policy not in POLICIES:
         raise Bad(("corpus", "policy"), f"must be a built-in policy "
