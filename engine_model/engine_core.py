@@ -113,12 +113,18 @@ class EngineCore(PdCore):
         done = c.get_finished()
         return failed, c.take_recved(), done
 
-    def _apply_kv_finished(self, kv: _KvResults) -> None:
-        """update_from_output's order: failed loads (scheduler.py:2292-2303, 2552-2579), then
-        finished_recving and finished_sending (:3569-3582)."""
+    def _apply_kv_failed(self, kv: _KvResults) -> None:
+        """update_from_output's order: failed loads (scheduler.py:2292-2303, 2552-2579) before
+        the step's model outputs; finished_recving and finished_sending (:3569-3582) after them
+        (:2580-2582; 0.10.1.1 :895-898), so a request that finishes in this step is finished
+        when a transfer's end frees its blocks."""
         failed, recved, done = kv
         if failed:
             self._kv_load_failed(failed)
+
+    def _apply_kv_transfers_done(self, kv: _KvResults) -> None:
+        """finished_recving, then finished_sending (after the step's model outputs)."""
+        _failed, recved, done = kv
         connector = self.connector
         sched = self.scheduler
         for rid in recved:
@@ -249,8 +255,9 @@ class EngineCore(PdCore):
         ev = world.sleep("engine.step:update_from_output", 0.0, self.c_core)
         if ev is not None:
             yield ev
-        self._apply_kv_finished(kv)
+        self._apply_kv_failed(kv)
         results = sched.update_from_output(out, sampled)
+        self._apply_kv_transfers_done(kv)
         self.outputs.step_outputs(results)
         return True
 

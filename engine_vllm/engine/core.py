@@ -294,11 +294,11 @@ class VllmEngineCore(EngineShell):
         objects = {rid: requests.get(rid) for rid in so.num_scheduled_tokens}
         before = {rid: (len(r.output_token_ids) if r is not None else 0)
                   for rid, r in objects.items()}
-        released: dict[str, int] = {}
+        ending: dict[str, tuple[Any, int, str]] = {}
         watch: dict[str, Any] = {}
         was_finished: dict[str, bool] = {}
         if self.transport is not None:
-            released = pd.releases(self, mro.kv_connector_output)
+            ending = pd.releases(self, mro.kv_connector_output)
             # a failed load finishes an unscheduled request (scheduler.py:2552-2579)
             watch = {rid: r for rid, r in requests.items()
                      if rid not in objects and not r.is_finished()}
@@ -325,6 +325,7 @@ class VllmEngineCore(EngineShell):
                 self.world.emit(self.c_sched, rid, inc, SchedFinish(req.status.name, reason))
         if watch:
             pd.unscheduled_finishes(self, watch, finished)
+        released = pd.record_releases(self, ending)
         if finished or released:  # update_from_output frees only the blocks of requests it
             # finished, and of held ones whose transfer ended
             self.kv.sync({**released, **finished})
