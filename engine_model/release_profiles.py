@@ -44,6 +44,7 @@ _KV_IDLE_BLOCKS = Behaviour(
     "P/D: a request held for the decode side (or an aborted one waiting for its read) is in "
     "no queue, so an engine with only such requests blocks on its input queue: a notice or a "
     "timeout is seen at the next request's step (0.33 counts them and keeps stepping)",
+    "0.9.2 v1/engine/core.py:608-616, v1/core/sched/scheduler.py:998-1002; "
     "0.10.1.1 v1/engine/core.py:722-731, v1/core/sched/scheduler.py:1040-1044; 0.11.0 "
     "v1/engine/core.py:730-740; 0.14.0 v1/engine/core.py:958-966, "
     "v1/core/sched/scheduler.py:1514-1518; 0.20.0 v1/engine/core.py:1152-1158, "
@@ -133,6 +134,7 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "single_type_kv_cache_manager.py:105"),
             Behaviour("P/D: unverified for 0.9 (0.10's NIXL hold is kept; 0.9.2 has no "
                       "VLLM_NIXL_ABORT_REQUEST_TIMEOUT)", "0.9.2 envs.py"),
+            _KV_IDLE_BLOCKS,
             _NOT_MODELLED, _SAME_WIDTHS,
         ))
     p014 = replace(
