@@ -118,7 +118,7 @@ class EngineCore(PdCore):
         the step's model outputs; finished_recving and finished_sending (:3569-3582) after them
         (:2580-2582; 0.10.1.1 :895-898), so a request that finishes in this step is finished
         when a transfer's end frees its blocks."""
-        failed, recved, done = kv
+        failed = kv[0]
         if failed:
             self._kv_load_failed(failed)
 
