@@ -68,6 +68,7 @@ class EngineCore(PdCore):
                 self.connector.use_mooncake(None if index else MooncakeSender(
                     world, f"{name}.connector", hold_timeout, transfer_time,
                     lambda: self.dead is not None, self._send_pull_result, self._wake_loop))
+        self._kv_idle_blocks = "kv-idle-blocks" in profile.features
         self.push_mode = kv_connector == "nixl-push"
         self.mooncake_mode = kv_connector == "mooncake"
         self.transfer_time = transfer_time
@@ -91,7 +92,16 @@ class EngineCore(PdCore):
         """The connector's worker has a transfer result to report (vLLM's busy loop keeps
         stepping while requests are held or wait for KV, so the next step reports it)."""
         c = self.connector
-        return c is not None and c.has_finished()
+        return c is not None and self._kv_wakes_idle() and c.has_finished()
+
+    def _kv_wakes_idle(self) -> bool:
+        """Up to 0.20 a held request is in no queue, so an engine holding only such requests
+        has none (has_requests: waiting, running or just finished; 0.10.1.1
+        v1/core/sched/scheduler.py:1040-1044, 0.20.0 :1856-1869) and blocks on its input
+        queue (0.10.1.1 v1/engine/core.py:722-731, 0.20.0 :1152-1158, 1174-1196): a notice
+        or a timeout waits for the next request's step. 0.33 counts held requests
+        (scheduler.py:3157-3165) and keeps stepping."""
+        return not self._kv_idle_blocks or self.scheduler.has_requests()
 
     def _collect_kv_finished(self) -> _KvResults:
         """The worker's get_transfer_results, at the end of execute_model: failed reads, reads
@@ -103,12 +113,18 @@ class EngineCore(PdCore):
         done = c.get_finished()
         return failed, c.take_recved(), done
 
-    def _apply_kv_finished(self, kv: _KvResults) -> None:
-        """update_from_output's order: failed loads (scheduler.py:2292-2303, 2552-2579), then
-        finished_recving and finished_sending (:3569-3582)."""
-        failed, recved, done = kv
+    def _apply_kv_failed(self, kv: _KvResults) -> None:
+        """update_from_output's order: failed loads (scheduler.py:2292-2303, 2552-2579) before
+        the step's model outputs; finished_recving and finished_sending (:3569-3582) after them
+        (:2580-2582; 0.10.1.1 :895-898), so a request that finishes in this step is finished
+        when a transfer's end frees its blocks."""
+        failed = kv[0]
         if failed:
             self._kv_load_failed(failed)
+
+    def _apply_kv_transfers_done(self, kv: _KvResults) -> None:
+        """finished_recving, then finished_sending (after the step's model outputs)."""
+        _failed, recved, done = kv
         connector = self.connector
         sched = self.scheduler
         for rid in recved:
@@ -239,8 +255,9 @@ class EngineCore(PdCore):
         ev = world.sleep("engine.step:update_from_output", 0.0, self.c_core)
         if ev is not None:
             yield ev
-        self._apply_kv_finished(kv)
+        self._apply_kv_failed(kv)
         results = sched.update_from_output(out, sampled)
+        self._apply_kv_transfers_done(kv)
         self.outputs.step_outputs(results)
         return True
 

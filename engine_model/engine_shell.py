@@ -244,7 +244,7 @@ class EngineShell:
         self._loop_wakeup = env.event()
         expiry = None
         connector = self.connector
-        if connector is not None:
+        if connector is not None and self._kv_wakes_idle():
             expiry = connector.next_expiry()
             beat = connector.next_heartbeat()
             if beat is not None and (expiry is None or beat < expiry):
@@ -254,6 +254,10 @@ class EngineShell:
         else:
             yield self._loop_wakeup
         self._loop_wakeup = None
+
+    def _kv_wakes_idle(self) -> bool:
+        """Whether a hold's end or a heartbeat due wakes the idle loop (the backend says)."""
+        return True
 
     def _process_aborts_queue(self) -> None:
         while self.aborts_queue:

@@ -56,7 +56,9 @@ class VllmProfile:
     #: (DPLBAsyncMPClient), "pause" (pause_generation), "preprocess-error" (an ERROR output
     #: from the input thread), "kv-load-failure" (kv_load_failure_policy), "pd-abort-notify"
     #: (a decode request that ends before its KV read started still notifies the prefill side,
-    #: #19223: nixl_connector.py:306-315 in 0.9.2, nixl/pull_scheduler.py:219-230 in 0.33).
+    #: #19223: nixl_connector.py:306-315 in 0.9.2, nixl/pull_scheduler.py:219-230 in 0.33),
+    #: "kv-idle-blocks" (an engine whose only requests are held for, or wait on, a transfer
+    #: does not step: its notice or timeout waits for the next request; up to 0.20).
     features: frozenset[str]
     #: a caller cancelled before ``add_request`` returned its collector: "abort" (generate()
     #: aborted the request ID unconditionally) or "nothing" (``q`` is None: no abort).

@@ -40,6 +40,16 @@ _NOT_MODELLED = Behaviour(
     "(its DP client and waves differ from 0.33's; unverified), pause_generation",
     "0.14.0 v1/engine/__init__.py:204 (START_DP_WAVE); 0.14.0 v1/engine/async_llm.py:565")
 
+_KV_IDLE_BLOCKS = Behaviour(
+    "P/D: a request held for the decode side (or an aborted one waiting for its read) is in "
+    "no queue, so an engine with only such requests blocks on its input queue: a notice or a "
+    "timeout is seen at the next request's step (0.33 counts them and keeps stepping)",
+    "0.9.2 v1/engine/core.py:608-616, v1/core/sched/scheduler.py:998-1002; "
+    "0.10.1.1 v1/engine/core.py:722-731, v1/core/sched/scheduler.py:1040-1044; 0.11.0 "
+    "v1/engine/core.py:730-740; 0.14.0 v1/engine/core.py:958-966, "
+    "v1/core/sched/scheduler.py:1514-1518; 0.20.0 v1/engine/core.py:1152-1158, "
+    "v1/core/sched/scheduler.py:1856-1869")
+
 
 def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
     """The profiles of 0.9, 0.10, 0.11, 0.14 and 0.20, built from 0.33's."""
@@ -54,7 +64,9 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         # #19223 (0.10.1.1 nixl_connector.py:386-395): an aborted, never-scheduled decode
         # request still notifies P
         # #25067 came after 0.11.0: an ABORT re-finishes a finished, held request
-        features=frozenset({"pd-abort-notify", "reabort-held"}),
+        # kv-idle-blocks: an engine holding only finished requests for the decode side does
+        # not step (0.10.1.1 v1/engine/core.py:722-731); 0.33 keeps stepping
+        features=frozenset({"pd-abort-notify", "reabort-held", "kv-idle-blocks"}),
         cancel_before_collector="abort",
         fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}), external_abort_parent="drop",
@@ -82,6 +94,7 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "remote KV is freed at once", "0.10.1.1 envs.py:155, "
                       "kv_connector/v1/nixl_connector.py:398, v1/core/sched/scheduler.py:999 "
                       "(finish_requests)"),
+            _KV_IDLE_BLOCKS,
             _NOT_MODELLED, _SAME_WIDTHS,
         ))
     p011 = replace(p010, name="0.11",
@@ -121,6 +134,7 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "single_type_kv_cache_manager.py:105"),
             Behaviour("P/D: unverified for 0.9 (0.10's NIXL hold is kept; 0.9.2 has no "
                       "VLLM_NIXL_ABORT_REQUEST_TIMEOUT)", "0.9.2 envs.py"),
+            _KV_IDLE_BLOCKS,
             _NOT_MODELLED, _SAME_WIDTHS,
         ))
     p014 = replace(
@@ -129,7 +143,8 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                 "queues; no streaming sessions yet",
         duplicate_add="overwrite", frontend_duplicate="reject", pd_hold="timeout",
         hold_timeout=480.0, remote_kv_abort="free-now", free_order="append",
-        features=frozenset({"preprocess-error", "pd-abort-notify"}), fan_out="per-child",
+        features=frozenset({"preprocess-error", "pd-abort-notify", "kv-idle-blocks"}),
+        fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
         behaviours=(
             Behaviour("Scheduler.add_request overwrites requests[id] with no check",
@@ -157,6 +172,7 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "remote KV is freed at once (no delay_free_blocks in finish_requests)",
                       "0.14.0 envs.py:206, nixl_connector.py:770, "
                       "v1/core/sched/scheduler.py:1452-1510"),
+            _KV_IDLE_BLOCKS,
             Behaviour("an exception preprocessing an ADD sends an ERROR output",
                       "0.14.0 v1/engine/core.py:1134"),
             Behaviour("not modelled for 0.14: kv_load_failure_policy (its default is "
@@ -168,7 +184,7 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         release="vLLM 0.20.0 (2026-04): streaming-input sessions and the duplicate-ID assert",
         pd_hold="timeout", hold_timeout=480.0, free_order="append",
         features=frozenset({"preprocess-error", "kv-load-failure", "streaming-input",
-                            "pd-abort-notify"}),
+                            "pd-abort-notify", "kv-idle-blocks"}),
         fan_out="per-child", pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
         behaviours=(
             Behaviour("Scheduler.add_request asserts 'duplicate request id' for a held ID that "
@@ -190,6 +206,7 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "remote KV keeps its blocks until the read completes",
                       "0.20.0 envs.py:205, kv_connector/v1/nixl/scheduler.py:466, "
                       "v1/core/sched/scheduler.py:1812-1822"),
+            _KV_IDLE_BLOCKS,
             Behaviour("kv_load_failure_policy defaults to 'fail'",
                       "0.20.0 config/kv_transfer.py:70"),
             _NOT_MODELLED, _SAME_WIDTHS,

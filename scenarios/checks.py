@@ -301,18 +301,25 @@ def check_corpus(data: object, has_plans: bool) -> CorpusInfo | None:
         raise Bad(("corpus",), "a corpus entry has no [witness] and no [delays]: racesim "
                   "corpus explores it with no hint")
     out = check_table(data, ("corpus",), CorpusInfo, "corpus")
-    is_open = out.get("fix_kind") == "open"
+    fix_kind = out.get("fix_kind", "fix")
+    if fix_kind not in ("fix", "guard", "open"):
+        raise Bad(("corpus", "fix_kind"), 'must be "fix", "guard" or "open"', fix_kind)
     if out["issue"] < 1:
         raise Bad(("corpus", "issue"), "must be a vLLM issue or PR number (>= 1)", out["issue"])
-    if is_open and out["fix_pr"] != 0:
-        raise Bad(("corpus", "fix_pr"), 'must be 0 when fix_kind is "open" (no fix)',
-                  out["fix_pr"])
-    if not is_open and out["fix_pr"] < 1:
-        raise Bad(("corpus", "fix_pr"), "must be a vLLM issue or PR number (>= 1)",
+    # an open bug may have no proposed fix yet (0)
+    if out["fix_pr"] < (0 if fix_kind == "open" else 1):
+        raise Bad(("corpus", "fix_pr"), "must be a vLLM issue or PR number (>= 1"
+                  + (', or 0 for none when fix_kind is "open")' if fix_kind == "open" else ")"),
                   out["fix_pr"])
     for key in ("buggy_release", "fixed_release"):
-        if not _RELEASE.fullmatch(out[key]):
-            raise Bad(("corpus", key), 'must be a vLLM release such as "0.20.0"', out[key])
+        if key == "fixed_release" and fix_kind == "open":
+            if out[key] != "open":
+                raise Bad(("corpus", key), 'must be "open" for an open bug (fix_kind = "open")',
+                          out[key])
+        elif not _RELEASE.fullmatch(out[key]):
+            raise Bad(("corpus", key), 'must be a vLLM release such as "0.20.0"'
+                      + (' (or "open" with fix_kind = "open")' if key == "fixed_release" else ""),
+                      out[key])
     if out["invariant"] not in INVARIANTS:
         raise Bad(("corpus", "invariant"), f"must be one of {', '.join(INVARIANTS)}",
                   out["invariant"])
@@ -326,8 +333,6 @@ def check_corpus(data: object, has_plans: bool) -> CorpusInfo | None:
     for key in ("title", "description"):
         if not out[key].strip():
             raise Bad(("corpus", key), "must not be empty", out[key])
-    if out.get("fix_kind", "fix") not in ("fix", "guard", "open"):
-        raise Bad(("corpus", "fix_kind"), 'must be "fix", "guard" or "open"', out["fix_kind"])
     policy = out.get("policy", "")
     if policy and policy not in POLICIES:
         raise Bad(("corpus", "policy"), f"must be a built-in policy "

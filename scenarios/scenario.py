@@ -25,7 +25,7 @@ class CorpusInfo:
     issue: int
     fix_pr: int
     title: str
-    #: the release the bug lived in, and the first one without it ("0.20.0")
+    #: the release the bug lived in, and the first one without it ("0.20.0"; "open": none yet)
     buggy_release: str
     fixed_release: str
     #: the invariant whose violation shows the bug ("engine-alive")
@@ -37,10 +37,10 @@ class CorpusInfo:
     #: text the violation must contain (vLLM's message or file), so that the same invariant
     #: broken by another bug (say, the duplicate-ID assert) does not count; "" for any
     symptom: str = ""
-    #: what ``fix_pr`` is: "fix" (the PR fixed this bug) or "guard" (the PR brought a guard the
-    #: fixed release has, but the threads do not tie it to this issue: "guard present since");
-    #: "open": no fix upstream (``fix_pr`` 0), and ``fixed_release`` is one from before the
-    #: bug appeared (a regression's control)
+    #: what ``fix_pr`` is: "fix" (the PR fixed this bug), "guard" (the PR brought a guard the
+    #: fixed release has, but the threads do not tie it to this issue: "guard present since")
+    #: or "open" (the bug is open upstream: ``fixed_release`` is "open", and ``fix_pr`` is a
+    #: proposed fix not merged, or 0 for none)
     fix_kind: str = "fix"
     #: the invariant the vllm backend judges, where vLLM's own code shows the bug as another
     #: symptom than the model does (#29355: the model sees the duplicate live ID, vLLM's own
@@ -58,9 +58,10 @@ class CorpusInfo:
 
     @property
     def fix_text(self) -> str:
-        """``fix_pr`` in words: "fixed by #N", "guard present since #N" or "open upstream"."""
+        """``fix_pr`` in words: "fixed by #N", "guard present since #N" or "open"."""
         if self.fix_kind == "open":
-            return f"open upstream (no fix; {self.fixed_release} predates it)"
+            return (f"open; proposed fix #{self.fix_pr} not merged" if self.fix_pr
+                    else "open upstream (no fix proposed)")
         return (f"guard present since #{self.fix_pr}" if self.fix_kind == "guard"
                 else f"fixed by #{self.fix_pr}")
 

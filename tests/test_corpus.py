@@ -91,6 +91,31 @@ def test_a_bad_corpus_table_is_one_error(text: str, needle: str) -> None:
     assert needle in str(err.value) and "e.toml" in str(err.value)
 
 
+def test_an_open_bug_has_no_fixed_release_to_explore(tmp_path: Path) -> None:
+    """fix_kind = "open": the fixed release is "open", the fix PR a proposed one; racesim
+    corpus explores the buggy release only and says "open" where a fixed release would be."""
+    from racesim.cli.corpus import markdown_table
+    from racesim.corpus import CorpusOptions, entry_releases, run_corpus
+
+    text = entry(buggy="0.33.0", fixed="open", extra='fix_kind = "open"\n')
+    info = parse_scenario(text, "e.toml").corpus
+    assert info is not None and info.fix_text == "open; proposed fix #2 not merged"
+    with pytest.raises(InputError, match='corpus.fixed_release: must be a vLLM release'):
+        parse_scenario(entry(fixed="open"), "e.toml")
+    with pytest.raises(InputError, match='corpus.fixed_release: must be "open"'):
+        parse_scenario(entry(extra='fix_kind = "open"\n'), "e.toml")
+    path = tmp_path / "1-example.toml"
+    path.write_text(text, encoding="utf-8")
+    scen = load_scenario(str(path))
+    assert entry_releases([scen]) == ["0.33.0"]
+    doc = run_corpus([scen], opts=CorpusOptions(budget=1, model_budget=1, shrink_runs=0),
+                     only_release="0.33.0")
+    (e,) = doc["entries"]
+    assert e["fixed"] == {"release": "open", "status": "open"}
+    assert doc["fixed_tried"] == 0
+    assert markdown_table(doc).splitlines()[2].endswith("| open | open |")
+
+
 def test_every_bundled_entry_is_a_corpus_entry_with_no_hint() -> None:
     names = corpus_names()
     assert names

@@ -89,20 +89,25 @@ def test_a_disconnect_right_after_prefill_holds_p_until_the_lease() -> None:
 
 def test_before_25067_an_abort_frees_the_held_blocks_and_the_timeout_crashes_010() -> None:
     """0.10.1.1: the ABORT of a finished, held X re-finishes it (scheduler.py:999) and frees its
-    blocks; the hold's end then does self.requests[X] and raises KeyError (:1161). 0.11 warns
-    instead (#25844); 0.14 ignores the ABORT (#25067) and holds X until the timeout."""
-    reqs = [{"id": "X", "prompt_tokens": 40, "max_tokens": 20, "abort_at": 0.0107}]
+    blocks; the hold's end then does self.requests[X] and raises KeyError (:1161). The worker
+    sees that end only in a step, and an engine whose only requests are held does not step
+    (core.py:722-731): alone, X's timeout is never seen; a later request's step sees it. 0.11
+    warns instead (#25844); 0.14 ignores the ABORT (#25067) and holds X until the timeout."""
+    x = {"id": "X", "prompt_tokens": 40, "max_tokens": 20, "abort_at": 0.0107}
+    later = {"id": "Y", "at": 130.0, "prompt_tokens": 40, "max_tokens": 4}
 
-    def run(vllm: str) -> Any:
+    def run(vllm: str, reqs: list[dict[str, Any]]) -> Any:
         scen = scenario_from_dict({"name": "pd", "topology": "pd", "horizon": 200.0,
                                    "engine": {"vllm": vllm}, "request": reqs,
                                    "pd": {"hold_timeout": 120.0}})
         return run_scenario(scen, "buggy")
 
-    crash = run("0.10")
+    idle = run("0.10", [x])
+    assert "engine-alive" not in idle.violated
+    assert [e.detail.cause for e in idle.trace if e.kind == "pd.release"] == ["abort"]
+    crash = run("0.10", [x, later])
     (dead,) = [v for v in crash.violations if v.invariant == "engine-alive"]
-    assert "KeyError: 'X'" in dead.detail and dead.time == pytest.approx(120.0105)
-    assert [e.detail.cause for e in crash.trace if e.kind == "pd.release"] == ["abort"]
-    assert "engine-alive" not in run("0.11").violated
-    fixed = run("0.14")
+    assert "KeyError: 'X'" in dead.detail and dead.time == pytest.approx(130.0105)
+    assert "engine-alive" not in run("0.11", [x, later]).violated
+    fixed = run("0.14", [x, later])
     assert "engine-alive" not in fixed.violated and "stranded-hold" in fixed.violated

@@ -235,3 +235,29 @@ def test_p_d_runs_the_installed_releases_own_nixl_connector(
         assert worker.__module__.startswith("vllm.distributed.kv_transfer.kv_connector.v1.nixl")
         assert worker.__name__ in ("NixlConnectorWorker", "NixlPullConnectorWorker")
     assert [e for e in res.trace if e.kind == "pd.read"], "the decode side read P's blocks"
+
+
+@pytest.mark.vllm
+def test_an_abort_of_a_held_request_is_the_releases_own_finish_requests() -> None:
+    """#25067 on the installed release's own code: the ABORT of a finished X held for the
+    decode side goes to that release's finish_requests. 0.10.1.1 and 0.11.0 finish X again and
+    free its blocks (scheduler.py:997-1018); at the hold's timeout, seen in a later request's
+    step, 0.10.1.1 raises KeyError (:1161) and 0.11.0 warns. From 0.14.0 the ABORT is skipped
+    (:1473) and X is held until its timeout."""
+    profile = _installed()
+    policy, options = lifecycle(profile)
+    res = run_scenario(load_scenario("25067-disconnect-after-prefill").with_vllm(profile),
+                       policy, options=options, engine="vllm")
+    causes = [e.detail.cause for e in res.trace
+              if e.kind == "pd.release" and e.request is not None and e.request.startswith("X")]
+    dead = [v for v in res.violations if v.invariant == "engine-alive"]
+    if profile in ("0.10", "0.11"):
+        assert causes == ["abort"]
+        if profile == "0.10":
+            (death,) = dead
+            assert "KeyError" in death.detail and "scheduler.py:1161" in death.detail
+            assert death.time > 120.0
+        else:
+            assert not dead
+    else:
+        assert causes == ["timeout"] and not dead

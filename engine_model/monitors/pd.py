@@ -16,7 +16,9 @@ that client has finished or never existed), nothing will read the hold; only a t
 notice already on its way (vLLM's abort path sends one: nixl/pull_scheduler.py:219-230 in 0.33,
 #19223) releases it in time. A hold released otherwise (its lease or timeout ran out) or still
 held at the end of the run is reported at the event that left it stranded, with how long it had
-been held and how long it stayed held after that. Accounting, not safety (see
+been held and how long it stayed held after that. A hold whose notice has reached the prefill
+engine is not stranded: before 0.33 an engine holding only finished requests does not step, so
+the notice is applied at its next request's step (0.10.1.1 v1/engine/core.py:722-731). Accounting, not safety (see
 :data:`racesim.engine_model.invariants.ACCOUNTING_INVARIANTS`).
 """
 
@@ -29,6 +31,7 @@ from racesim.engine_model.events import (
     ClientDone,
     EngineReject,
     PdHold,
+    PdNotice,
     PdRead,
     PdReadFailed,
     PdRecvStart,
@@ -53,6 +56,8 @@ class _Hold:
     since: float
     expiry: float
     stranded: TraceEvent | None = None
+    #: its transfer-done notice reached the prefill engine (applied at that engine's next step)
+    notified: bool = False
 
 
 class PdTransfers:
@@ -70,7 +75,8 @@ class PdTransfers:
     def handlers(self) -> list[tuple[str, Handler]]:
         return [(PdRecvStart.KIND, self.recv_start), (PdRead.KIND, self.read),
                 (PdReadFailed.KIND, self.read_failed), (PdHold.KIND, self.hold),
-                (PdRelease.KIND, self.release), (ClientDone.KIND, self.maybe_gone),
+                (PdRelease.KIND, self.release), (PdNotice.KIND, self.notice),
+                (ClientDone.KIND, self.maybe_gone),
                 (SchedFinish.KIND, self.maybe_gone), (EngineReject.KIND, self.maybe_gone)]
 
     # -- kv-destination -------------------------------------------------------------------------
@@ -115,6 +121,11 @@ class PdTransfers:
         if self._gone(h.uid):
             h.stranded = ev  # held for a decode request that is already gone
 
+    def notice(self, ev: TraceEvent) -> None:
+        h = self._holds.get((self.truth.engine_of(ev.component), ev.inc))
+        if h is not None:
+            h.notified = True
+
     def release(self, ev: TraceEvent) -> None:
         engine = self.truth.engine_of(ev.component)
         h = self._holds.pop((engine, ev.inc), None)
@@ -157,7 +168,7 @@ class PdTransfers:
     def finish(self, now: float | int, dead: frozenset[str]) -> None:
         """Holds still there at the end (not on an engine that died: its blocks died too)."""
         for h in self._holds.values():
-            if h.stranded is not None and h.engine not in dead:
+            if h.stranded is not None and not h.notified and h.engine not in dead:
                 self._report(h, float(now), f"to the end of the run at t={float(now):.6g} (its "
                              f"lease or timeout would end it at t={h.expiry:.6g})")
 

@@ -13,9 +13,10 @@ Two NIXL API generations precede 0.33's ``nixl/`` package of base/pull/push modu
   (:1098-1100); 0.11.0 adds ``_reqs_to_process``; 0.14.0 adds failed-transfer handling
   (``_handle_failed_transfer``, ``_invalid_block_ids``, nixl_connector.py:2020-2033).
 
-Both Schedulers build vLLM's own ``NixlConnector`` and call its scheduler side as usual (before
-0.33 the Scheduler calls ``request_finished`` with the one group's blocks, 0.20.0
-scheduler.py:2036, 0.10.1.1 :1105). The worker is the release's own ``NixlConnectorWorker`` on
+Both Schedulers build vLLM's own ``NixlConnector`` and call its scheduler side as usual (0.10-0.14
+call ``request_finished`` with the one group's blocks, 0.14.0 scheduler.py:1684-1690, 0.10.1.1
+:1105; 0.20's connector supports the hybrid allocator, so it gets
+``request_finished_all_groups``, 0.20.0 :2030-2038). The worker is the release's own ``NixlConnectorWorker`` on
 an instance holding only its request bookkeeping, and the engine step calls its own
 ``start_load_kv`` and ``get_finished`` (notices, done or failed transfers, the timeout).
 Simulated, as on 0.33 (connectors/nixl.py): the handshake (done: ``_remote_agents`` knows every
@@ -98,6 +99,10 @@ class LegacyNixlTransport(NixlTransport):
         # get_finished (vllm/envs.py evaluates it on access)
         os.environ["VLLM_NIXL_ABORT_REQUEST_TIMEOUT"] = str(int(lease))
         self.generation = legacy_generation() or "0.20"
+        if self.generation == "0.20":
+            # 0.20's NixlConnector supports the hybrid allocator (SupportsHMA), so its
+            # Scheduler calls request_finished_all_groups (0.20.0 scheduler.py:2030-2038)
+            self._FINISHED = "request_finished_all_groups"
         self._handles = 0
         super().__init__(core, engine_id, lease, transfer_time, fabric)
 

@@ -6,7 +6,7 @@ on the prefill side; ``finished_recving`` of a request aborted while its read wa
 the decode side), and finishes with ERROR a decode request whose load failed under
 ``kv_load_failure_policy = "fail"`` although it was not scheduled (:2292-2303, 2552-2579). These
 helpers record those as the model does (``pd.release``, ``sched.finish``), with the incarnation
-of the Request object, before and after the call.
+of the Request object read before the call.
 """
 
 from __future__ import annotations
@@ -16,32 +16,37 @@ from typing import Any
 from racesim.engine_model.events.engine import SchedFinish
 from racesim.engine_model.events.pd import PdRelease
 
-__all__ = ["releases", "unscheduled_finishes"]
+__all__ = ["releases", "record_releases", "unscheduled_finishes"]
 
 
-def releases(core: Any, kvo: Any) -> dict[str, int]:
-    """Record ``pd.release`` for each held request this output ends; returns ID -> incarnation
-    (the KV free that follows is theirs)."""
+def releases(core: Any, kvo: Any) -> dict[str, tuple[Any, int, str]]:
+    """The held requests this output ends, read before ``update_from_output`` (which deletes
+    them): ID -> (Request, incarnation, cause)."""
     requests = core.sched.requests
     transport = core.transport
-    out: dict[str, int] = {}
+    out: dict[str, tuple[Any, int, str]] = {}
     if kvo is None:
         return out
     for rid in kvo.finished_sending or ():
         req = requests.get(rid)
         if req is None:
             continue  # vLLM's own assert (scheduler.py:3580) decides what happens
-        inc = core.inc_of(req)
-        core.world.emit(core.c_sched, rid, inc,
-                        PdRelease(transport.causes.pop(rid, "notify"), req.status.name))
-        out[rid] = inc
+        out[rid] = (req, core.inc_of(req), transport.causes.pop(rid, "notify"))
     for rid in kvo.finished_recving or ():
         req = requests.get(rid)
         if req is not None and req.is_finished():  # aborted while its read was in flight
-            inc = core.inc_of(req)
-            core.world.emit(core.c_sched, rid, inc, PdRelease("recv-done", req.status.name))
-            out[rid] = inc
+            out[rid] = (req, core.inc_of(req), "recv-done")
     return out
+
+
+def record_releases(core: Any, pending: dict[str, tuple[Any, int, str]]) -> dict[str, int]:
+    """Record ``pd.release`` for each, after ``update_from_output``: it applies a transfer's
+    end after the step's model outputs (scheduler.py:2580-2582), so a request that finished in
+    this step is released finished. Returns ID -> incarnation (the KV free that follows is
+    theirs)."""
+    for rid, (req, inc, cause) in pending.items():
+        core.world.emit(core.c_sched, rid, inc, PdRelease(cause, req.status.name))
+    return {rid: inc for rid, (_req, inc, _cause) in pending.items()}
 
 
 def unscheduled_finishes(core: Any, watch: dict[str, Any], finished: dict[str, int]) -> None:

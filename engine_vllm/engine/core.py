@@ -22,7 +22,7 @@ import simpy
 from racesim.engine_model.config import EngineConfig
 from racesim.engine_model.engine_shell import EngineShell
 from racesim.engine_model.events.engine import (
-    SchedAbortMiss, SchedAdd, SchedFinish, SchedPreempt, SchedStep, SchedUpdate)
+    SchedAdd, SchedFinish, SchedPreempt, SchedStep, SchedUpdate)
 from racesim.engine_model.messages import (
     AbortMessage, EngineCoreRequest, KVDoneNotice, KVHeartbeat)
 from racesim.engine_model.versions import VllmProfile
@@ -194,20 +194,7 @@ class VllmEngineCore(EngineShell):
                         SchedAdd(self.inc_of(prev) if prev is not None else 0))
 
     def _abort(self, msg: AbortMessage, cause: str) -> None:
-        # One ID per call: finish_requests iterates a set of the IDs it is given
-        # (scheduler.py:2983), whose order would depend on PYTHONHASHSEED.
-        for rid in msg.request_ids:
-            req = self.sched.requests.get(rid)
-            if req is None or req.is_finished():
-                self.world.emit(self.c_sched, rid, self.inc_of(req) if req is not None else 0,
-                                SchedAbortMiss(cause, msg.tag))
-                continue
-            inc = self.inc_of(req)
-            status = self.v.RequestStatus.FINISHED_ABORTED
-            self.call(self.sched.finish_requests, rid, status)
-            self.world.emit(self.c_sched, rid, inc,
-                            SchedFinish("FINISHED_ABORTED", cause, msg.tag))
-            self.kv.sync({rid: inc})
+        finishes.abort(self, msg, cause)
 
     def _abort_all_for_fault(self) -> None:
         finishes.abort_all(self, "fault")
@@ -302,11 +289,11 @@ class VllmEngineCore(EngineShell):
         objects = {rid: requests.get(rid) for rid in so.num_scheduled_tokens}
         before = {rid: (len(r.output_token_ids) if r is not None else 0)
                   for rid, r in objects.items()}
-        released: dict[str, int] = {}
+        ending: dict[str, tuple[Any, int, str]] = {}
         watch: dict[str, Any] = {}
         was_finished: dict[str, bool] = {}
         if self.transport is not None:
-            released = pd.releases(self, mro.kv_connector_output)
+            ending = pd.releases(self, mro.kv_connector_output)
             # a failed load finishes an unscheduled request (scheduler.py:2552-2579)
             watch = {rid: r for rid, r in requests.items()
                      if rid not in objects and not r.is_finished()}
@@ -333,6 +320,7 @@ class VllmEngineCore(EngineShell):
                 self.world.emit(self.c_sched, rid, inc, SchedFinish(req.status.name, reason))
         if watch:
             pd.unscheduled_finishes(self, watch, finished)
+        released = pd.record_releases(self, ending)
         if finished or released:  # update_from_output frees only the blocks of requests it
             # finished, and of held ones whose transfer ended
             self.kv.sync({**released, **finished})

@@ -1,4 +1,10 @@
-"""Engine-initiated finishes on the vllm backend, through vLLM 0.33's own Scheduler.
+"""Finishes on the vllm backend through vLLM's own Scheduler: a client's ABORT, and the
+engine-initiated ones.
+
+An ABORT goes to ``finish_requests`` for any request the Scheduler knows, and vLLM decides what
+it finishes: before 0.14 a finished request still held for the decode side is finished again
+and its blocks freed (#25067; 0.10.1.1 v1/core/sched/scheduler.py:997-1018), since then it is
+skipped (0.14.0 scheduler.py:1473).
 
 ``EngineCoreProc`` sends these outputs itself, outside ``update_from_output``: an ERROR output
 for a request whose preprocessing raised (``_handle_request_preproc_error``, core.py:2161-2168,
@@ -16,11 +22,17 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from racesim.engine_model.events.engine import EngineReject, EngineUtility, SchedFinish
-from racesim.engine_model.messages import UtilityMessage
+from racesim.engine_model.events.engine import (
+    EngineReject,
+    EngineUtility,
+    SchedAbortMiss,
+    SchedFinish,
+)
+from racesim.engine_model.events.pd import PdRelease
+from racesim.engine_model.messages import AbortMessage, UtilityMessage
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
 
-__all__ = ["abort_all", "send_finish_outputs", "reject", "utility", "reply_when_paused"]
+__all__ = ["abort", "abort_all", "send_finish_outputs", "reject", "utility", "reply_when_paused"]
 
 
 class VllmEngineCore(Protocol):
@@ -59,6 +71,24 @@ def reject(core: VllmEngineCore, rid: str, inc: int, client: int, why: str) -> N
     """An ADD answered with an ERROR output and never scheduled."""
     core.world.emit(core.c_core, rid, inc, EngineReject(why))
     send_finish_outputs(core, [(rid, inc)], client, core.v.FinishReason.ERROR)
+
+
+def abort(core: VllmEngineCore, msg: AbortMessage, cause: str) -> None:
+    """One ABORT: one ID per call, as finish_requests iterates a set of the IDs it is given
+    (scheduler.py:2983), whose order would depend on PYTHONHASHSEED."""
+    for rid in msg.request_ids:
+        req = core.sched.requests.get(rid)
+        before, inc = (None, 0) if req is None else (req.status, core.inc_of(req))
+        if req is not None:
+            core.call(core.sched.finish_requests, rid, core.v.RequestStatus.FINISHED_ABORTED)
+        if req is None or req.status == before:
+            core.world.emit(core.c_sched, rid, inc, SchedAbortMiss(cause, msg.tag))
+            continue
+        if before is not None and core.v.RequestStatus.is_finished(before):
+            # a held request finished again: its hold ends here (the model's pd.release)
+            core.world.emit(core.c_sched, rid, inc, PdRelease("abort", before.name))
+        core.world.emit(core.c_sched, rid, inc, SchedFinish("FINISHED_ABORTED", cause, msg.tag))
+        core.kv.sync({rid: inc})
 
 
 def abort_all(core: VllmEngineCore, cause: str) -> None:

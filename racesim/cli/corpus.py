@@ -117,7 +117,7 @@ def _cell(side: dict[str, Any]) -> str:
         return f"{status} ({side['runs']} runs)"
     if status == "not clean":
         return f"NOT CLEAN, run {side['first_find_run']}"
-    return status
+    return status  # also "open": no fixed release to explore
 
 
 def markdown_table(doc: dict[str, Any]) -> str:

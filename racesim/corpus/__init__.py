@@ -33,7 +33,10 @@ from racesim.sim import InputError
 
 __all__ = ["CorpusOptions", "corpus_entries", "run_corpus", "profile_of_release",
            "release_python", "install_hint", "install_releases", "release_lifecycle", "ROLES",
-           "entry_releases"]
+           "entry_releases", "OPEN"]
+
+#: the fixed release of an entry whose bug is open upstream (``fix_kind = "open"``)
+OPEN = "open"
 
 #: an entry is explored on its buggy release (is the bug found?) and on its fixed release
 #: (is that release clean of the bug's symptom?)
@@ -205,7 +208,9 @@ def _entry_doc(scen: Scenario) -> dict[str, Any]:
             "fixed_release": info.fixed_release, "policy": info.policy or None,
             "description": info.description,
             "buggy": {"release": info.buggy_release},
-            "fixed": {"release": info.fixed_release}}
+            # an open bug has no fixed release to explore
+            "fixed": {"release": OPEN, "status": OPEN} if info.fixed_release == OPEN
+            else {"release": info.fixed_release}}
 
 
 class _Interrupted(Exception):
@@ -272,7 +277,8 @@ def _run_elsewhere(python: Path, entries: Sequence[Scenario], docs: list[dict[st
 def entry_releases(entries: Sequence[Scenario]) -> list[str]:
     """Every release the entries name, oldest first."""
     return sorted({r for s in entries if s.corpus is not None
-                   for r in (s.corpus.buggy_release, s.corpus.fixed_release)}, key=_release_key)
+                   for r in (s.corpus.buggy_release, s.corpus.fixed_release) if r != OPEN},
+                  key=_release_key)
 
 
 def run_corpus(entries: Sequence[Scenario], *, opts: CorpusOptions, venvs: Path | None = None,
@@ -286,7 +292,7 @@ def run_corpus(entries: Sequence[Scenario], *, opts: CorpusOptions, venvs: Path 
     started = time.monotonic()
     here = installed_vllm()
     docs = [_entry_doc(s) for s in entries]
-    releases = sorted({d[r]["release"] for d in docs for r in ROLES},
+    releases = sorted({d[r]["release"] for d in docs for r in ROLES} - {OPEN},
                       key=_release_key)
     if only_release is not None:
         if only_release not in releases:

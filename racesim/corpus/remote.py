@@ -147,7 +147,8 @@ ROLE_FIELDS: dict[str, tuple[type, ...]] = {
     "counterexample": (str, type(None)), "violations": (list,), "error": (str, type(None)),
     "model": (dict,), "target": (str,),
 }
-_STATUSES = {"found", "not found", "clean", "not clean", "interrupted", "skipped", "not run"}
+_STATUSES = {"found", "not found", "clean", "not clean", "interrupted", "skipped", "not run",
+             "open"}
 
 
 def _check_cell(cell: Any, where: str, depth: int = 0) -> dict[str, Any]:
