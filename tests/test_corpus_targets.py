@@ -77,11 +77,16 @@ class _Stop(Exception):
     pass
 
 
-def test_an_open_bug_has_no_fix_pr_and_says_so() -> None:
+def test_an_open_bug_says_so_with_or_without_a_proposed_fix() -> None:
     info = load_scenario("57562-chunked-prefill-concurrent-async").corpus
-    assert info is not None and (info.fix_kind, info.fix_pr) == ("open", 0)
-    assert info.fix_text == "open upstream (no fix; 0.20.0 predates it)"
-    with pytest.raises(InputError, match=r"corpus\.fix_pr: must be 0"):
+    assert info is not None
+    assert (info.fix_kind, info.fix_pr, info.fixed_release) == ("open", 0, "open")
+    assert info.fix_text == "open upstream (no fix proposed)"
+    proposed = load_scenario("46240-abort-recv-send-same-step").corpus
+    assert proposed is not None and proposed.fix_text.startswith("open; proposed fix #")
+    assert parse_scenario(entry(fixed="open", extra='fix_kind = "open"\n').replace(
+        "fix_pr = 2", "fix_pr = 0"), "e.toml").corpus is not None
+    with pytest.raises(InputError, match=r"corpus\.fixed_release: must be \"open\""):
         parse_scenario(entry(extra='fix_kind = "open"\n'), "e.toml")
     with pytest.raises(InputError, match=r"corpus\.fix_pr: must be a vLLM issue"):
         parse_scenario(entry().replace("fix_pr = 2", "fix_pr = 0"), "e.toml")
