@@ -175,7 +175,7 @@ class Client:
             result = yield from gateway.add_streaming_request(
                 spec.id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,
                 max_tokens=spec.max_tokens, eos_at=spec.eos_at, chunks=spec.input_chunks,
-                interval=spec.chunk_interval)
+                interval=spec.chunk_interval, chunk_tokens=spec.chunk_tokens)
         else:
             result = yield from self.gateway.add_request(
                 request_id, client_uid=self.uid, prompt_tokens=spec.prompt_tokens,

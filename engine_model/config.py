@@ -174,10 +174,13 @@ class RequestSpec:
     #: the decode side's read of this request's remote KV fails (P/D only).
     kv_load_fails: bool = False
     #: a streaming-input session (vLLM #28973): this many more input chunks (each of
-    #: ``prompt_tokens`` tokens, generating up to ``max_tokens``) follow the first, one every
+    #: ``chunk_tokens`` tokens, generating up to ``max_tokens``) follow the first, one every
     #: ``chunk_interval`` seconds; 0 is an ordinary request.
     input_chunks: int = 0
     chunk_interval: float = 0.05
+    #: the prompt tokens of each input chunk after the first (None: ``prompt_tokens``), as a
+    #: realtime client's short audio segments follow a long first prompt
+    chunk_tokens: int | None = None
     #: the HTTP endpoint the client calls (racesim.engine_model.api_server): "chat",
     #: "completions" or "generate-tokens", which prefix the ID, or "responses" (a background
     #: Responses API request, cancelled by ``abort_at``); None: the client calls

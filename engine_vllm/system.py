@@ -83,7 +83,9 @@ class VllmSystem(System):
     def _max_model_len(self) -> int:
         wl = self.workload
         # a streaming-input session's prompt grows by each chunk and all but one of its tokens
-        longest = max(((r.prompt_tokens + r.max_tokens) * (r.input_chunks + 1)
+        longest = max((r.prompt_tokens + r.max_tokens
+                       + ((r.prompt_tokens if r.chunk_tokens is None else r.chunk_tokens)
+                          + r.max_tokens) * r.input_chunks
                        for r in wl.requests), default=1)
         # the model has no length cap: a length that never binds, in whole 256-token steps
         return max(256, -(-(longest + 1) // 256) * 256)

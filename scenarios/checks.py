@@ -47,7 +47,8 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
        for k in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens")},
     "frontend.output_chunk_size": (1, False), "engine.data_parallel_size": (1, False),
     **{f"request.{k}": (1, False) for k in ("prompt_tokens", "max_tokens", "n", "eos_at",
-                                            "stop_string_at", "disconnect_after_tokens")},
+                                            "stop_string_at", "disconnect_after_tokens",
+                                            "chunk_tokens")},
 }
 _CHOICES: dict[str, tuple[str, ...]] = {"topology": TOPOLOGIES, "pd.proxy_ids": ("client", "uuid"),
                                         "pd.connector": ("nixl-pull", "nixl-push", "mooncake"),
@@ -261,6 +262,9 @@ def check_consistent(workload: Workload) -> None:
             # streaming input
             raise Bad(("request", i, "input_chunks"), 'needs topology = "single", n = 1 and '
                       "no stop_string_at", spec.input_chunks)
+        if spec.chunk_tokens is not None and not spec.input_chunks:
+            raise Bad(("request", i, "chunk_tokens"), "needs input_chunks >= 1 (the session's "
+                      "later input chunks)", spec.chunk_tokens)
 
 
 def key_text(key: object) -> str:

@@ -33,6 +33,7 @@ MAXIMUM: dict[str, int] = {
     "request.stop_string_at": 2**16,
     "request.disconnect_after_tokens": 2**16,
     "request.input_chunks": 10_000,
+    "request.chunk_tokens": 2**20,
 }
 #: ``[[request]]`` entries in one scenario.
 MAX_REQUESTS = 10_000
@@ -68,12 +69,13 @@ def over_limits(workload: Workload) -> Iterator[tuple[tuple[object, ...], str, i
     prompt = output = 0
     for r in workload.requests:
         copies = r.n * (1 + r.input_chunks)
-        prompt += r.prompt_tokens * copies
+        later = r.prompt_tokens if r.chunk_tokens is None else r.chunk_tokens
+        prompt += r.n * (r.prompt_tokens + later * r.input_chunks)
         output += r.max_tokens * copies
     if prompt > MAX_TOTAL_PROMPT_TOKENS:
-        yield (("request",), f"the requests' prompts total {prompt} tokens (prompt_tokens x n x "
-               f"chunks), more than racesim's cap of {MAX_TOTAL_PROMPT_TOKENS} "
-               f"(docs/limits.md)", prompt)
+        yield (("request",), f"the requests' prompts total {prompt} tokens ((prompt_tokens + "
+               f"chunk_tokens x input_chunks) x n), more than racesim's cap of "
+               f"{MAX_TOTAL_PROMPT_TOKENS} (docs/limits.md)", prompt)
     if output > MAX_TOTAL_OUTPUT_TOKENS:
         yield (("request",), f"the requests may generate {output} tokens (max_tokens x n x "
                f"chunks), more than racesim's cap of {MAX_TOTAL_OUTPUT_TOKENS} "

@@ -125,3 +125,19 @@ def test_23440_is_vllm_0_10_own_broadcast_error_and_0_14_is_clean() -> None:
     fixed = _run_on("0.14.0", "23440-tool-loop-runner-batch")
     assert not [v for v in fixed["violations"]
                 if v["invariant"] in ("engine-alive", "runner-books", "input-integrity")]
+
+
+@pytest.mark.vllm
+def test_35755_is_vllm_0_20_own_placeholder_assert_and_0_33_is_clean() -> None:
+    """A realtime session's segment ends on EOS with the next decode in flight; the next
+    8-token segment, one prefill chunk, is applied before that step's token returns, so 0.20.0
+    reserves no placeholder for it (is_prefill_chunk) and, once the session waits for input, a
+    trailing token drives num_output_placeholders below zero: vLLM's own assert, no delay.
+    0.33.0 discards the in-flight token of a resumed session and guards the decrement."""
+    doc = _run_on("0.20.0", "35755-streaming-short-final-chunk")
+    dead = [v for v in doc["violations"] if v["invariant"] == "engine-alive"]
+    assert dead and "num_output_placeholders >= 0" in dead[0]["detail"]
+    assert dead[0]["vllm_where"] == "v1/core/sched/async_scheduler.py:53"
+    fixed = _run_on("0.33.0", "35755-streaming-short-final-chunk")
+    assert not [v for v in fixed["violations"]
+                if v["invariant"] in ("engine-alive", "runner-books", "input-integrity")]

@@ -3,10 +3,13 @@ every input chunk, while an accidental duplicate keeps 0.33's behaviour."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from racesim.cli import main
 from racesim.engine_model.config import EngineConfig, RequestSpec, Workload
 from racesim.engine_model.policies import load_policy
 from racesim.engine_model.system import RunResult, run_workload
@@ -112,3 +115,31 @@ def test_sessions_with_unique_internal_ids_always_run_every_chunk(
     assert r.violated == (), r.violations
     assert [q.tokens for q in r.requests] == [(s.input_chunks + 1) * s.max_tokens
                                                for s in specs]
+
+
+def test_chunk_tokens_sizes_every_input_chunk_after_the_first() -> None:
+    r = _run(RequestSpec("S", prompt_tokens=16, max_tokens=6, input_chunks=2, chunk_tokens=4,
+                         chunk_interval=0.2), async_scheduling=False)
+    resumes = [e.detail.prompt_tokens for e in r.trace
+               if e.kind == "sched.session" and e.detail.action == "resume"]
+    assert resumes == [16 + 5 + 4, 16 + 5 + 4 + 5 + 4]
+    assert r.violated == ()
+
+
+@pytest.mark.parametrize(("request_keys", "wanted"), [
+    ("input_chunks = 2\nchunk_tokens = 0", "request[0].chunk_tokens: must be >= 1 (got 0)"),
+    ('input_chunks = 2\nchunk_tokens = "8"', "request[0].chunk_tokens: must be an integer"),
+    ("input_chunks = 2\nchunk_tokens = 1048577", "chunk_tokens: must be <= 1048576"),
+    ("chunk_tokens = 8", "request[0].chunk_tokens: needs input_chunks >= 1"),
+])
+def test_a_bad_chunk_tokens_is_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], request_keys: str,
+        wanted: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(f'name = "t"\n[[request]]\nid = "S"\n{request_keys}\n', encoding="utf-8")
+    with pytest.raises(SystemExit) as stop:
+        main(["run", str(path)])
+    out, err = capsys.readouterr()
+    assert (stop.value.code, out) == (2, "")
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert wanted in err, err

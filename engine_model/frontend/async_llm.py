@@ -186,7 +186,7 @@ class AsyncLLM(EngineIO):
 
     def add_streaming_request(self, request_id: str, *, client_uid: int, prompt_tokens: int,
                               max_tokens: int, eos_at: int | None, chunks: int,
-                              interval: float,
+                              interval: float, chunk_tokens: int | None = None,
                               ) -> Generator[simpy.Event, Any, RequestOutputCollector | str]:
         """_add_streaming_input_request (async_llm.py:590-700): one internal ID for the whole
         session, the collector at once, and a task that adds each input chunk under that ID
@@ -198,14 +198,15 @@ class AsyncLLM(EngineIO):
         collector = StreamingInputOutputCollector(self.world.env, internal)
         self.world.env.process(self._handle_inputs(
             internal, request_id, collector, client_uid, prompt_tokens, max_tokens, eos_at,
-            chunks, interval, self._next_inc()))
+            chunks, interval, self._next_inc(),
+            prompt_tokens if chunk_tokens is None else chunk_tokens))
         return collector
         yield  # a generator, like add_request
 
     def _handle_inputs(self, internal: str, request_id: str,
                        collector: RequestOutputCollector, client_uid: int, prompt_tokens: int,
                        max_tokens: int, eos_at: int | None, chunks: int, interval: float,
-                       inc: int) -> Proc:
+                       inc: int, chunk_tokens: int) -> Proc:
         world = self.world
         op = self.output_processor
         for k in range(chunks + 1):
@@ -213,8 +214,8 @@ class AsyncLLM(EngineIO):
                 yield world.env.timeout(interval)
                 if not op.has_request(internal):
                     return  # the session finished (aborted or errored): no more input
-            req = EngineCoreRequest(internal, request_id, prompt_tokens, max_tokens, self.index,
-                                    eos_at, None, inc, resumable=True)
+            req = EngineCoreRequest(internal, request_id, chunk_tokens if k else prompt_tokens,
+                                    max_tokens, self.index, eos_at, None, inc, resumable=True)
             yield from self._send_chunk(req, k == 0, collector, client_uid)
         if op.has_request(internal):
             final = EngineCoreRequest(internal, request_id, 1, max_tokens, self.index, eos_at,
