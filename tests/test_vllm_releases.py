@@ -145,6 +145,21 @@ def test_a_duplicate_in_flight_kills_the_engine_exactly_where_the_release_assert
 
 
 @pytest.mark.vllm
+@pytest.mark.parametrize("name", ["multi-frontend", "abort-storm"])
+def test_the_duplicate_id_path_conforms_on_the_installed_release(name: str) -> None:
+    """Issue 28: on 0.9.2-0.11.0 a duplicate ADD shares one ID's block table between two
+    Request objects; the blocks the re-added one appends are its own (vLLM's allocate_slots is
+    called with it), so both backends report kv-ownership. Schedules under IDs as given."""
+    from racesim.conform import conform
+
+    scen = load_scenario(name).with_vllm(_installed())
+    res = conform([scen], [("buggy", {})], budget=6)
+    doc = res.document()
+    assert doc["unlisted_mismatches"] == 0, [m["differences"] for m in doc["mismatches"]]
+    assert doc["cells"][0]["model_only"] or doc["cells"][0]["runs"] == 6
+
+
+@pytest.mark.vllm
 def test_a_counterexample_replays_bit_identically_in_a_fresh_process(tmp_path: Path) -> None:
     profile = _installed()
     path = write_counterexample(tmp_path / "cx.json", _counterexample(profile, "vllm"))

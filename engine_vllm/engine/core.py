@@ -31,11 +31,7 @@ from racesim.engine_model.events.engine import (
     SchedUpdate,
 )
 from racesim.engine_model.messages import (
-    AbortMessage,
-    EngineCoreRequest,
-    KVDoneNotice,
-    KVHeartbeat,
-)
+    AbortMessage, EngineCoreRequest, KVDoneNotice, KVHeartbeat)
 from racesim.engine_model.versions import VllmProfile
 from racesim.engine_vllm import _vllm
 from racesim.engine_vllm.connectors import new_transport, pd
@@ -94,7 +90,7 @@ class VllmEngineCore(EngineShell):
         self._truth: dict[int, tuple[Any, int]] = {}
         self._eos: dict[int, tuple[Any, int | None]] = {}
         self.kv = KvShadow(world, f"{name}.kv", self.sched.kv_cache_manager, self._inc_of_id,
-                           shape.prefix_caching)
+                           shape.prefix_caching, self.inc_of)
         self._prompts = PromptTokens()
         self.scheduler = SchedulerView(self.sched, self.inc_of)
         self.vocab = vocab if vocab is not None else Vocabulary()  # DP: the ranks share one
@@ -167,6 +163,7 @@ class VllmEngineCore(EngineShell):
         try:
             return fn(*args)
         except Exception as exc:  # EngineCoreProc dies of anything its step raises
+            self.kv.sync()  # what the call did to the block tables before it raised
             raised = vllm_raise(exc)
             raise _Fatal(raised.message, raised.where) from None
 
