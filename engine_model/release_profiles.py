@@ -54,7 +54,10 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         # #19223 (0.10.1.1 nixl_connector.py:386-395): an aborted, never-scheduled decode
         # request still notifies P
         # #25067 came after 0.11.0: an ABORT re-finishes a finished, held request
-        features=frozenset({"pd-abort-notify", "reabort-held"}),
+        # "runner-duplicate-row": a second request under an ID that keeps its row in the
+        # runner's persistent batch gets a row of its own, and _prepare_inputs raises
+        # (engine_model/runner.py)
+        features=frozenset({"pd-abort-notify", "reabort-held", "runner-duplicate-row"}),
         cancel_before_collector="abort",
         fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}), external_abort_parent="drop",
@@ -64,6 +67,12 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "(0.11.0 the same at :1097-1100)"),
             Behaviour("OutputProcessor.add_request raises 'Request id ... already running' for "
                       "a held ID", "0.10.1.1 v1/engine/output_processor.py:333-335"),
+            Behaviour("a re-added ID scheduled while the old request's row stays in the model "
+                      "runner's persistent batch gets a second row, and the step dies in "
+                      "_prepare_inputs (ValueError; vLLM 0.11.0's own runner on the vllm "
+                      "backend, the same code in 0.10.1.1)",
+                      "0.11.0 v1/worker/gpu_model_runner.py:557-564, 652-657, 694-695, 952; "
+                      "0.10.1.1 :457-459, 582-587, 622-624, 718"),
             Behaviour("no external/internal ID split: Processor passes the caller's ID "
                       "through; an abort names that ID (a parent's ID aborts its children and "
                       "drops the parent)", "0.11.0 v1/engine/output_processor.py:325-353"),
@@ -114,6 +123,10 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "0.9.2 v1/core/sched/ (no async_scheduler.py)"),
             Behaviour("freed blocks are appended to the free queue",
                       "0.9.2 v1/core/block_pool.py:291"),
+            Behaviour("a re-added ID scheduled while the old request's row stays in the "
+                      "model runner's persistent batch gets a second row, and the step dies in "
+                      "_prepare_inputs (ValueError; derived from the code, as 0.10)",
+                      "0.9.2 v1/worker/gpu_model_runner.py:392-394, 507-512, 547-549, 607"),
             Behaviour("block hashes are kept by request ID in the KV cache manager: a "
                       "duplicate ADD finds the first request's cached blocks as a prefix hit "
                       "and the engine dies on assert len(new_computed_blocks) == 0",

@@ -95,7 +95,8 @@ class VllmEngineCore(EngineShell):
         self.scheduler = SchedulerView(self.sched, self.inc_of)
         self.vocab = vocab if vocab is not None else Vocabulary()  # DP: the ranks share one
         #: execute_model / sample_tokens: vLLM's own model runner (0.11+), or the model's
-        self.runner = Executor(self, shape, bool(config.async_scheduling))
+        self.runner = Executor(self, shape, bool(config.async_scheduling),
+                               "runner-duplicate-row" in profile.features)
         #: 0.11-0.20 step_with_batch_queue returns early only while the oldest batch is not
         #: done (0.20.0 core.py:500-507); 0.33 dropped that test (core.py:764-769)
         self._wait_unless_done = (0, 11) <= self.v.api.key < (0, 33)
