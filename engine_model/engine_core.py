@@ -56,7 +56,8 @@ class EngineCore(PdCore):
         self.kv.hash_by_id = "block-hashes-by-id" in profile.features
         self.scheduler = Scheduler(world, f"{name}.scheduler", config, self.kv, profile)
         self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling),
-                                  "runner-duplicate-row" in profile.features)
+                                  "runner-duplicate-row" in profile.features,
+                                  "runner-carry-persists" in profile.features)
         if hold_timeout is not None:
             self.connector = ConnectorScheduler(world, f"{name}.connector", index, self.kv,
                                                 hold_timeout, self._start_kv_read, profile,
@@ -69,6 +70,12 @@ class EngineCore(PdCore):
                 self.connector.use_mooncake(None if index else MooncakeSender(
                     world, f"{name}.connector", hold_timeout, transfer_time,
                     lambda: self.dead is not None, self._send_pull_result, self._wake_loop))
+        #: 0.33's Scheduler counts the requests it holds for the connector as unfinished
+        #: work, so an idle engine keeps stepping until their transfers end (scheduler.py:
+        #: 3157-3165); before, has_requests is waiting, running or finished_req_ids only
+        #: (0.20.0 scheduler.py:1868-1869, 0.11.0 :1167-1171, 0.10.1.1 :1040-1044; interface.py
+        #: has_requests), so a hold's transfer result waits for the next step a request brings
+        self._kv_steps = "steps-while-held" in profile.features
         self.push_mode = kv_connector == "nixl-push"
         self.mooncake_mode = kv_connector == "mooncake"
         self.transfer_time = transfer_time
@@ -89,8 +96,17 @@ class EngineCore(PdCore):
         return self.scheduler.has_requests() or bool(self._batch_queue) or self._kv_pending()
 
     def _kv_pending(self) -> bool:
-        """The connector's worker has a transfer result to report (vLLM's busy loop keeps
-        stepping while requests are held or wait for KV, so the next step reports it)."""
+        """The connector's worker has a transfer result to report, and the busy loop steps for
+        it: 0.33 keeps stepping while requests are held (``_kv_steps``); on every release a
+        request waiting for KV is unfinished work, so the loop steps and the step reports it."""
+        return self._kv_steps and self._kv_ready()
+
+    def _kv_wakes(self) -> bool:
+        # before 0.33 an idle engine blocks on its input queue (0.10.1.1 v1/engine/core.py:
+        # 722-731): a hold's timeout is seen at the next step a request brings
+        return self._kv_steps or self.scheduler.has_requests()
+
+    def _kv_ready(self) -> bool:
         c = self.connector
         return c is not None and c.has_finished()
 
@@ -105,11 +121,10 @@ class EngineCore(PdCore):
         return failed, c.take_recved(), done
 
     def _apply_kv_finished(self, kv: _KvResults) -> None:
-        """update_from_output's order: failed loads (scheduler.py:2292-2303, 2552-2579), then
-        finished_recving and finished_sending (:3569-3582)."""
-        failed, recved, done = kv
-        if failed:
-            self._kv_load_failed(failed)
+        """finished_recving and finished_sending, applied at the end of update_from_output,
+        after the step's outputs (0.33 scheduler.py:2580-2582, :3569-3582; 0.10.1.1 :897,
+        0.11.0 :990, 0.14.0 :1292, 0.20.0 :1512); failed loads come first (:2292-2303)."""
+        _failed, recved, done = kv
         connector = self.connector
         sched = self.scheduler
         for rid in recved:
@@ -213,12 +228,11 @@ class EngineCore(PdCore):
         sched = self.scheduler
         queue = self._batch_queue
         executed = False
-        pending = self._kv_pending()
-        if sched.has_requests() or pending:
+        if sched.has_requests() or self._kv_pending():
             out = sched.schedule()
             # with nothing to compute, execute_model still reports the connector's transfers
             # (kv_connector_no_forward, gpu_model_runner.py:3970-3971)
-            if out.num_scheduled_tokens or out.finished_req_ids or pending:
+            if out.num_scheduled_tokens or out.finished_req_ids or self._kv_ready():
                 executed = out.total_num_scheduled_tokens > 0
                 queue.append((self._submit(out, executed), out))
                 if executed and len(queue) < self._max_batches:
@@ -240,8 +254,10 @@ class EngineCore(PdCore):
         ev = world.sleep("engine.step:update_from_output", 0.0, self.c_core)
         if ev is not None:
             yield ev
-        self._apply_kv_finished(kv)
+        if kv[0]:
+            self._kv_load_failed(kv[0])  # at update_from_output's start (scheduler.py:2292)
         results = sched.update_from_output(out, sampled)
+        self._apply_kv_finished(kv)  # after the step's outputs (scheduler.py:2580-2582)
         self.outputs.step_outputs(results)
         return True
 

@@ -113,6 +113,11 @@ class EngineShell:
         """The scheduler holds requests, or a batch is in flight."""
         raise NotImplementedError
 
+    def _kv_wakes(self) -> bool:
+        """Whether an idle loop wakes for the connector's next timeout or heartbeat (it does
+        only if it would then step for what they end)."""
+        return True
+
     def _step(self) -> Generator[simpy.Event, Any, bool]:
         """One pass of step / step_with_batch_queue; returns whether anything ran."""
         raise NotImplementedError
@@ -239,7 +244,7 @@ class EngineShell:
         self._loop_wakeup = env.event()
         expiry = None
         connector = self.connector
-        if connector is not None:
+        if connector is not None and self._kv_wakes():
             expiry = connector.next_expiry()
             beat = connector.next_heartbeat()
             if beat is not None and (expiry is None or beat < expiry):

@@ -41,6 +41,14 @@ _NOT_MODELLED = Behaviour(
     "0.14.0 v1/engine/__init__.py:204 (START_DP_WAVE); 0.14.0 v1/engine/async_llm.py:565")
 
 
+_HELD_NO_STEP = Behaviour(
+    "P/D: the requests a prefill engine holds for the decode side are not work the busy loop "
+    "steps for (0.33's has_finished_requests counts them), so a transfer-done notice waits "
+    "for the next step a request brings",
+    "0.10.1.1 v1/core/sched/scheduler.py:1040-1044, 0.11.0 :1167-1171, 0.14.0 :1514-1518, "
+    "0.20.0 :1868-1869; v1/core/sched/interface.py has_requests")
+
+
 def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
     """The profiles of 0.9, 0.10, 0.11, 0.14 and 0.20, built from 0.33's."""
     p010 = replace(
@@ -91,13 +99,20 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "remote KV is freed at once", "0.10.1.1 envs.py:155, "
                       "kv_connector/v1/nixl_connector.py:398, v1/core/sched/scheduler.py:999 "
                       "(finish_requests)"),
-            _NOT_MODELLED, _SAME_WIDTHS,
+            _HELD_NO_STEP, _NOT_MODELLED, _SAME_WIDTHS,
         ))
     p011 = replace(p010, name="0.11",
                    release="vLLM 0.11.0 (2025-10): 0.10's lifecycle semantics",
                    # #25844: finished_sending for a freed request is a warning
                    # (0.11.0 v1/core/sched/scheduler.py:1291-1294)
-                   features=p010.features | {"xfer-unknown-warns"})
+                   # a step with no tokens keeps the runner's last sampled tokens for the
+                   # next one (engine_model/runner.py): #29355's carry-over
+                   features=p010.features | {"xfer-unknown-warns", "runner-carry-persists"},
+                   behaviours=p010.behaviours + (Behaviour(
+                       "async scheduling: a step with nothing to compute keeps the runner's "
+                       "last sampled tokens, which the next step feeds by ID, a re-added ID's "
+                       "prefill included (#29355)", "0.11.0 v1/worker/gpu_model_runner.py:"
+                       "849-860, 2163-2170, 2241-2246"),))
 
     p09 = replace(
         p010, name="0.9",
@@ -134,7 +149,7 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "single_type_kv_cache_manager.py:105"),
             Behaviour("P/D: unverified for 0.9 (0.10's NIXL hold is kept; 0.9.2 has no "
                       "VLLM_NIXL_ABORT_REQUEST_TIMEOUT)", "0.9.2 envs.py"),
-            _NOT_MODELLED, _SAME_WIDTHS,
+            _HELD_NO_STEP, _NOT_MODELLED, _SAME_WIDTHS,
         ))
     p014 = replace(
         p033, name="0.14",
@@ -174,7 +189,7 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "0.14.0 v1/engine/core.py:1134"),
             Behaviour("not modelled for 0.14: kv_load_failure_policy (its default is "
                       "'recompute', 0.33's 'fail')", "0.14.0 config/kv_transfer.py:67"),
-            _NOT_MODELLED, _SAME_WIDTHS,
+            _HELD_NO_STEP, _NOT_MODELLED, _SAME_WIDTHS,
         ))
     p020 = replace(
         p033, name="0.20",
@@ -205,6 +220,6 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "v1/core/sched/scheduler.py:1812-1822"),
             Behaviour("kv_load_failure_policy defaults to 'fail'",
                       "0.20.0 config/kv_transfer.py:70"),
-            _NOT_MODELLED, _SAME_WIDTHS,
+            _HELD_NO_STEP, _NOT_MODELLED, _SAME_WIDTHS,
         ))
     return {"0.9": p09, "0.10": p010, "0.11": p011, "0.14": p014, "0.20": p020}

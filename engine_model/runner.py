@@ -49,10 +49,10 @@ class ModelRunner:
     """The GPU model runner: its own per-ID state and, in async mode, the token carry-over."""
 
     __slots__ = ("world", "component", "requests", "async_scheduling", "_prev_sampled",
-                 "duplicate_rows_die", "_rows")
+                 "duplicate_rows_die", "_rows", "carry_across_empty")
 
     def __init__(self, world: World, component: str, async_scheduling: bool,
-                 duplicate_rows_die: bool = False) -> None:
+                 duplicate_rows_die: bool = False, carry_across_empty: bool = False) -> None:
         self.world = world
         self.component = component
         self.requests: dict[str, CachedRequestState] = {}
@@ -60,6 +60,11 @@ class ModelRunner:
         # Async scheduling: the previous batch's sampled tokens, by request ID.
         self._prev_sampled: dict[str, Token] = {}
         self.duplicate_rows_die = duplicate_rows_die
+        #: 0.11: a step with no tokens returns before the sampled tokens are kept, so the last
+        #: ones stay for the next step that computes (0.11.0 gpu_model_runner.py:2241-2246
+        #: return early; :2163-2170 keep them; :849-860 feed them by ID, to a prefill's last
+        #: input too): a re-added ID's first token is fed the old request's last one
+        self.carry_across_empty = carry_across_empty
         #: the IDs with a row in the persistent batch (``input_batch.req_id_to_index``)
         self._rows: dict[str, None] = {}
 
@@ -88,7 +93,7 @@ class ModelRunner:
             state.num_output += 1
             # tuple.__new__: the same Token without the named tuple's Python-level __new__
             sampled[rid] = _new_tuple(Token, (state.inc, ctx, state.num_output == state.eos_at))
-        if self.async_scheduling:
+        if self.async_scheduling and (out.num_scheduled_tokens or not self.carry_across_empty):
             self._prev_sampled = sampled
         if sampled:
             trace = self.world.trace

@@ -59,3 +59,36 @@ def test_the_shared_block_table_still_dies_on_block_pools_assert(
     died = [v for v in res.violations if v.invariant == "engine-alive"]
     assert died and "assert blk.block_hash is None" in died[0].detail, res.violated
     assert "kv-ownership" in res.violated
+
+
+@pytest.mark.parametrize("profile", ["0.10", "0.11"])
+def test_a_held_prefill_waits_for_a_step_and_a_retried_id_overwrites_it(profile: str) -> None:
+    """Before 0.33, ``has_requests`` does not count the requests P holds for the decode side
+    (0.11.0 scheduler.py:1167-1171): an idle P takes no step, so D's transfer-done notice waits
+    and the retried X's ADD overwrites the held X (as vLLM's own NIXL code on the vllm backend
+    shows: ``racesim conform pd-reuse --vllm 0.10``). The notice then ends the new X's hold
+    after its step's outputs (scheduler.py:990 in 0.11.0), not before them: no assert."""
+    res = run_scenario(load_scenario("pd-reuse").with_vllm(profile), "buggy")
+    assert {"unique-live-id", "kv-ownership"} <= set(res.violated), res.violated
+    assert "engine-alive" not in res.violated
+    ends = [(e.kind, e.inc) for e in res.trace if e.kind in ("sched.finish", "pd.release")
+            and e.component.startswith("prefill")]
+    release = next(e for e in ends if e[0] == "pd.release")
+    assert ends.index(release) > ends.index(("sched.finish", release[1])), ends
+
+
+def test_on_033_an_idle_prefill_still_steps_for_its_notice() -> None:
+    res = run_scenario(load_scenario("pd-reuse"), "buggy")
+    releases = [e.time for e in res.trace if e.kind == "pd.release"]
+    adds = [e.time for e in res.trace if e.kind == "sched.add" and e.component.startswith("prefill")]
+    assert releases and releases[0] < adds[1]  # released before the retried X arrives
+
+
+def test_on_011_the_runner_feeds_a_reused_ids_prefill_the_old_requests_last_token() -> None:
+    """#29355 on 0.11: a step with nothing to compute keeps the runner's last sampled tokens,
+    which the next step feeds by ID into the re-added X's prefill (0.11.0
+    gpu_model_runner.py:2241-2246, 2163-2170, 849-860), as vLLM 0.11.0's own runner does."""
+    res = run_scenario(load_scenario("async-sched-reuse").with_vllm("0.11"), "buggy")
+    assert "no-crosstalk" in res.violated, res.violated
+    assert "no-crosstalk" not in run_scenario(
+        load_scenario("async-sched-reuse").with_vllm("0.10"), "buggy").violated

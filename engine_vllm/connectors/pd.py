@@ -16,31 +16,39 @@ from typing import Any
 from racesim.engine_model.events.engine import SchedFinish
 from racesim.engine_model.events.pd import PdRelease
 
-__all__ = ["releases", "unscheduled_finishes"]
+__all__ = ["releases", "record_releases", "unscheduled_finishes"]
 
 
-def releases(core: Any, kvo: Any) -> dict[str, int]:
-    """Record ``pd.release`` for each held request this output ends; returns ID -> incarnation
-    (the KV free that follows is theirs)."""
+def releases(core: Any, kvo: Any) -> list[tuple[str, Any, str]]:
+    """The held requests this step's output ends, read before ``update_from_output`` (which
+    frees them and drops them from ``requests``): ``(ID, the Request, cause)``. vLLM applies
+    them at the end of ``update_from_output``, after the step's own outputs (0.10.1.1
+    scheduler.py:897, 0.33 :2580-2582), so :func:`record_releases` records them then."""
     requests = core.sched.requests
     transport = core.transport
-    out: dict[str, int] = {}
+    out: list[tuple[str, Any, str]] = []
     if kvo is None:
         return out
     for rid in kvo.finished_sending or ():
         req = requests.get(rid)
         if req is None:
             continue  # vLLM's own assert (scheduler.py:3580) decides what happens
-        inc = core.inc_of(req)
-        core.world.emit(core.c_sched, rid, inc,
-                        PdRelease(transport.causes.pop(rid, "notify"), req.status.name))
-        out[rid] = inc
+        out.append((rid, req, transport.causes.pop(rid, "notify")))
     for rid in kvo.finished_recving or ():
         req = requests.get(rid)
         if req is not None and req.is_finished():  # aborted while its read was in flight
-            inc = core.inc_of(req)
-            core.world.emit(core.c_sched, rid, inc, PdRelease("recv-done", req.status.name))
-            out[rid] = inc
+            out.append((rid, req, "recv-done"))
+    return out
+
+
+def record_releases(core: Any, ended: list[tuple[str, Any, str]]) -> dict[str, int]:
+    """Record ``pd.release`` for each of :func:`releases`' requests, after the step's outputs;
+    returns ID -> incarnation (the KV free that follows is theirs)."""
+    out: dict[str, int] = {}
+    for rid, req, cause in ended:
+        inc = core.inc_of(req)
+        core.world.emit(core.c_sched, rid, inc, PdRelease(cause, req.status.name))
+        out[rid] = inc
     return out
 
 

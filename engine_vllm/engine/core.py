@@ -22,14 +22,9 @@ import simpy
 
 from racesim.engine_model.config import EngineConfig
 from racesim.engine_model.engine_shell import EngineShell
+from racesim.engine_model.events import PdRelease
 from racesim.engine_model.events.engine import (
-    SchedAbortMiss,
-    SchedAdd,
-    SchedFinish,
-    SchedPreempt,
-    SchedStep,
-    SchedUpdate,
-)
+    SchedAbortMiss, SchedAdd, SchedFinish, SchedPreempt, SchedStep, SchedUpdate)
 from racesim.engine_model.messages import (
     AbortMessage, EngineCoreRequest, KVDoneNotice, KVHeartbeat)
 from racesim.engine_model.versions import VllmProfile
@@ -203,13 +198,18 @@ class VllmEngineCore(EngineShell):
         # (scheduler.py:2983), whose order would depend on PYTHONHASHSEED.
         for rid in msg.request_ids:
             req = self.sched.requests.get(rid)
-            if req is None or req.is_finished():
+            held = req.status.name if req is not None and req.is_finished() else None
+            if req is not None:  # vLLM decides: 0.14+ skip a finished (held) request, 0.10
+                # and 0.11 finish it again and free its blocks (#25067; 0.11.0 :1126)
+                self.call(self.sched.finish_requests, rid,
+                          self.v.RequestStatus.FINISHED_ABORTED)
+            if req is None or req.status.name == held:
                 self.world.emit(self.c_sched, rid, self.inc_of(req) if req is not None else 0,
                                 SchedAbortMiss(cause, msg.tag))
                 continue
             inc = self.inc_of(req)
-            status = self.v.RequestStatus.FINISHED_ABORTED
-            self.call(self.sched.finish_requests, rid, status)
+            if held is not None:  # the hold ends here: its blocks are freed below
+                self.world.emit(self.c_sched, rid, inc, PdRelease("abort", held))
             self.world.emit(self.c_sched, rid, inc,
                             SchedFinish("FINISHED_ABORTED", cause, msg.tag))
             self.kv.sync({rid: inc})
@@ -306,11 +306,11 @@ class VllmEngineCore(EngineShell):
         objects = {rid: requests.get(rid) for rid in so.num_scheduled_tokens}
         before = {rid: (len(r.output_token_ids) if r is not None else 0)
                   for rid, r in objects.items()}
-        released: dict[str, int] = {}
+        ending: list[tuple[str, Any, str]] = []  # held requests this output ends
         watch: dict[str, Any] = {}
         was_finished: dict[str, bool] = {}
         if self.transport is not None:
-            released = pd.releases(self, mro.kv_connector_output)
+            ending = pd.releases(self, mro.kv_connector_output)
             # a failed load finishes an unscheduled request (scheduler.py:2552-2579)
             watch = {rid: r for rid, r in requests.items()
                      if rid not in objects and not r.is_finished()}
@@ -337,6 +337,7 @@ class VllmEngineCore(EngineShell):
                 self.world.emit(self.c_sched, rid, inc, SchedFinish(req.status.name, reason))
         if watch:
             pd.unscheduled_finishes(self, watch, finished)
+        released = pd.record_releases(self, ending) if ending else {}
         if finished or released:  # update_from_output frees only the blocks of requests it
             # finished, and of held ones whose transfer ended
             self.kv.sync({**released, **finished})
