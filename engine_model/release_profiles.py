@@ -157,7 +157,10 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                 "queues; no streaming sessions yet",
         duplicate_add="overwrite", frontend_duplicate="reject", pd_hold="timeout",
         hold_timeout=480.0, remote_kv_abort="free-now", free_order="append",
-        features=frozenset({"preprocess-error", "pd-abort-notify"}), fan_out="per-child",
+        # a re-added ID's second row in the runner's batch: as 0.10 (0.14.0
+        # v1/worker/gpu_model_runner.py:878-883, 1061-1062, 1371), measured on its own runner
+        features=frozenset({"preprocess-error", "pd-abort-notify", "runner-duplicate-row"}),
+        fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
         behaviours=(
             Behaviour("Scheduler.add_request overwrites requests[id] with no check",
