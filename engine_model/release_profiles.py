@@ -163,8 +163,11 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
         behaviours=(
-            Behaviour("Scheduler.add_request overwrites requests[id] with no check",
-                      "0.14.0 v1/core/sched/scheduler.py:1446-1450"),
+            Behaviour("Scheduler.add_request overwrites requests[id] with no check; a re-added "
+                      "ID scheduled while the old request's row stays in the runner's batch "
+                      "gets a second row, and the step dies in _prepare_inputs (ValueError)",
+                      "0.14.0 v1/core/sched/scheduler.py:1446-1450; "
+                      "v1/worker/gpu_model_runner.py:878-883, 1061-1062, 1371"),
             Behaviour("OutputProcessor.add_request raises 'Request id ... already running' "
                       "for a held internal ID", "0.14.0 v1/engine/output_processor.py:467-468"),
             Behaviour("internal IDs: InputProcessor.assign_request_id appends 8 random hex "
