@@ -55,7 +55,9 @@ class EngineCore(PdCore):
                                  bool(config.prefix_caching), profile.free_order)
         self.kv.hash_by_id = "block-hashes-by-id" in profile.features
         self.scheduler = Scheduler(world, f"{name}.scheduler", config, self.kv, profile)
-        self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling))
+        self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling),
+                                  "runner-duplicate-row" in profile.features,
+                                  "runner-carry-persists" in profile.features)
         if hold_timeout is not None:
             self.connector = ConnectorScheduler(world, f"{name}.connector", index, self.kv,
                                                 hold_timeout, self._start_kv_read, profile,

@@ -127,7 +127,9 @@ class Buggy(LifecyclePolicy):
     name = "buggy"
     summary = ("IDs as given, abort ordering as the profile's release ships it (pops frontend "
                "state, then awaits the ABORT send): shipped --ids given")
-    source = "vLLM before PR #15326; on 0.20/0.33 VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1"
+    source = ("each release with the client's IDs: 0.8-0.11 as shipped, 0.20/0.33 with "
+              "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1 (not 'before #15326': its abort "
+              "ordering still ships)")
     ids = "given"
 
 

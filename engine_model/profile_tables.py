@@ -57,6 +57,8 @@ WRITTEN_OUT: dict[str, VllmProfile] = {
         remote_kv_abort="free-now",
         prefix_caching=False,
         free_order="append",
+        # P/D on 0.8 is 0.33's NIXL (unverified here), stepping while requests are held as
+        # 0.33 does, so the 0.8 counterexamples recorded with it replay
         features=frozenset(),
         cancel_before_collector="abort",
         fan_out="per-child",

@@ -51,6 +51,7 @@ _KV_IDLE_BLOCKS = Behaviour(
     "v1/core/sched/scheduler.py:1856-1869")
 
 
+
 def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
     """The profiles of 0.9, 0.10, 0.11, 0.14 and 0.20, built from 0.33's."""
     p010 = replace(
@@ -66,7 +67,11 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         # #25067 came after 0.11.0: an ABORT re-finishes a finished, held request
         # kv-idle-blocks: an engine holding only finished requests for the decode side does
         # not step (0.10.1.1 v1/engine/core.py:722-731); 0.33 keeps stepping
-        features=frozenset({"pd-abort-notify", "reabort-held", "kv-idle-blocks"}),
+        # "runner-duplicate-row": a second request under an ID that keeps its row in the
+        # runner's persistent batch gets a row of its own, and _prepare_inputs raises
+        # (engine_model/runner.py)
+        features=frozenset({"pd-abort-notify", "reabort-held", "kv-idle-blocks",
+                            "runner-duplicate-row"}),
         cancel_before_collector="abort",
         fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}), external_abort_parent="drop",
@@ -76,6 +81,12 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "(0.11.0 the same at :1097-1100)"),
             Behaviour("OutputProcessor.add_request raises 'Request id ... already running' for "
                       "a held ID", "0.10.1.1 v1/engine/output_processor.py:333-335"),
+            Behaviour("a re-added ID scheduled while the old request's row stays in the model "
+                      "runner's persistent batch gets a second row, and the step dies in "
+                      "_prepare_inputs (ValueError; vLLM 0.11.0's own runner on the vllm "
+                      "backend, the same code in 0.10.1.1)",
+                      "0.11.0 v1/worker/gpu_model_runner.py:557-564, 652-657, 694-695, 952; "
+                      "0.10.1.1 :457-459, 582-587, 622-624, 718"),
             Behaviour("no external/internal ID split: Processor passes the caller's ID "
                       "through; an abort names that ID (a parent's ID aborts its children and "
                       "drops the parent)", "0.11.0 v1/engine/output_processor.py:325-353"),
@@ -101,7 +112,14 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                    release="vLLM 0.11.0 (2025-10): 0.10's lifecycle semantics",
                    # #25844: finished_sending for a freed request is a warning
                    # (0.11.0 v1/core/sched/scheduler.py:1291-1294)
-                   features=p010.features | {"xfer-unknown-warns"})
+                   # a step with no tokens keeps the runner's last sampled tokens for the
+                   # next one (engine_model/runner.py): #29355's carry-over
+                   features=p010.features | {"xfer-unknown-warns", "runner-carry-persists"},
+                   behaviours=p010.behaviours + (Behaviour(
+                       "async scheduling: a step with nothing to compute keeps the runner's "
+                       "last sampled tokens, which the next step feeds by ID, a re-added ID's "
+                       "prefill included (#29355)", "0.11.0 v1/worker/gpu_model_runner.py:"
+                       "849-860, 2163-2170, 2241-2246"),))
 
     p09 = replace(
         p010, name="0.9",
@@ -127,6 +145,10 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                       "0.9.2 v1/core/sched/ (no async_scheduler.py)"),
             Behaviour("freed blocks are appended to the free queue",
                       "0.9.2 v1/core/block_pool.py:291"),
+            Behaviour("a re-added ID scheduled while the old request's row stays in the "
+                      "model runner's persistent batch gets a second row, and the step dies in "
+                      "_prepare_inputs (ValueError; derived from the code, as 0.10)",
+                      "0.9.2 v1/worker/gpu_model_runner.py:392-394, 507-512, 547-549, 607"),
             Behaviour("block hashes are kept by request ID in the KV cache manager: a "
                       "duplicate ADD finds the first request's cached blocks as a prefix hit "
                       "and the engine dies on assert len(new_computed_blocks) == 0",
@@ -143,12 +165,18 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                 "queues; no streaming sessions yet",
         duplicate_add="overwrite", frontend_duplicate="reject", pd_hold="timeout",
         hold_timeout=480.0, remote_kv_abort="free-now", free_order="append",
-        features=frozenset({"preprocess-error", "pd-abort-notify", "kv-idle-blocks"}),
+        # a re-added ID's second row in the runner's batch: as 0.10 (0.14.0
+        # v1/worker/gpu_model_runner.py:878-883, 1061-1062, 1371), measured on its own runner
+        features=frozenset({"preprocess-error", "pd-abort-notify", "kv-idle-blocks",
+                            "runner-duplicate-row"}),
         fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
         behaviours=(
-            Behaviour("Scheduler.add_request overwrites requests[id] with no check",
-                      "0.14.0 v1/core/sched/scheduler.py:1446-1450"),
+            Behaviour("Scheduler.add_request overwrites requests[id] with no check; a re-added "
+                      "ID scheduled while the old request's row stays in the runner's batch "
+                      "gets a second row, and the step dies in _prepare_inputs (ValueError)",
+                      "0.14.0 v1/core/sched/scheduler.py:1446-1450; "
+                      "v1/worker/gpu_model_runner.py:878-883, 1061-1062, 1371"),
             Behaviour("OutputProcessor.add_request raises 'Request id ... already running' "
                       "for a held internal ID", "0.14.0 v1/engine/output_processor.py:467-468"),
             Behaviour("internal IDs: InputProcessor.assign_request_id appends 8 random hex "

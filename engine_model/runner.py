@@ -5,6 +5,16 @@ IDs, adds the new requests, then looks up every cached one unchecked: a missing 
 KeyError that kills EngineCore (``_update_states``, vLLM #15326). Under async scheduling the
 sampled tokens of step N are fed into step N+1 by ID match (``prev_req_id_to_index``), so a new
 request that reuses an ID can be fed the old one's token.
+
+The persistent batch (``InputBatch``) has one row per request it adds, found by ID through
+``req_id_to_index``, whose size is ``num_reqs``. Before 0.20 (``runner-duplicate-row``) a second
+request under an ID whose row stays in the batch gets a row of its own: ``_update_states`` keeps
+the rows of every ID scheduled this step and adds each new request, and each cached one with no
+row, by ``input_batch.add_request`` (0.11.0 gpu_model_runner.py:557-564, 609, 652-657,
+694-695; gpu_input_batch.py:287, 828-829), so ``_prepare_inputs`` repeats ``num_reqs`` indices
+by more token counts than that and raises ValueError (0.11.0 gpu_model_runner.py:952, as vLLM
+0.11.0's own runner does on the vllm backend; the same code in 0.10.1.1 :457-459, 541, 582-587,
+622-624, 718 and 0.9.2 :392-394, 466, 507-512, 547-549, 607, derived, not run).
 """
 
 from __future__ import annotations
@@ -38,15 +48,25 @@ class CachedRequestState:
 class ModelRunner:
     """The GPU model runner: its own per-ID state and, in async mode, the token carry-over."""
 
-    __slots__ = ("world", "component", "requests", "async_scheduling", "_prev_sampled")
+    __slots__ = ("world", "component", "requests", "async_scheduling", "_prev_sampled",
+                 "duplicate_rows_die", "_rows", "carry_across_empty")
 
-    def __init__(self, world: World, component: str, async_scheduling: bool) -> None:
+    def __init__(self, world: World, component: str, async_scheduling: bool,
+                 duplicate_rows_die: bool = False, carry_across_empty: bool = False) -> None:
         self.world = world
         self.component = component
         self.requests: dict[str, CachedRequestState] = {}
         self.async_scheduling = async_scheduling
         # Async scheduling: the previous batch's sampled tokens, by request ID.
         self._prev_sampled: dict[str, Token] = {}
+        self.duplicate_rows_die = duplicate_rows_die
+        #: 0.11: a step with no tokens returns before the sampled tokens are kept, so the last
+        #: ones stay for the next step that computes (0.11.0 gpu_model_runner.py:2241-2246
+        #: return early; :2163-2170 keep them; :849-860 feed them by ID, to a prefill's last
+        #: input too): a re-added ID's first token is fed the old request's last one
+        self.carry_across_empty = carry_across_empty
+        #: the IDs with a row in the persistent batch (``input_batch.req_id_to_index``)
+        self._rows: dict[str, None] = {}
 
     def live_ids(self) -> list[tuple[str, int]]:
         """``(request ID, incarnation)`` for every cached request state still held."""
@@ -73,7 +93,7 @@ class ModelRunner:
             state.num_output += 1
             # tuple.__new__: the same Token without the named tuple's Python-level __new__
             sampled[rid] = _new_tuple(Token, (state.inc, ctx, state.num_output == state.eos_at))
-        if self.async_scheduling:
+        if self.async_scheduling and (out.num_scheduled_tokens or not self.carry_across_empty):
             self._prev_sampled = sampled
         if sampled:
             trace = self.world.trace
@@ -88,6 +108,8 @@ class ModelRunner:
         requests = self.requests
         for rid in out.finished_req_ids:
             requests.pop(rid, None)
+        if self.duplicate_rows_die:
+            self._add_rows(out)
         for new in out.scheduled_new_reqs:
             # A re-added ID replaces the state (woosuk's comment in _update_states allows it).
             requests[new.req_id] = CachedRequestState(new.req_id, new.inc, new.prompt_tokens,
@@ -98,3 +120,21 @@ class ModelRunner:
                 raise EngineFatal(f"KeyError: {rid!r} in GPUModelRunner.requests "
                                   f"(_update_states, cached request)")
             state.num_computed_tokens = out.num_computed_tokens[rid]
+
+    def _add_rows(self, out: SchedulerOutput) -> None:
+        """The persistent batch's rows after this step's ``_update_states``: the rows of
+        finished and unscheduled IDs go, every new request and every cached one with no row is
+        added; a second row under one ID is the ValueError ``_prepare_inputs`` raises."""
+        scheduled = out.num_scheduled_tokens
+        rows = {rid: None for rid in self._rows
+                if rid in scheduled and rid not in out.finished_req_ids}
+        added = [new.req_id for new in out.scheduled_new_reqs]
+        added += [rid for rid in out.scheduled_cached_reqs if rid not in rows]
+        for rid in added:
+            if rid in rows:
+                raise EngineFatal(
+                    f"ValueError: operands could not be broadcast together (the persistent "
+                    f"batch holds two rows for {rid!r}: gpu_model_runner.py _prepare_inputs, "
+                    f"np.repeat over num_reqs)")
+            rows[rid] = None
+        self._rows = rows

@@ -189,6 +189,42 @@ def test_list_indexes_each_scenario_by_its_first_sentence() -> None:
     assert len(text) < sum(len(s["meaning"]) for s in whole)
 
 
+def test_list_alone_is_a_short_overview_that_points_to_each_section() -> None:
+    from racesim.documents.catalogue import SECTIONS
+
+    out = racesim("list").stdout
+    assert len(out.splitlines()) < 60, out
+    for section in SECTIONS:
+        assert f"racesim list {section}" in out, section
+    # the names only: what each is, is in its section
+    assert load_scenario("abort-reuse").summary[:60] not in out
+    assert load_scenario("abort-reuse").summary[:60] in racesim("list", "scenarios").stdout
+
+
+def _piped(*args: str, columns: str | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["NO_COLOR"] = "1"
+    if columns is not None:
+        env["COLUMNS"] = columns
+    proc = subprocess.run([*_COMMAND, *args], capture_output=True, text=True, env=env,
+                          timeout=60, check=False, stdin=subprocess.DEVNULL)
+    return proc.stdout
+
+
+def test_piped_output_is_not_wrapped_unless_columns_says_so() -> None:
+    lines = _piped("list", "points").splitlines()
+    rows = [ln for ln in lines if ln.startswith("  ")]
+    assert len(rows) == len(POINTS.names()) and max(map(len, rows)) > 100
+    run = _piped("run", "abort-reuse", "-p", "buggy", "--witness")
+    died = [ln for ln in run.splitlines() if "engine died:" in ln]
+    assert died and all(ln.startswith("│") and "(EngineDeadError for every request on it)" in ln
+                        for ln in died[:1]), run
+    # COLUMNS sets a width: wrapped there, a wrapped meaning indented under itself
+    versions = _piped("list", "versions", columns="70").splitlines()
+    assert all(len(ln) <= 70 for ln in versions)
+    assert all(ln.startswith(" ") for ln in versions[1:]), versions[:5]
+
+
 def test_a_third_party_policy_runs_from_the_command_line() -> None:
     spec = "racesim_thirdparty_policy:SendThenDrop"
     code, doc = run_json("abort-reuse", "--vllm", "0.8", "-p", spec, "--policy-opt", "note=x",

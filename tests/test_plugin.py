@@ -224,3 +224,30 @@ def test_bad_input_through_the_fixture(pytester: pytest.Pytester) -> None:
                 racesim.run(42)
     """)
     run(pytester).assert_outcomes(passed=7)
+
+
+def test_the_fixture_takes_the_id_scheme_apart_from_the_policy(pytester: pytest.Pytester,
+                                                              tmp_path: Path) -> None:
+    """``ids=`` is ``--ids``: "0.33 as shipped, IDs as given" is shipped with ids="given" (the
+    same runs as buggy), and a failure's replay command and counterexample keep it."""
+    pytester.makepyfile("""
+        import pytest
+        from racesim.sim import InputError
+
+        def test_shipped_with_ids_as_given_is_buggy(racesim):
+            given = racesim.run("duplicate-in-flight", "shipped", ids="given")
+            assert given.violated == racesim.run("duplicate-in-flight", "buggy").violated
+            assert "engine-alive" in given.violated
+            assert "engine-alive" not in racesim.run("duplicate-in-flight", "shipped").violated
+
+        def test_a_policy_with_its_own_ids_refuses_one(racesim):
+            with pytest.raises(InputError):
+                racesim.run("abort-reuse", "internal-id", ids="given")
+
+        def test_fails_with_ids(racesim):
+            racesim.check("duplicate-in-flight", "shipped", ids="given")
+    """)
+    result = run(pytester, "--racesim-report", str(tmp_path / "r"))
+    result.assert_outcomes(passed=2, failed=1)
+    files = sorted((tmp_path / "r").glob("*.json"))
+    assert files and read_counterexample(str(files[0])).ids == "given"

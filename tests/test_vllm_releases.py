@@ -20,7 +20,7 @@ from racesim.runner import engines
 from racesim.cli import main
 from racesim.conform import lifecycle
 from racesim.documents import Counterexample, read_counterexample, write_counterexample
-from racesim.engine_model.versions import PROFILES, RELEASE_OF
+from racesim.engine_model.versions import PROFILES, RELEASE_OF, profile_gap
 from racesim.engine_vllm import unsupported_reason
 from racesim.corpus.releases import SUPPORTED, default_folder, venv_python, venv_release
 from racesim.runner import run_scenario
@@ -142,6 +142,30 @@ def test_a_duplicate_in_flight_kills_the_engine_exactly_where_the_release_assert
     res = run_scenario(scen, "buggy", engine="vllm")
     died = any("duplicate request id" in json.dumps(v.as_dict()) for v in res.violations)
     assert died == (PROFILES[profile].duplicate_add == "assert"), res.violated
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", ["multi-frontend", "abort-storm", "pd-reuse", "pd-proxy-abort",
+                                  "async-sched-reuse"])
+def test_the_duplicate_id_path_conforms_on_the_installed_release(name: str) -> None:
+    """Issue 28: IDs as given, the model against the release's own code. On 0.9.2-0.11.0 a
+    duplicate ADD shares one ID's block table between two Request objects (the blocks the
+    re-added one appends are its own: vLLM's allocate_slots is called with it) and, scheduled
+    while the old one's row stays in the runner's batch, dies in _prepare_inputs; a held
+    prefill waits for a step before 0.33, so a retried ID overwrites it, and an ABORT of a held
+    request finishes it again before 0.14 (vLLM's finish_requests decides, not the backend);
+    0.11's runner feeds a re-added ID the old request's last token (#29355)."""
+    from racesim.conform import conform
+    from racesim.engine_vllm.support import release_gap
+
+    scen = load_scenario(name).with_vllm(_installed())
+    gap = profile_gap(scen.workload) or release_gap(scen.workload, engines.installed_vllm())
+    if gap is not None:
+        pytest.skip(gap)
+    res = conform([scen], [("buggy", {})], budget=6)
+    doc = res.document()
+    assert doc["unlisted_mismatches"] == 0, [m["differences"] for m in doc["mismatches"]]
+    assert doc["cells"][0]["model_only"] or doc["cells"][0]["runs"] == 6
 
 
 @pytest.mark.vllm

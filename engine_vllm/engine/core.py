@@ -21,6 +21,7 @@ import simpy
 
 from racesim.engine_model.config import EngineConfig
 from racesim.engine_model.engine_shell import EngineShell
+from racesim.engine_model.events import PdRelease
 from racesim.engine_model.events.engine import (
     SchedAdd, SchedFinish, SchedPreempt, SchedStep, SchedUpdate)
 from racesim.engine_model.messages import (
@@ -83,12 +84,13 @@ class VllmEngineCore(EngineShell):
         self._truth: dict[int, tuple[Any, int]] = {}
         self._eos: dict[int, tuple[Any, int | None]] = {}
         self.kv = KvShadow(world, f"{name}.kv", self.sched.kv_cache_manager, self._inc_of_id,
-                           shape.prefix_caching)
+                           shape.prefix_caching, self.inc_of)
         self._prompts = PromptTokens()
         self.scheduler = SchedulerView(self.sched, self.inc_of)
         self.vocab = vocab if vocab is not None else Vocabulary()  # DP: the ranks share one
-        #: execute_model / sample_tokens: vLLM's own model runner
-        self.runner = Executor(self, shape, bool(config.async_scheduling))
+        #: execute_model / sample_tokens: vLLM's own model runner (0.11+), or the model's
+        self.runner = Executor(self, shape, bool(config.async_scheduling),
+                               "runner-duplicate-row" in profile.features)
         #: 0.11-0.20 step_with_batch_queue returns early only while the oldest batch is not
         #: done (0.20.0 core.py:500-507); 0.33 dropped that test (core.py:764-769)
         self._wait_unless_done = (0, 11) <= self.v.api.key < (0, 33)
@@ -160,6 +162,7 @@ class VllmEngineCore(EngineShell):
         try:
             return fn(*args)
         except Exception as exc:  # EngineCoreProc dies of anything its step raises
+            self.kv.sync()  # what the call did to the block tables before it raised
             raised = vllm_raise(exc)
             raise _Fatal(raised.message, raised.where) from None
 

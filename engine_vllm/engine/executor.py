@@ -26,7 +26,8 @@ __all__ = ["runner_kind", "Executor"]
 class Executor:
     """One engine's executor over the real runner, or the model's fake one."""
 
-    def __init__(self, core: Any, shape: Any, async_scheduling: bool) -> None:
+    def __init__(self, core: Any, shape: Any, async_scheduling: bool,
+                 duplicate_rows_die: bool = False) -> None:
         self.core = core
         self.real: Any = None
         self.fake: ModelRunner | None = None
@@ -41,7 +42,9 @@ class Executor:
             self._empty = EMPTY_MODEL_RUNNER_OUTPUT
             self.real = RealRunner(v, vc, core.sched.kv_cache_config, core.vocab, self._truth)
         else:
-            self.fake = ModelRunner(core.world, f"{core.name}.runner", async_scheduling)
+            # the model's runner where vLLM's is not run (before 0.11): its batch rows too
+            self.fake = ModelRunner(core.world, f"{core.name}.runner", async_scheduling,
+                                    duplicate_rows_die)
 
     def _truth(self, rid: str) -> tuple[int, int | None]:
         core = self.core

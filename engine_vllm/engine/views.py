@@ -110,20 +110,33 @@ class KvShadow:
     its owner, the others share it, as the model's KVCacheManager records it. A table that
     appears with blocks already held, or cached and free, got them from a prefix hit: the hit is
     the first ``num_computed_tokens - num_scheduled_tokens`` tokens of a request just scheduled
-    from waiting (scheduler.py: ``get_computed_blocks`` then ``allocate_slots``)."""
+    from waiting (scheduler.py: ``get_computed_blocks`` then ``allocate_slots``).
+
+    Blocks are the table holder's, except where vLLM's ``allocate_slots`` extended an ID's table
+    for another Request object than the one that holds it: with a duplicate ID before 0.20 the
+    re-added request and the old one, both running, grow one table (``req_to_blocks`` keyed by
+    ID, 0.11.0 single_type_kv_cache_manager.py:47, 109-131; allocate_new_blocks before
+    cache_blocks, kv_cache_manager.py:288-302). The Request vLLM passes to its own
+    ``allocate_slots`` says whose blocks those are, and a scheduler call that raises still has
+    its blocks recorded (:meth:`sync` from the engine's ``call``)."""
 
     def __init__(self, world: World, component: str, manager: Any, inc_of: Any,
-                 caching: bool) -> None:
+                 caching: bool, inc_of_object: Any = None) -> None:
         self.world = world
         self.component = component
         self.caching = caching
         self._tables = manager.coordinator.single_type_managers[0].req_to_blocks
         self._inc_of = inc_of  # request ID -> the incarnation of the object holding it now
+        #: request ID -> (table length before, after, the allocating incarnation) for each
+        #: allocate_slots call that grew the table for another object than its holder's
+        self._foreign: dict[str, list[tuple[int, int, int]]] = {}
         #: request ID -> (its table's block ids as last seen, the incarnation holding it)
         self._seen: dict[str, tuple[list[int], int]] = {}
         self._owner: dict[int, int] = {}  # block -> its first holder's incarnation
         self._sharers: dict[int, list[int]] = {}  # block -> the other holders
         self._ref: dict[int, int] = {}  # block -> how many tables hold it
+        if inc_of_object is not None:
+            self._watch(manager, inc_of_object)
 
     def sync(self, freed_by: dict[str, int] | None = None,
              hits: dict[str, int] | None = None) -> None:
@@ -142,6 +155,7 @@ class KvShadow:
                 continue
             del seen[rid]
             self._free(rid, (freed_by or {}).get(rid, inc), ids)
+        foreign = self._foreign
         for rid, now in current.items():
             entry = seen.get(rid)
             known = len(entry[0]) if entry is not None else 0
@@ -150,11 +164,58 @@ class KvShadow:
             inc = entry[1] if entry is not None else self._inc_of(rid)
             hit_n = (hits or {}).get(rid, 0) if entry is None else 0
             hit = now[:hit_n]
-            new = now[known + len(hit):]
-            self._alloc(rid, inc, new, now, hit)
+            start = known + len(hit)
+            grants = foreign.get(rid)
+            if not grants:
+                self._alloc(rid, inc, now[start:], now, hit)
+                continue
+            for lo, hi, by in self._runs(start, len(now), grants, inc):
+                self._alloc(rid, by, now[lo:hi], now[:hi], hit if lo == start else [], inc)
+        foreign.clear()
+
+    @staticmethod
+    def _runs(start: int, end: int, grants: list[tuple[int, int, int]],
+              holder: int) -> list[tuple[int, int, int]]:
+        """Table positions ``start:end`` in runs of one allocating incarnation: a granted
+        position is the incarnation whose ``allocate_slots`` appended it, the rest the
+        holder's."""
+        by = [holder] * (end - start)
+        for lo, hi, inc in grants:
+            for p in range(max(lo, start), min(hi, end)):
+                by[p - start] = inc
+        runs: list[tuple[int, int, int]] = []
+        for p, inc in enumerate(by, start):
+            if runs and runs[-1][2] == inc:
+                runs[-1] = (runs[-1][0], p + 1, inc)
+            else:
+                runs.append((p, p + 1, inc))
+        return runs
+
+    def _watch(self, manager: Any, inc_of_object: Any) -> None:
+        """Wrap the manager's ``allocate_slots`` (on this instance: the Scheduler calls it
+        through ``self.kv_cache_manager``) to note which Request object grew a table."""
+        real = manager.allocate_slots
+        tables = self._tables
+        seen = self._seen
+
+        def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
+            rid = request.request_id
+            inc = inc_of_object(request)
+            entry = seen.get(rid)
+            if inc == (entry[1] if entry is not None else self._inc_of(rid)):
+                return real(request, *args, **kwargs)  # the holder's own: sync attributes it
+            before = len(tables[rid]) if rid in tables else 0
+            try:
+                return real(request, *args, **kwargs)
+            finally:
+                after = len(tables[rid]) if rid in tables else 0
+                if after > before:
+                    self._foreign.setdefault(rid, []).append((before, after, inc))
+
+        manager.allocate_slots = allocate_slots
 
     def _alloc(self, rid: str, inc: int, new: list[int], table: list[int],
-               hit: list[int]) -> None:
+               hit: list[int], holder: int | None = None) -> None:
         owner, ref, sharers = self._owner, self._ref, self._sharers
         for b in hit:
             if ref.get(b, 0):
@@ -165,7 +226,7 @@ class KvShadow:
         for b in new:
             owner[b] = inc
             ref[b] = 1
-        self._seen[rid] = (list(table), inc)
+        self._seen[rid] = (list(table), inc if holder is None else holder)
         self.world.emit(self.component, rid, inc, KvAlloc(new, list(table), hit or None))
 
     def _free(self, rid: str, inc: int, blocks: list[int]) -> None:

@@ -138,9 +138,7 @@ def markdown_table(doc: dict[str, Any]) -> str:
 def _print(doc: dict[str, Any]) -> None:
     from racesim.reports.corpus import coverage_note, disagreement, invariant_cell
 
-    out = console()
-    if not out.is_terminal:  # a pipe or file: the whole table, not one squeezed into 80 columns
-        out = Console(highlight=False, soft_wrap=False, width=160)
+    out = console()  # a pipe or file: the whole table, not one squeezed into 80 columns
     t = Table(title="vLLM bug corpus (no hint)", title_justify="left")
     for col in ("issue / entry", "invariant", "buggy release", "vllm backend", "s",
                 "model", "fixed release", "vllm backend"):

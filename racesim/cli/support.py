@@ -103,8 +103,16 @@ def emit_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
 
 
+#: the width of stdout off a terminal (a pipe, a file, a CI log) when COLUMNS does not set one:
+#: a line is as long as it is, where rich would wrap every table at 80 columns
+UNWRAPPED = 10_000
+
+
 def console() -> Console:
-    return _Console(highlight=False, soft_wrap=False)
+    out = _Console(highlight=False, soft_wrap=False)
+    if not out.is_terminal and not os.environ.get("COLUMNS", "").strip().isdigit():
+        out = _Console(highlight=False, soft_wrap=False, width=UNWRAPPED)
+    return out
 
 
 def replay_note(path: str, cx: Any, result: Any, as_json: bool) -> str | None:

@@ -209,26 +209,27 @@ class RaceSim:
             options: Mapping[str, str] | None = None, witness: bool = False,
             delays: Iterable[DelaySpec] | Mapping[str, float] = (), skip: Iterable[str] = (),
             seed: int | None = None, vllm: str | None = None,
-            engine: str = "model") -> RunResult:
+            engine: str = "model", ids: str | None = None) -> RunResult:
         """Run ``scenario`` (a bundled name, a path or a :class:`racesim.scenarios.Scenario`) under
         ``policy`` once and return its result; violations do not fail the test (see
         :meth:`check`). ``witness`` applies the scenario's ``[witness]`` schedule, ``delays``
         exact delays on top, ``skip`` leaves invariants unchecked, ``vllm`` picks the vLLM
         profile (default: the scenario's, else the newest), ``engine`` the backend ("model" or
-        "vllm", the installed release). Bad input raises ``racesim.sim.InputError``."""
-        return self._run(*self._spec(scenario, policy, options, skip, seed, vllm, engine),
+        "vllm", the installed release), ``ids`` the request-ID scheme ("given" or "release",
+        as ``--ids``; default: the policy's). Bad input raises ``racesim.sim.InputError``."""
+        return self._run(*self._spec(scenario, policy, options, skip, seed, vllm, engine, ids),
                          witness, delays)[0]
 
     def check(self, scenario: str | os.PathLike[str] | Scenario, policy: str = "internal-id",
               *, options: Mapping[str, str] | None = None, witness: bool = False,
               delays: Iterable[DelaySpec] | Mapping[str, float] = (), skip: Iterable[str] = (),
               seed: int | None = None, vllm: str | None = None,
-              engine: str = "model") -> RunResult:
+              engine: str = "model", ids: str | None = None) -> RunResult:
         """:meth:`run`, then fail the test if any (unskipped) invariant was violated: raise
         :class:`RaceFound` (an ``AssertionError``) with the violations, the one command that
         replays the run, and the counterexample."""
         __tracebackhide__ = True
-        spec, replay_name = self._spec(scenario, policy, options, skip, seed, vllm, engine)
+        spec, replay_name = self._spec(scenario, policy, options, skip, seed, vllm, engine, ids)
         result, failed = self._run(spec, replay_name, witness, delays)
         if failed:
             raise RaceFound(failed, result, self._counterexample(spec, result))
@@ -236,7 +237,8 @@ class RaceSim:
 
     def _spec(self, scenario: object, policy: str, options: Mapping[str, str] | None,
               skip: Iterable[str], seed: int | None,
-              vllm: str | None, engine: str = "model") -> tuple[RunSpec, str | None]:
+              vllm: str | None, engine: str = "model",
+              ids: str | None = None) -> tuple[RunSpec, str | None]:
         """What to run (options and skipped invariants in the caller's order, as the replay
         command and the counterexample write them), and the name ``racesim run`` finds the
         scenario by (None: no file)."""
@@ -244,16 +246,17 @@ class RaceSim:
 
         scen, replay_name = _load(scenario)
         skipped = (skip,) if isinstance(skip, str) else tuple(skip)
-        return RunSpec(scen.with_vllm(vllm), policy, tuple(_options(options).items()),
-                       self._seed if seed is None else seed, skipped,
-                       as_backend(engine)), replay_name
+        spec = RunSpec(scen.with_vllm(vllm), policy, tuple(_options(options).items()),
+                       self._seed if seed is None else seed, skipped, as_backend(engine), ids)
+        spec.id_scheme  # a bad ids, or ids for a policy with its own, is InputError now
+        return spec, replay_name
 
     def explore(self, scenario: str | os.PathLike[str] | Scenario,
                 policy: str = "internal-id", **kwargs: Any) -> list[Any]:
         """Search ``scenario``'s schedules (``budget=100``, ``reach="all"`` or ``"live"``,
         ``engine="model"`` or ``"vllm"``, ``vllm_src=``/``vllm_patch=``/``vllm_base=``,
-        ``strategy``, ``options``, ``skip``, ``vllm``, ``seed``): the races found, each with the
-        command that replays it; ``[]`` when clean (racesim/plugin/search.py)."""
+        ``strategy``, ``options``, ``skip``, ``vllm``, ``seed``, ``ids``): the races found, each
+        with the command that replays it; ``[]`` when clean (racesim/plugin/search.py)."""
         from racesim.plugin.search import explore
 
         seed = kwargs.pop("seed", None)
@@ -316,7 +319,8 @@ class RaceSim:
                                   spec.policy, spec.engine)
         if replay_name is not None:
             return run_command(replay_name, spec.policy, spec.option_dict, result.seed,
-                               result.schedule, spec.skip, vllm=result.vllm, engine=spec.engine)
+                               result.schedule, spec.skip, vllm=result.vllm, engine=spec.engine,
+                               ids=spec.ids)
         return None
 
     def _explain(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> str:

@@ -52,7 +52,8 @@ def explore(scenario: Any, policy: str, out_dir: Path, seed: int, *, engine: str
             reach: str = "all", vllm_src: str | None = None, vllm_patch: str | None = None,
             vllm_base: str | None = None, budget: int = 100, strategy: str = "random",
             options: Mapping[str, str] | None = None, skip: Iterable[str] = (),
-            vllm: str | None = None, shrink_runs: int = 200) -> list[Finding]:
+            vllm: str | None = None, shrink_runs: int = 200,
+            ids: str | None = None) -> list[Finding]:
     from racesim.explore import explore as run_explore
     from racesim.plugin.arguments import load as _load, options as _options
     from racesim.runner import replay_command
@@ -64,7 +65,7 @@ def explore(scenario: Any, policy: str, out_dir: Path, seed: int, *, engine: str
     res = run_explore(scen, policy, options=_options(options), strategy=strategy,
                       budget=budget, seed=seed, workers=1, skip=tuple(skip),
                       out_dir=out_dir.resolve(), reach=reach, engine=backend,
-                      shrink_runs=shrink_runs)
+                      shrink_runs=shrink_runs, ids=ids)
     if not res.invariants or res.counterexample is None:
         return []
     path = res.counterexample_path
