@@ -87,7 +87,4 @@ def model_only_reason(workload: Workload) -> str | None:
         # (test_mooncake_vllm.py), not wired into the backend's engines
         return (f"pd.connector = {workload.pd.connector!r} is model-only on the vllm backend, "
                 f"which wires in NIXL's pull and push modes")
-    if workload.topology == "pd" and workload.pd.bidirectional_kv_xfer:
-        return ("pd.bidirectional_kv_xfer is model-only on the vllm backend (its NixlConnector "
-                "is built without kv_connector_extra_config.bidirectional_kv_xfer)")
     return None
