@@ -144,6 +144,9 @@ class VllmEngineShape:
     #: P/D: (kv_role, engine_id, kv_lease_duration, kv_load_failure_policy, connector class
     #: name: "NixlConnector" or "NixlPushConnector"), or None for no KV connector
     kv_transfer: tuple[str, str, int, str, str] | None = None
+    #: P/D: more ``kv_connector_extra_config`` entries, as (key, value) pairs (the scenario's
+    #: ``[pd] bidirectional_kv_xfer`` and ``decoder_kv_blocks_ttl``)
+    kv_extra: tuple[tuple[str, Any], ...] = ()
 
 
 @cache
@@ -175,7 +178,8 @@ def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
             extra["kv_load_failure_policy"] = on_failure  # 0.14+
         vc.kv_transfer_config = KVTransferConfig(
             kv_connector=connector, kv_role=role, engine_id=engine_id,
-            kv_connector_extra_config={"kv_lease_duration": lease}, **extra)
+            kv_connector_extra_config={"kv_lease_duration": lease, **dict(shape.kv_extra)},
+            **extra)
         if hasattr(vc.scheduler_config, "disable_hybrid_kv_cache_manager"):
             # VllmConfig turns HMA off when a connector is configured and the user expressed
             # no preference (0.14.0 config/vllm.py:978-984); set after construction here

@@ -83,11 +83,9 @@ def model_only_reason(workload: Workload) -> str | None:
         return (f"pd.connector = 'nixl-push' on the vllm backend runs vLLM 0.33's push "
                 f"connector only, not {release}'s: model-only there")
     if workload.topology == "pd" and workload.pd.connector not in ("nixl-pull", "nixl-push"):
-        # Mooncake is checked on vLLM's own code by its vllm-marked test
-        # (test_mooncake_vllm.py), not wired into the backend's engines
+        # Mooncake's scheduler side and sender bookkeeping are checked on vLLM's own code by
+        # test_mooncake_vllm.py; what keeps its worker out of the World is in docs/pd-vllm.md
         return (f"pd.connector = {workload.pd.connector!r} is model-only on the vllm backend, "
-                f"which wires in NIXL's pull and push modes")
-    if workload.topology == "pd" and workload.pd.bidirectional_kv_xfer:
-        return ("pd.bidirectional_kv_xfer is model-only on the vllm backend (its NixlConnector "
-                "is built without kv_connector_extra_config.bidirectional_kv_xfer)")
+                f"which wires in NIXL's pull and push modes (MooncakeConnectorWorker needs the "
+                f"mooncake package's TransferEngine, docs/pd-vllm.md)")
     return None

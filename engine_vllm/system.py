@@ -69,7 +69,10 @@ class VllmSystem(System):
         self.vocab = Vocabulary()
         self.prompts = PromptTokens()
         #: P/D: the engines' NIXL IDs and the params the proxy forwards (None otherwise)
-        self.fabric = NixlFabric(workload.pd.connector) if workload.topology == "pd" else None
+        pd = workload.pd
+        self.fabric = NixlFabric(pd.connector, pd.decoder_kv_blocks_ttl
+                                 if pd.bidirectional_kv_xfer else None) \
+            if workload.topology == "pd" else None
         if self.fabric is not None:
             install_clock(lambda: float(world.now))
         super().__init__(world, workload, policy, profile)

@@ -68,17 +68,16 @@ def test_what_the_vllm_backend_cannot_run_is_one_line_and_exit_2(
     assert status == 2 and words in err and len(err.splitlines()) == 1
 
 
-def test_only_mooncake_and_decode_holds_stay_model_only_on_vllm() -> None:
-    """P/D in NIXL pull and push mode, proxy aborts included, runs vLLM's own NixlConnector
-    (tests/test_pd_vllm.py, tests/test_pd_push_vllm.py); Mooncake and bidirectional decode holds
-    are checked on vLLM's own code by their own tests (test_mooncake_vllm.py): each is refused,
-    naming why."""
+def test_only_mooncake_stays_model_only_on_vllm() -> None:
+    """P/D in NIXL pull and push mode, proxy aborts and bidirectional decode holds included,
+    runs vLLM's own NixlConnector (tests/test_pd_vllm.py, tests/test_pd_push_vllm.py); Mooncake
+    is checked on vLLM's own code by its own test (test_mooncake_vllm.py): refused, naming
+    why."""
     from racesim.engine_vllm import model_only_reason
 
     why = {n: model_only_reason(load_scenario(n).workload) for n in bundled_names()}
     refused = {n: w for n, w in why.items() if w}
-    assert sorted(refused) == ["pd-decode-hold-reuse", "pd-mooncake", "pd-mooncake-collision"]
-    assert "bidirectional_kv_xfer" in refused["pd-decode-hold-reuse"]
+    assert sorted(refused) == ["pd-mooncake", "pd-mooncake-collision"]
     assert "'mooncake'" in refused["pd-mooncake"]
 
 

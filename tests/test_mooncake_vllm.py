@@ -178,3 +178,30 @@ def test_a_stopped_finish_pops_the_other_requests_ready_entry(mooncake: _Mooncak
         mooncake.record(meta)
     assert mooncake.worker.reqs_need_send == {}
     assert mooncake.finished_sending() == set()  # A is held for ever
+
+
+# the half-built worker's own __del__ calls shutdown(), which reads async_zmq_ctx (:1436-1441)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_the_scheduler_side_builds_in_vllms_scheduler_and_the_worker_needs_mooncake(
+        vllm_backend: Any) -> None:
+    """What docs/pd-vllm.md says keeps Mooncake model-only on the vllm backend: a Scheduler
+    with kv_connector MooncakeConnector builds vLLM's own connector on both roles, while the
+    worker's __init__ raises without the mooncake package's TransferEngine (:90-97,
+    1234-1236)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as m
+
+    from racesim.engine_vllm._vllm import VllmEngineShape, _config, new_scheduler
+
+    for role, engine in (("kv_producer", "prefill"), ("kv_consumer", "decode")):
+        shape = VllmEngineShape(64, _BLOCK, 16, 2048, 256, False, True,
+                                (role, engine, 30, "fail", "MooncakeConnector"))
+        sched = new_scheduler(shape)
+        assert type(sched.connector.connector_scheduler) is m.MooncakeConnectorScheduler
+        assert sched.connector.connector_scheduler.is_kv_producer == (role == "kv_producer")
+    assert m.TransferEngine is None
+    vc, spec = _config(shape)
+    kvc = vllm_backend.KVCacheConfig(num_blocks=65, kv_cache_tensors=[],
+                                     kv_cache_groups=[vllm_backend.KVCacheGroupSpec(["layer"],
+                                                                                    spec)])
+    with pytest.raises(RuntimeError, match="Mooncake is not available"):
+        m.MooncakeConnectorWorker(vc, engine, kvc)

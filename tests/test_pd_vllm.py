@@ -21,8 +21,8 @@ from racesim.scenarios import Scenario, bundled_names, load_scenario, scenario_f
 
 pytestmark = pytest.mark.vllm
 
-#: the P/D scenarios the vllm backend runs (push mode, Mooncake and decode-side holds are
-#: model-only there: their connectors are checked on vLLM's code by their own tests)
+#: the P/D scenarios the vllm backend runs (Mooncake is model-only there: its connector is
+#: checked on vLLM's code by its own test, test_mooncake_vllm.py)
 PD_SCENARIOS = tuple(n for n in bundled_names() if load_scenario(n).workload.topology == "pd"
                      and not cannot_run(load_scenario(n).workload, "vllm"))
 
@@ -138,3 +138,61 @@ def test_a_pd_run_hashes_alike_in_two_processes_under_two_hash_seeds() -> None:
     assert outs[0] == outs[1] and outs[0].startswith("['")
     here = run_scenario(load_scenario("pd-reuse"), "buggy", witness=True, engine="vllm")
     assert here.trace_hash in outs[0]
+
+
+def _hold_reuse(**pd: Any) -> Scenario:
+    """pd-decode-hold-reuse's deployment: X, then X again 1 s later, the client's ID on both
+    legs; ``pd`` overrides its ``[pd]`` keys."""
+    if not pd:
+        return load_scenario("pd-decode-hold-reuse").with_vllm("0.33")
+    return scenario_from_dict({"name": "hold", "topology": "pd", "horizon": 60.0,
+                               "engine": {"vllm": "0.33", "max_num_seqs": 16},
+                               "pd": {"proxy": "http", "proxy_ids": "client",
+                                      "transfer_time": 0.002, "bidirectional_kv_xfer": True,
+                                      **pd},
+                               "request": [_x(max_tokens=8), _x(at=1.0, max_tokens=8)]})
+
+
+def test_a_decode_side_hold_is_vllms_own_bidirectional_kv_xfer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bidirectional_kv_xfer in both engines' kv_connector_extra_config: D's own
+    request_finished keeps X for decoder_kv_blocks_ttl (pull_scheduler.py:232-269), and the
+    second X dies of D's own duplicate-ID assert; with random suffixes nothing happens."""
+    seen: list[Any] = []
+
+    class Capturing(vsys.VllmSystem):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            seen.append(self)
+
+    monkeypatch.setattr(vsys, "VllmSystem", Capturing)
+    r = run_scenario(_hold_reuse(), "buggy", engine="vllm")
+    assert r.violated == ("engine-alive",)
+    assert [q.finish_reason for q in r.requests] == ["length", "error"]
+    assert r.violations[0].where == "v1/core/sched/scheduler.py:2936"
+    decode = seen[0].engines[1].sched.connector.connector_scheduler
+    assert decode.is_bidirectional_kv_xfer_enabled and decode.decoder_kv_blocks_ttl == 480
+    (hold,) = _kinds(r, "pd.hold", "decode")
+    assert hold.detail.expiry == pytest.approx(hold.time + 480.0)
+    ok = run_scenario(_hold_reuse(), "internal-id", engine="vllm")
+    assert ok.violated == () and len(_kinds(ok, "pd.hold", "decode")) == 2
+    # both X-<suffix> still held at the end: in D's Scheduler and its worker's _reqs_to_send
+    d = seen[-1].engines[1]
+    assert sorted(d.transport.worker._reqs_to_send) == sorted(d.sched.requests)
+    assert len(d.sched.requests) == 2
+
+
+@pytest.mark.parametrize(("pd", "releases"), [
+    ({"decoder_kv_blocks_ttl": 0.5}, 2),  # vLLM's own _reap_expired_send_leases frees X first
+    ({"bidirectional_kv_xfer": False}, 0),  # D frees X at once: no hold
+])
+def test_decode_holds_end_or_never_start_as_on_the_model(pd: dict[str, Any],
+                                                         releases: int) -> None:
+    """A short decoder_kv_blocks_ttl ends each decode hold by timeout before the next X, at the
+    model's times; with bidirectional transfer off D holds nothing."""
+    r = run_scenario(_hold_reuse(**pd), "buggy", engine="vllm")
+    m = run_scenario(_hold_reuse(**pd), "buggy")
+    assert r.violated == m.violated == ()
+    got = [(e.detail.cause, round(e.time, 4)) for e in _kinds(r, "pd.release", "decode")]
+    assert got == [(e.detail.cause, round(e.time, 4)) for e in _kinds(m, "pd.release", "decode")]
+    assert [c for c, _t in got] == ["timeout"] * releases

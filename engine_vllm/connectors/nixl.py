@@ -112,9 +112,14 @@ class NixlFabric:
     """What connects the engines: their NIXL engine IDs, and each prefill's
     ``kv_transfer_params`` as the proxy forwards them to the decode engine."""
 
-    def __init__(self, connector: str = "nixl-pull") -> None:
+    def __init__(self, connector: str = "nixl-pull", decoder_ttl: float | None = None) -> None:
         #: the scenario's ``[pd] connector``: "nixl-pull" or "nixl-push"
         self.connector = connector
+        #: ``kv_connector_extra_config`` beyond the lease, on both engines as one
+        #: ``--kv-transfer-config`` would give them: bidirectional KV transfer when
+        #: ``decoder_ttl`` is set (read by base_scheduler.py:176-185, base_worker.py:633-637)
+        self.extra_config: tuple[tuple[str, Any], ...] = () if decoder_ttl is None else (
+            ("bidirectional_kv_xfer", True), ("decoder_kv_blocks_ttl", decoder_ttl))
         self.engine_ids: dict[str, int] = {}
         self._params: dict[KVTransferParams, str] = {}
         #: push mode: each D request's incarnation by its ID (what P's WRITE names), and each
@@ -226,13 +231,17 @@ class NixlTransport:
     # -- the scheduler side, observed -----------------------------------------------------------
 
     def _wrap_request_finished(self) -> None:
-        """Record ``pd.hold`` when vLLM's own ``request_finished`` keeps a prefill's blocks."""
+        """Record ``pd.hold`` when vLLM's own ``request_finished`` keeps a request's blocks: a
+        prefill's for the decode side's read, or, with bidirectional KV transfer, a decode
+        request's for a turn-2 read-back (its params then say ``do_remote_decode``,
+        nixl/pull_scheduler.py:232-269)."""
         connector = self.core.sched.connector
         real = getattr(connector, self._FINISHED)
 
         def request_finished_all_groups(request: Any, block_ids: Any) -> Any:
             delay, params = real(request, block_ids)
-            if delay and params and params.get("do_remote_prefill"):
+            if delay and params and (params.get("do_remote_prefill")
+                                     or params.get("do_remote_decode")):
                 expiry = self.scheduler._reqs_need_send.get(request.request_id)
                 blocks = first_group(params.get("remote_block_ids"))
                 self.world.emit(self.component, request.request_id, self.core.inc_of(request),

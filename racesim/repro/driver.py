@@ -97,7 +97,8 @@ class Replay:
                 vc.kv_transfer_config = KVTransferConfig(
                     kv_connector=connector, kv_role=role, engine_id=engine_id,
                     kv_load_failure_policy=on_failure,
-                    kv_connector_extra_config={"kv_lease_duration": lease})
+                    kv_connector_extra_config={"kv_lease_duration": lease,
+                                               **dict(shape.get("kv_extra") or ())})
             spec = FullAttentionSpec(block_size=shape["block_size"], num_kv_heads=1,
                                      head_size=1, dtype=torch.float32)
             kvc = KVCacheConfig(num_blocks=shape["num_blocks"] + 1, kv_cache_tensors=[],
