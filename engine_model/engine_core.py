@@ -71,6 +71,12 @@ class EngineCore(PdCore):
                     world, f"{name}.connector", hold_timeout, transfer_time,
                     lambda: self.dead is not None, self._send_pull_result, self._wake_loop))
         self._kv_idle_blocks = "kv-idle-blocks" in profile.features
+        #: 0.9.2/0.10.1.1 step_with_batch_queue (0.10.1.1 v1/engine/core.py:319-346): schedule
+        #: only while the queue is not full, return after submitting a batch, and submit no
+        #: batch without tokens, so its finished_req_ids never reach the runner (#23440);
+        #: 0.11 submits every scheduled output (0.11.0 core.py:323-335)
+        self._drops_empty = ("batch-queue-drops-empty" in profile.features
+                             and self._max_batches > 1)
         self.push_mode = kv_connector == "nixl-push"
         self.mooncake_mode = kv_connector == "mooncake"
         self.transfer_time = transfer_time
@@ -231,14 +237,17 @@ class EngineCore(PdCore):
         queue = self._batch_queue
         executed = False
         pending = self._kv_pending()
-        if sched.has_requests() or pending:
+        drops = self._drops_empty
+        if (sched.has_requests() or pending) and not (drops and len(queue) >= self._max_batches):
             out = sched.schedule()
+            executed = out.total_num_scheduled_tokens > 0
             # with nothing to compute, execute_model still reports the connector's transfers
-            # (kv_connector_no_forward, gpu_model_runner.py:3970-3971)
-            if out.num_scheduled_tokens or out.finished_req_ids or pending:
-                executed = out.total_num_scheduled_tokens > 0
+            # (kv_connector_no_forward, gpu_model_runner.py:3970-3971); before 0.11 the batch
+            # queue drops such an output, finished_req_ids and all
+            if executed or not drops and (out.num_scheduled_tokens or out.finished_req_ids
+                                          or pending):
                 queue.append((self._submit(out, executed), out))
-                if executed and len(queue) < self._max_batches:
+                if executed and (drops or len(queue) < self._max_batches):
                     return True  # async: do not block on the step in flight
             elif not queue:
                 return False

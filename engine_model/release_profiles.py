@@ -70,8 +70,10 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         # "runner-duplicate-row": a second request under an ID that keeps its row in the
         # runner's persistent batch gets a row of its own, and _prepare_inputs raises
         # (engine_model/runner.py)
+        # "batch-queue-drops-empty": step_with_batch_queue submits no batch without tokens
+        # (0.10.1.1 v1/engine/core.py:319-346; 0.9.2 :264-272), 0.11 submits every output
         features=frozenset({"pd-abort-notify", "reabort-held", "kv-idle-blocks",
-                            "runner-duplicate-row"}),
+                            "runner-duplicate-row", "batch-queue-drops-empty"}),
         cancel_before_collector="abort",
         fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}), external_abort_parent="drop",
@@ -114,7 +116,8 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                    # (0.11.0 v1/core/sched/scheduler.py:1291-1294)
                    # a step with no tokens keeps the runner's last sampled tokens for the
                    # next one (engine_model/runner.py): #29355's carry-over
-                   features=p010.features | {"xfer-unknown-warns", "runner-carry-persists"},
+                   features=(p010.features - {"batch-queue-drops-empty"})
+                   | {"xfer-unknown-warns", "runner-carry-persists"},
                    behaviours=p010.behaviours + (Behaviour(
                        "async scheduling: a step with nothing to compute keeps the runner's "
                        "last sampled tokens, which the next step feeds by ID, a re-added ID's "

@@ -62,6 +62,18 @@ KNOWN: tuple[KnownMismatch, ...] = (
         "World, does not in these schedules. vLLM wins: the model's 0.33 runner is to be "
         "corrected (its trace-hash pins re-recorded with it); both backends report the same "
         "invariants on these runs."),
+    KnownMismatch(
+        "preempt-reuse", "buggy",
+        ("finish_reason:*", "tokens:*", "received:*", "invariant:engine-alive",
+         "engine-death:*"),
+        "On vLLM 0.14.0 and 0.20.0's own code (`conform --vllm 0.14` / `0.20`), with equal IDs "
+        "under async scheduling and a preemption, some schedules kill the engine on "
+        "`assert request.num_output_placeholders >= 0` (0.20.0 "
+        "`v1/core/sched/async_scheduler.py:52-53`, 0.14.0 `:59`): a sampled token is counted "
+        "against the re-sent X, which reserved no placeholder for it (#42492's assert). The "
+        "model's 0.14 and 0.20 profiles do not reach that assert (the corpus's #42492 model "
+        "cell says so too); vLLM 0.33 and the model agree. vLLM wins: the model's placeholder "
+        "count under a re-used ID is to be corrected."),
 )
 
 
