@@ -57,7 +57,9 @@ class EngineCore(PdCore):
         self.scheduler = Scheduler(world, f"{name}.scheduler", config, self.kv, profile)
         self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling),
                                   "runner-duplicate-row" in profile.features,
-                                  "runner-carry-persists" in profile.features)
+                                  "runner-carry-persists" in profile.features,
+                                  "runner-carry-drops-finished" in profile.features,
+                                  "runner-no-carry" not in profile.features)
         if hold_timeout is not None:
             self.connector = ConnectorScheduler(world, f"{name}.connector", index, self.kv,
                                                 hold_timeout, self._start_kv_read, profile,

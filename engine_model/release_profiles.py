@@ -73,7 +73,8 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         # "batch-queue-drops-empty": step_with_batch_queue submits no batch without tokens
         # (0.10.1.1 v1/engine/core.py:319-346; 0.9.2 :264-272), 0.11 submits every output
         features=frozenset({"pd-abort-notify", "reabort-held", "kv-idle-blocks",
-                            "runner-duplicate-row", "batch-queue-drops-empty"}),
+                            "runner-duplicate-row", "batch-queue-drops-empty",
+                            "runner-no-carry"}),
         cancel_before_collector="abort",
         fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}), external_abort_parent="drop",
@@ -116,7 +117,7 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
                    # (0.11.0 v1/core/sched/scheduler.py:1291-1294)
                    # a step with no tokens keeps the runner's last sampled tokens for the
                    # next one (engine_model/runner.py): #29355's carry-over
-                   features=(p010.features - {"batch-queue-drops-empty"})
+                   features=(p010.features - {"batch-queue-drops-empty", "runner-no-carry"})
                    | {"xfer-unknown-warns", "runner-carry-persists"},
                    behaviours=p010.behaviours + (Behaviour(
                        "async scheduling: a step with nothing to compute keeps the runner's "
@@ -171,7 +172,7 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         # a re-added ID's second row in the runner's batch: as 0.10 (0.14.0
         # v1/worker/gpu_model_runner.py:878-883, 1061-1062, 1371), measured on its own runner
         features=frozenset({"preprocess-error", "pd-abort-notify", "kv-idle-blocks",
-                            "runner-duplicate-row"}),
+                            "runner-duplicate-row", "runner-carry-drops-finished"}),
         fan_out="per-child",
         pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
         behaviours=(
@@ -215,7 +216,8 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         release="vLLM 0.20.0 (2026-04): streaming-input sessions and the duplicate-ID assert",
         pd_hold="timeout", hold_timeout=480.0, free_order="append",
         features=frozenset({"preprocess-error", "kv-load-failure", "streaming-input",
-                            "pd-abort-notify", "kv-idle-blocks"}),
+                            "pd-abort-notify", "kv-idle-blocks",
+                            "runner-carry-drops-finished"}),
         fan_out="per-child", pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
         behaviours=(
             Behaviour("Scheduler.add_request asserts 'duplicate request id' for a held ID that "

@@ -49,10 +49,12 @@ class ModelRunner:
     """The GPU model runner: its own per-ID state and, in async mode, the token carry-over."""
 
     __slots__ = ("world", "component", "requests", "async_scheduling", "_prev_sampled",
-                 "duplicate_rows_die", "_rows", "carry_across_empty")
+                 "duplicate_rows_die", "_rows", "carry_across_empty", "carry_drops_finished",
+                 "carries")
 
     def __init__(self, world: World, component: str, async_scheduling: bool,
-                 duplicate_rows_die: bool = False, carry_across_empty: bool = False) -> None:
+                 duplicate_rows_die: bool = False, carry_across_empty: bool = False,
+                 carry_drops_finished: bool = False, carries: bool = True) -> None:
         self.world = world
         self.component = component
         self.requests: dict[str, CachedRequestState] = {}
@@ -65,6 +67,15 @@ class ModelRunner:
         #: return early; :2163-2170 keep them; :849-860 feed them by ID, to a prefill's last
         #: input too): a re-added ID's first token is fed the old request's last one
         self.carry_across_empty = carry_across_empty
+        #: 0.14+ (#29355's fix): removing a finished request from the persistent batch also
+        #: drops its entry in prev_req_id_to_index (0.33.0 gpu_input_batch.py:569-570, called
+        #: for finished_req_ids at gpu_model_runner.py:1200-1201; 0.14.0
+        #: gpu_input_batch.py:513-514), so a re-sent ID is never fed the old request's token
+        self.carry_drops_finished = carry_drops_finished
+        #: before 0.11 the runner feeds no sampled token on by ID (0.10.1.1 has no
+        #: prev_req_id_to_index or prev_sampled_token_ids: its batch queue waits for a step's
+        #: output before the scheduler sends the next token)
+        self.carries = carries
         #: the IDs with a row in the persistent batch (``input_batch.req_id_to_index``)
         self._rows: dict[str, None] = {}
 
@@ -86,8 +97,11 @@ class ModelRunner:
             if state.num_computed_tokens < state.prompt_tokens + state.num_output:
                 continue  # partial prefill: the sampled token is discarded
             ctx = 0
-            if self.async_scheduling:
+            if self.async_scheduling and self.carries:
                 carried = prev.get(rid)
+                if carried is not None and self.carry_drops_finished \
+                        and rid in out.finished_req_ids:
+                    carried = None
                 if carried is not None and carried.inc != state.inc:
                     ctx = carried.inc  # the input token came from another incarnation
             state.num_output += 1

@@ -46,23 +46,6 @@ KNOWN: tuple[KnownMismatch, ...] = (
         "no client reads. The model drops each state on engine death, so the abort finds none.",
         after_engine_death=True),
     KnownMismatch(
-        "dp-stale-inflight", "buggy", ("received:*",),
-        "vLLM's own model runner (vllm backend, 0.11+) builds the next step's input from the "
-        "tokens the Scheduler recorded: once the old X's in-flight output was applied to the "
-        "new X's Request (`unique-live-id`, the overwritten `Scheduler.requests['X']`), the new "
-        "X's next input is the old X's token, so its next token carries that origin "
-        "(`input-integrity` reports the step). The model's fake runner takes its input "
-        "from its own per-ID state and shows only the first, misrouted token."),
-    KnownMismatch(
-        "*", "buggy", ("received:*",),
-        "The other direction, with equal IDs under async scheduling: the model's fake runner "
-        "(engine_model/runner.py) carries the old X's in-flight sampled token into the re-sent "
-        "X's next input by ID match, as vLLM 0.11's runner did (#29355), so one token of the "
-        "new X is tagged as derived from the old X; vLLM 0.33's own model runner, now in the "
-        "World, does not in these schedules. vLLM wins: the model's 0.33 runner is to be "
-        "corrected (its trace-hash pins re-recorded with it); both backends report the same "
-        "invariants on these runs."),
-    KnownMismatch(
         "preempt-reuse", "buggy",
         ("finish_reason:*", "tokens:*", "received:*", "invariant:engine-alive",
          "engine-death:*"),
