@@ -89,6 +89,23 @@ def vllm_missing() -> str | None:
 ANY_RELEASE = ("test_vllm_releases.py", "test_diff_frontend.py", "test_conform_frontend.py")
 
 
+@pytest.fixture
+def vllm_systems(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every VllmSystem the runs in this test build, in order, so a test can read vLLM's own
+    objects (schedulers, connectors) after the run."""
+    import racesim.engine_vllm.system as vsys
+
+    seen: list[Any] = []
+
+    class Capturing(vsys.VllmSystem):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            seen.append(self)
+
+    monkeypatch.setattr(vsys, "VllmSystem", Capturing)
+    return seen
+
+
 @pytest.fixture(scope="session")
 def vllm_backend() -> Any:
     """vLLM's classes, imported once per test session (10-25 s). Every ``@pytest.mark.vllm``

@@ -14,7 +14,6 @@ from _hash_seeds import hashes_per_seed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import racesim.engine_vllm.system as vsys
 from racesim.conform import conform, lifecycle
 from racesim.conform.outcome import differences, outcome_of
 from racesim.engine_model import EngineConfig, RequestSpec, Workload, load_policy, run_workload
@@ -30,28 +29,16 @@ DP_SCENARIOS = tuple(n for n in bundled_names()
                      if load_scenario(n).workload.engine.dp_size > 1)
 
 
-def _capture_systems(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    seen: list[Any] = []
-
-    class Capturing(vsys.VllmSystem):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            seen.append(self)
-
-    monkeypatch.setattr(vsys, "VllmSystem", Capturing)
-    return seen
-
-
 def test_the_bundled_dp_scenarios_are_the_ones_the_issue_names() -> None:
     assert {"dp-reuse-across-engines", "dp-stale-inflight",
             "dp-cancel-during-add"} <= set(DP_SCENARIOS)
 
 
-def test_each_dp_rank_is_its_own_vllm_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_dp_rank_is_its_own_vllm_scheduler(vllm_systems: list[Any]) -> None:
     """Two ranks, two vLLM Schedulers with ``include_finished_set`` (core.py:1219-1238); both
     API servers hold their requests in vLLM's OutputProcessor; the topology is the model's and
     names every component the run recorded."""
-    seen = _capture_systems(monkeypatch)
+    seen = vllm_systems
     scen = load_scenario("dp-reuse-across-engines")
     v = run_scenario(scen, "internal-id", engine="vllm")
     m = run_scenario(scen, "internal-id")

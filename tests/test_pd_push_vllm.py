@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-import racesim.engine_vllm.system as vsys
 from racesim.explore import explore
 from racesim.runner import run_scenario
 from racesim.scenarios import Scenario, load_scenario
@@ -28,17 +27,10 @@ def _pairing(**pd: Any) -> Scenario:
     return replace(s, workload=replace(s.workload, pd=replace(s.workload.pd, **pd)))
 
 
-def test_push_pairing_runs_vllms_own_push_connector(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_push_pairing_runs_vllms_own_push_connector(vllm_systems: list[Any]) -> None:
     """Both engines build vLLM's NixlPushConnector; P's WRITE pairs X's legs crosswise by the
     base ID (the witness: the first client's proxy is slow between its stages)."""
-    seen: list[Any] = []
-
-    class Capturing(vsys.VllmSystem):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            seen.append(self)
-
-    monkeypatch.setattr(vsys, "VllmSystem", Capturing)
+    seen = vllm_systems
     result = run_scenario(load_scenario("pd-push-pairing"), "internal-id", engine="vllm",
                           witness=True)
     assert _invariants(result) == {"no-crosstalk": "live"}

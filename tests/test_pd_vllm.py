@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from _hash_seeds import hashes_per_seed
 
-import racesim.engine_vllm.system as vsys
 from racesim.conform import conform
 from racesim.runner.engines import cannot_run
 from racesim.runner import run_scenario
@@ -40,17 +39,10 @@ def _kinds(r: Any, kind: str, component: str = "") -> list[Any]:
     return [e for e in r.trace if e.kind == kind and e.component.startswith(component)]
 
 
-def test_both_engines_run_vllms_own_nixl_connector(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_both_engines_run_vllms_own_nixl_connector(vllm_systems: list[Any]) -> None:
     """The prefill engine holds X's blocks by vLLM's own request_finished and frees them when
     the decode side's notice comes back through vLLM's own _get_new_notifs."""
-    seen: list[Any] = []
-
-    class Capturing(vsys.VllmSystem):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            seen.append(self)
-
-    monkeypatch.setattr(vsys, "VllmSystem", Capturing)
+    seen = vllm_systems
     r = run_scenario(load_scenario("pd-reuse"), "internal-id", engine="vllm")
     assert r.engine == "vllm" and r.violated == ()
     assert [(q.tokens, q.finish_reason) for q in r.requests] == [(20, "length")] * 2
@@ -154,18 +146,11 @@ def _hold_reuse(**pd: Any) -> Scenario:
 
 
 def test_a_decode_side_hold_is_vllms_own_bidirectional_kv_xfer(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        vllm_systems: list[Any]) -> None:
     """bidirectional_kv_xfer in both engines' kv_connector_extra_config: D's own
     request_finished keeps X for decoder_kv_blocks_ttl (pull_scheduler.py:232-269), and the
     second X dies of D's own duplicate-ID assert; with random suffixes nothing happens."""
-    seen: list[Any] = []
-
-    class Capturing(vsys.VllmSystem):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            seen.append(self)
-
-    monkeypatch.setattr(vsys, "VllmSystem", Capturing)
+    seen = vllm_systems
     r = run_scenario(_hold_reuse(), "buggy", engine="vllm")
     assert r.violated == ("engine-alive",)
     assert [q.finish_reason for q in r.requests] == ["length", "error"]

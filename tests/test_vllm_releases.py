@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -232,20 +233,11 @@ def test_a_file_from_another_release_replays_there_and_is_exit_2_here(tmp_path: 
 
 @pytest.mark.vllm
 def test_p_d_runs_the_installed_releases_own_nixl_connector(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        vllm_systems: list[Any]) -> None:
     """Pull-mode P/D on any release 0.10-0.33: both Schedulers build that release's
     NixlConnector and the worker's bookkeeping is its own NixlConnectorWorker (0.33: the pull
     worker of the nixl/ package; 0.20: nixl/worker.py; 0.10-0.14: nixl_connector.py)."""
-    import racesim.engine_vllm.system as vsys
-
-    seen: list[object] = []
-
-    class Capturing(vsys.VllmSystem):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, **kwargs)
-            seen.append(self)
-
-    monkeypatch.setattr(vsys, "VllmSystem", Capturing)
+    seen = vllm_systems
     profile = _installed()
     policy, options = lifecycle(profile)
     res = run_scenario(load_scenario("pd-reuse").with_vllm(profile), policy, options=options,
