@@ -27,7 +27,7 @@ from racesim.engine_model.kv_mooncake import MooncakeSender
 from racesim.engine_model.kv_push import PushMatcher
 from racesim.engine_model.messages import AbortMessage, EngineCoreRequest, Token, UtilityMessage
 from racesim.engine_model.request import Request, RequestStatus
-from racesim.engine_model.runner import ModelRunner
+from racesim.engine_model.runner import ModelRunner, carry_of
 from racesim.engine_model.scheduler import Scheduler, SchedulerOutput
 from racesim.engine_model.versions import VllmProfile
 from racesim.sim.world import World
@@ -57,9 +57,7 @@ class EngineCore(PdCore):
         self.scheduler = Scheduler(world, f"{name}.scheduler", config, self.kv, profile)
         self.runner = ModelRunner(world, f"{name}.runner", bool(config.async_scheduling),
                                   "runner-duplicate-row" in profile.features,
-                                  "runner-carry-persists" in profile.features,
-                                  "runner-carry-drops-finished" in profile.features,
-                                  "runner-no-carry" not in profile.features)
+                                  carry_of(profile.features))
         if hold_timeout is not None:
             self.connector = ConnectorScheduler(world, f"{name}.connector", index, self.kv,
                                                 hold_timeout, self._start_kv_read, profile,

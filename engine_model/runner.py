@@ -25,7 +25,7 @@ from racesim.engine_model.messages import Token
 from racesim.engine_model.scheduler import SchedulerOutput
 from racesim.sim.world import World
 
-__all__ = ["ModelRunner", "CachedRequestState"]
+__all__ = ["ModelRunner", "CachedRequestState", "carry_of"]
 
 _new_tuple = tuple.__new__
 
@@ -45,16 +45,36 @@ class CachedRequestState:
         self.num_output = 0
 
 
+#: The token carry-over a release's runner has, by the profile feature that names it:
+#: "by-id" (no feature: fed by ID match, replaced every step); "persists" (0.11: a step with no
+#: tokens returns before the sampled tokens are kept, so the last ones stay for the next step
+#: that computes, 0.11.0 gpu_model_runner.py:2241-2246 return early, :2163-2170 keep them,
+#: :849-860 feed them by ID, to a prefill's last input too); "drops-finished" (0.14+, #29355's
+#: fix: removing a finished request from the persistent batch drops its entry in
+#: prev_req_id_to_index, 0.33.0 gpu_input_batch.py:569-570 called for finished_req_ids at
+#: gpu_model_runner.py:1200-1201, 0.14.0 gpu_input_batch.py:513-514); "none" (before 0.11:
+#: 0.10.1.1 has no prev_req_id_to_index or prev_sampled_token_ids, its batch queue waits for a
+#: step's output before the scheduler sends the next token)
+CARRIES = {"runner-carry-persists": "persists", "runner-carry-drops-finished": "drops-finished",
+           "runner-no-carry": "none"}
+
+
+def carry_of(features: frozenset[str]) -> str:
+    """The carry-over a profile's features name ("by-id" when none does)."""
+    for feature, carry in CARRIES.items():
+        if feature in features:
+            return carry
+    return "by-id"
+
+
 class ModelRunner:
     """The GPU model runner: its own per-ID state and, in async mode, the token carry-over."""
 
     __slots__ = ("world", "component", "requests", "async_scheduling", "_prev_sampled",
-                 "duplicate_rows_die", "_rows", "carry_across_empty", "carry_drops_finished",
-                 "carries")
+                 "duplicate_rows_die", "_rows", "carry")
 
     def __init__(self, world: World, component: str, async_scheduling: bool,
-                 duplicate_rows_die: bool = False, carry_across_empty: bool = False,
-                 carry_drops_finished: bool = False, carries: bool = True) -> None:
+                 duplicate_rows_die: bool = False, carry: str = "by-id") -> None:
         self.world = world
         self.component = component
         self.requests: dict[str, CachedRequestState] = {}
@@ -62,20 +82,9 @@ class ModelRunner:
         # Async scheduling: the previous batch's sampled tokens, by request ID.
         self._prev_sampled: dict[str, Token] = {}
         self.duplicate_rows_die = duplicate_rows_die
-        #: 0.11: a step with no tokens returns before the sampled tokens are kept, so the last
-        #: ones stay for the next step that computes (0.11.0 gpu_model_runner.py:2241-2246
-        #: return early; :2163-2170 keep them; :849-860 feed them by ID, to a prefill's last
-        #: input too): a re-added ID's first token is fed the old request's last one
-        self.carry_across_empty = carry_across_empty
-        #: 0.14+ (#29355's fix): removing a finished request from the persistent batch also
-        #: drops its entry in prev_req_id_to_index (0.33.0 gpu_input_batch.py:569-570, called
-        #: for finished_req_ids at gpu_model_runner.py:1200-1201; 0.14.0
-        #: gpu_input_batch.py:513-514), so a re-sent ID is never fed the old request's token
-        self.carry_drops_finished = carry_drops_finished
-        #: before 0.11 the runner feeds no sampled token on by ID (0.10.1.1 has no
-        #: prev_req_id_to_index or prev_sampled_token_ids: its batch queue waits for a step's
-        #: output before the scheduler sends the next token)
-        self.carries = carries
+        #: how the previous step's sampled tokens are fed on by ID under async scheduling
+        #: (``prev_req_id_to_index``); one of :data:`CARRIES`
+        self.carry = carry
         #: the IDs with a row in the persistent batch (``input_batch.req_id_to_index``)
         self._rows: dict[str, None] = {}
 
@@ -97,9 +106,9 @@ class ModelRunner:
             if state.num_computed_tokens < state.prompt_tokens + state.num_output:
                 continue  # partial prefill: the sampled token is discarded
             ctx = 0
-            if self.async_scheduling and self.carries:
+            if self.async_scheduling and self.carry != "none":
                 carried = prev.get(rid)
-                if carried is not None and self.carry_drops_finished \
+                if carried is not None and self.carry == "drops-finished" \
                         and rid in out.finished_req_ids:
                     carried = None
                 if carried is not None and carried.inc != state.inc:
@@ -107,7 +116,7 @@ class ModelRunner:
             state.num_output += 1
             # tuple.__new__: the same Token without the named tuple's Python-level __new__
             sampled[rid] = _new_tuple(Token, (state.inc, ctx, state.num_output == state.eos_at))
-        if self.async_scheduling and (out.num_scheduled_tokens or not self.carry_across_empty):
+        if self.async_scheduling and (out.num_scheduled_tokens or self.carry != "persists"):
             self._prev_sampled = sampled
         if sampled:
             trace = self.world.trace
