@@ -113,18 +113,26 @@ def _run_on(release: str, name: str) -> dict[str, Any]:
     return doc
 
 
+def _dies_then_clean(name: str, releases: tuple[str, str], detail: str, where: str) -> None:
+    """On the buggy release the engine dies of vLLM's own error (``detail``, raised at
+    ``where``); the fixed release breaks none of the runner's invariants or the engine."""
+    buggy, fixed = releases
+    doc = _run_on(buggy, name)
+    dead = [v for v in doc["violations"] if v["invariant"] == "engine-alive"]
+    assert dead and detail in dead[0]["detail"]
+    assert dead[0]["vllm_where"] == where
+    clean = _run_on(fixed, name)
+    assert not [v for v in clean["violations"]
+                if v["invariant"] in ("engine-alive", "runner-books", "input-integrity")]
+
+
 @pytest.mark.vllm
 def test_23440_is_vllm_0_10_own_broadcast_error_and_0_14_is_clean() -> None:
     """0.10.1.1's step_with_batch_queue does not execute a batch with no tokens, so the
     finished X never leaves the runner's batch and the re-sent X is appended twice: vLLM's own
     ValueError in _prepare_inputs, with no delay. 0.14.0 executes every scheduled batch."""
-    doc = _run_on("0.10.1.1", "23440-tool-loop-runner-batch")
-    dead = [v for v in doc["violations"] if v["invariant"] == "engine-alive"]
-    assert dead and "broadcast together" in dead[0]["detail"]
-    assert dead[0]["vllm_where"] == "v1/worker/gpu_model_runner.py:718"
-    fixed = _run_on("0.14.0", "23440-tool-loop-runner-batch")
-    assert not [v for v in fixed["violations"]
-                if v["invariant"] in ("engine-alive", "runner-books", "input-integrity")]
+    _dies_then_clean("23440-tool-loop-runner-batch", ("0.10.1.1", "0.14.0"),
+                     "broadcast together", "v1/worker/gpu_model_runner.py:718")
 
 
 @pytest.mark.vllm
@@ -134,10 +142,5 @@ def test_35755_is_vllm_0_20_own_placeholder_assert_and_0_33_is_clean() -> None:
     reserves no placeholder for it (is_prefill_chunk) and, once the session waits for input, a
     trailing token drives num_output_placeholders below zero: vLLM's own assert, no delay.
     0.33.0 discards the in-flight token of a resumed session and guards the decrement."""
-    doc = _run_on("0.20.0", "35755-streaming-short-final-chunk")
-    dead = [v for v in doc["violations"] if v["invariant"] == "engine-alive"]
-    assert dead and "num_output_placeholders >= 0" in dead[0]["detail"]
-    assert dead[0]["vllm_where"] == "v1/core/sched/async_scheduler.py:53"
-    fixed = _run_on("0.33.0", "35755-streaming-short-final-chunk")
-    assert not [v for v in fixed["violations"]
-                if v["invariant"] in ("engine-alive", "runner-books", "input-integrity")]
+    _dies_then_clean("35755-streaming-short-final-chunk", ("0.20.0", "0.33.0"),
+                     "num_output_placeholders >= 0", "v1/core/sched/async_scheduler.py:53")

@@ -51,26 +51,9 @@ def _shadow() -> tuple[World, _Manager, KvShadow, dict[int, int], dict[str, Any]
     return world, manager, shadow, incs, held
 
 
-def _allocs(world: World) -> list[tuple[int, list[int], list[int]]]:
-    return [(ev.inc, ev.detail.blocks, ev.detail.table) for ev in world.trace.events
-            if ev.kind == "kv.alloc"]
-
-
-def test_blocks_a_re_added_request_appends_to_the_shared_table_are_its_own() -> None:
-    world, manager, shadow, incs, held = _shadow()
-    first, second = SimpleNamespace(request_id="X"), SimpleNamespace(request_id="X")
-    incs[id(first)], incs[id(second)] = 4, 6
-    held["X"] = first
-    manager.allocate_slots(first, 2)
-    shadow.sync()
-    held["X"] = second  # add_request overwrites requests["X"]; the table stays
-    manager.allocate_slots(first, 1)  # the old request, still running, grows it
-    manager.allocate_slots(second, 1)  # then the re-added one
-    shadow.sync()
-    assert _allocs(world) == [(4, [1, 2], [1, 2]), (4, [3], [1, 2, 3]), (6, [4], [1, 2, 3, 4])]
-
-
-def test_a_scheduler_call_that_raises_still_records_its_blocks() -> None:
+def _x_re_added() -> tuple[World, _Manager, KvShadow, Any, Any]:
+    """X (incarnation 4) holds two blocks; a second X (6) is added under the same ID:
+    add_request overwrites requests["X"], and the block table stays."""
     world, manager, shadow, incs, held = _shadow()
     first, second = SimpleNamespace(request_id="X"), SimpleNamespace(request_id="X")
     incs[id(first)], incs[id(second)] = 4, 6
@@ -78,6 +61,24 @@ def test_a_scheduler_call_that_raises_still_records_its_blocks() -> None:
     manager.allocate_slots(first, 2)
     shadow.sync()
     held["X"] = second
+    return world, manager, shadow, first, second
+
+
+def _allocs(world: World) -> list[tuple[int, list[int], list[int]]]:
+    return [(ev.inc, ev.detail.blocks, ev.detail.table) for ev in world.trace.events
+            if ev.kind == "kv.alloc"]
+
+
+def test_blocks_a_re_added_request_appends_to_the_shared_table_are_its_own() -> None:
+    world, manager, shadow, first, second = _x_re_added()
+    manager.allocate_slots(first, 1)  # the old request, still running, grows it
+    manager.allocate_slots(second, 1)  # then the re-added one
+    shadow.sync()
+    assert _allocs(world) == [(4, [1, 2], [1, 2]), (4, [3], [1, 2, 3]), (6, [4], [1, 2, 3, 4])]
+
+
+def test_a_scheduler_call_that_raises_still_records_its_blocks() -> None:
+    world, manager, shadow, first, second = _x_re_added()
     manager.fail = True
     with pytest.raises(AssertionError):
         manager.allocate_slots(second, 1)

@@ -18,8 +18,8 @@ notice already on its way (vLLM's abort path sends one: nixl/pull_scheduler.py:2
 held at the end of the run is reported at the event that left it stranded, with how long it had
 been held and how long it stayed held after that. A hold whose notice has reached the prefill
 engine is not stranded: before 0.33 an engine holding only finished requests does not step, so
-the notice is applied at its next request's step (0.10.1.1 v1/engine/core.py:722-731). Accounting, not safety (see
-:data:`racesim.engine_model.invariants.ACCOUNTING_INVARIANTS`).
+the notice is applied at its next request's step (0.10.1.1 v1/engine/core.py:722-731).
+Accounting, not safety (see :data:`racesim.engine_model.invariants.ACCOUNTING_INVARIANTS`).
 """
 
 from __future__ import annotations

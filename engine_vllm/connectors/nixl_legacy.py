@@ -16,9 +16,10 @@ Two NIXL API generations precede 0.33's ``nixl/`` package of base/pull/push modu
 Both Schedulers build vLLM's own ``NixlConnector`` and call its scheduler side as usual (0.10-0.14
 call ``request_finished`` with the one group's blocks, 0.14.0 scheduler.py:1684-1690, 0.10.1.1
 :1105; 0.20's connector supports the hybrid allocator, so it gets
-``request_finished_all_groups``, 0.20.0 :2030-2038). The worker is the release's own ``NixlConnectorWorker`` on
-an instance holding only its request bookkeeping, and the engine step calls its own
-``start_load_kv`` and ``get_finished`` (notices, done or failed transfers, the timeout).
+``request_finished_all_groups``, 0.20.0 :2030-2038). The worker is the release's own
+``NixlConnectorWorker`` on an instance holding only its request bookkeeping, and the engine
+step calls its own ``start_load_kv`` and ``get_finished`` (notices, done or failed transfers,
+the timeout).
 Simulated, as on 0.33 (connectors/nixl.py): the handshake (done: ``_remote_agents`` knows every
 peer), the READ (``_read_blocks_for_req``: ``[pd] transfer_time`` at ``pd.kv:read``, then its
 transfer handle reads "DONE", or "ERR" for a scripted ``kv-load`` fault, in
@@ -165,8 +166,8 @@ class LegacyNixlTransport(NixlTransport):
         self._handles += 1
         handle = self._handles
         self.worker.nixl_wrapper.handles[handle] = "PROC"
-        entry = handle if self.generation == "0.20" or hasattr(self.worker, "_handle_failed_transfer") \
-            else (handle, float(self.world.now))  # 0.10/0.11: (handle, start time)
+        bare = self.generation == "0.20" or hasattr(self.worker, "_handle_failed_transfer")
+        entry = handle if bare else (handle, float(self.world.now))  # 0.10/0.11: (handle, start)
         self.worker._recving_transfers[req_id].append(entry)
         self.world.env.process(self._legacy_transfer(req_id, inc, req, p_id, p_blocks, engine,
                                                      notice, handle))

@@ -7,8 +7,8 @@ eager ``aborts_queue``, the GPU timing, ``engine.step:execute``, and death) and
 model's, in the order of ``EngineCore.step`` / ``step_with_batch_queue``
 (vllm/v1/engine/core.py:667-800): schedule -> execute -> ``_process_aborts_queue`` ->
 ``update_from_output``. The executor (racesim.engine_vllm.engine.executor) steps vLLM's own model
-runner; its sampled tokens carry their incarnation through ``Vocabulary``. An exception from vLLM's code is what kills EngineCoreProc
-(core.py:1582-1587): the engine dies.
+runner; its sampled tokens carry their incarnation through ``Vocabulary``. An exception from
+vLLM's code is what kills EngineCoreProc (core.py:1582-1587): the engine dies.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import simpy
 
 from racesim.engine_model.config import EngineConfig
 from racesim.engine_model.engine_shell import EngineShell
-from racesim.engine_model.events import PdRelease
 from racesim.engine_model.events.engine import (
     SchedAdd, SchedFinish, SchedPreempt, SchedStep, SchedUpdate)
 from racesim.engine_model.messages import (
@@ -347,7 +346,7 @@ class VllmEngineCore(EngineShell):
         if self.coordinator is not None:
             self.coordinator.note_change()
 
-    # -- P/D (racesim.engine_vllm.connectors.nixl drives these) --------------------------------------------
+    # -- P/D (racesim.engine_vllm.connectors.nixl drives these) -------------------------------
 
     def remote_inc(self, req: Any) -> int:
         """The prefill incarnation whose blocks ``req``'s kv_transfer_params name."""
