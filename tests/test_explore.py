@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cli import cli
 
 from racesim.documents import read_counterexample
 from racesim.explore import explore
@@ -169,3 +170,17 @@ def test_matrix_cells_come_from_running(tmp_path: Path) -> None:
     assert cells[("multi-frontend", "internal-id")]["invariants"] == []
     assert cells[("multi-frontend", "internal-id")]["label"] == "not found in 10 runs"
     assert cells[("multi-frontend", "internal-id")]["runs"] == 10
+
+
+def test_a_race_at_run_0_is_the_verdict_and_the_counterexample_only_what_a_delay_adds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # #25067 on the 0.10 profile dies with no perturbation at all; the shrunk counterexample is
+    # a latent delay that violates more, so its reach must not read as the verdict's.
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli(capsys, "explore", "25067-disconnect-after-prefill", "-p", "buggy",
+                       "--vllm", "0.10", "--budget", "20")
+    assert code == 1
+    reach = next(line for line in out.splitlines() if line.startswith("│ reach"))
+    assert "run 0, with no perturbation, violates engine-alive: live race" in reach, reach
+    assert "beyond it, latent hazard" in reach, reach
+    assert "counterexample beyond run 0" in out
