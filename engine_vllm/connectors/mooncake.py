@@ -22,8 +22,8 @@ TP and PP rank here), and these of its methods run as vLLM wrote them:
   ``get_block_ids_with_load_errors``.
 
 Simulated (connectors/mooncake_fakes.py, mooncake_loop.py): the TransferEngine, the sockets
-(D's DEALER frames and the bootstrap query cross the ``pd.kv:notify`` channel to P, P's replies
-cross back on it), the threads (loops and executor as World tasks). What this module adds is
+(D's DEALER frames cross the ``pd.kv:notify`` channel to P's ROUTER, P's replies cross back on
+it; the bootstrap query is an HTTP round trip at ``pd.mooncake:bootstrap``), the threads (loops and executor as World tasks). What this module adds is
 only observation: it records ``pd.pull``, ``pd.hold``, ``pd.hold_lost`` and ``pd.push_write``
 with each request's ground-truth incarnation, read from the requests that own the blocks.
 """
@@ -31,7 +31,6 @@ with each request's ground-truth incarnation, read from the requests that own th
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -43,8 +42,7 @@ from racesim.engine_vllm.connectors import mooncake_fakes as fakes
 from racesim.engine_vllm.connectors.mooncake_loop import MooncakeLoop
 from racesim.engine_vllm.connectors.mooncake_state import install, new_worker
 
-__all__ = ["MooncakeTransport", "mooncake_params", "ZmqFrames", "BootstrapQuery",
-           "BootstrapReply", "BOOTSTRAP"]
+__all__ = ["MooncakeTransport", "mooncake_params", "ZmqFrames", "BOOTSTRAP"]
 
 M = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector"
 #: what the proxy gives the decode leg as ``remote_bootstrap_addr``: P's bootstrap server
@@ -79,20 +77,6 @@ class ZmqFrames:
     incs: tuple[tuple[str, int], ...] = ()
 
 
-@dataclasses.dataclass(frozen=True)
-class BootstrapQuery:
-    """D's ``GET /query`` to P's bootstrap server (``_connect_to_prefiller_bootstrap``)."""
-
-    number: int
-
-
-@dataclasses.dataclass(frozen=True)
-class BootstrapReply:
-    number: int
-    status: int
-    body: str
-
-
 class MooncakeTransport:
     """One engine's Mooncake worker: vLLM's own code, its native and I/O parts simulated."""
 
@@ -115,7 +99,6 @@ class MooncakeTransport:
         #: P: why each finished-sending request is done ("pushed" or "timeout")
         self.causes: dict[str, str] = {}
         self._dealers: dict[bytes, fakes.Dealer] = {}
-        self._queries: dict[int, Any] = {}
         #: P: each D session's requests and blocks, as its pulls named them
         self._sessions: dict[str, dict[str, tuple[list[int], int]]] = {}
         self.router: fakes.Router | None = None
@@ -128,8 +111,6 @@ class MooncakeTransport:
         self._observe(self.worker)
         if self.producer:
             self._start_sender()
-        else:
-            self.httpx.routes[BOOTSTRAP] = self._query_remote
 
     # -- P: the bootstrap server and the sender listener ---------------------------------------
 
@@ -140,6 +121,7 @@ class MooncakeTransport:
         self.server = m.MooncakeBootstrapServer("0.0.0.0", 8998)  # not started: no socket
         host, port = m.get_mooncake_bootstrap_addr(w.vllm_config)
         self.httpx.routes[m.make_zmq_path("http", host, port)] = self._serve_http
+        self.httpx.routes[BOOTSTRAP] = self._serve_remote
         m.asyncio.run_coroutine_threadsafe(w._mooncake_sender_listener(threading.Event()),
                                            self.loop)
 
@@ -191,13 +173,15 @@ class MooncakeTransport:
         self._send(self.core.notify_channels, ZmqFrames(dealer.identity, data, tuple(incs)),
                    [rid for rid, _ in incs])
 
-    async def _query_remote(self, method: str, path: str, body: Any) -> tuple[int, Any]:
-        number = len(self._queries) + 1
-        fut = self.loop.create_future()
-        self._queries[number] = fut
-        self._send(self.core.notify_channels, BootstrapQuery(number), [])
-        reply = await fut
-        return reply.status, json.loads(reply.body)
+    async def _serve_remote(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        """D's ``GET /query`` (``_connect_to_prefiller_bootstrap``, 2585): an HTTP round trip
+        to P's bootstrap server on its own connection, the ``pd.mooncake:bootstrap`` await
+        point (two socket hops by default)."""
+        hop = max((c.latency for c in self.core.push_channels.values()), default=0.0)
+        delay = self.world.pause("pd.mooncake:bootstrap", 2 * hop, f"{self.core.name}.bootstrap")
+        if delay > 0:
+            await self.m.asyncio.sleep(delay)
+        return await self._serve_http(method, path, body)
 
     def _send(self, channels: dict[int, Any], msg: Any, ids: list[str]) -> None:
         for engine in sorted(channels):
@@ -206,29 +190,20 @@ class MooncakeTransport:
     # -- arrivals (the engine shell hands them over) --------------------------------------------
 
     def deliver(self, msg: Any) -> None:
-        """P: a pull or a bootstrap query arrived from D."""
-        if isinstance(msg, BootstrapQuery):
-            task = self.loop.create_task(self._serve_http("GET", "/query", None))
-            task.add_done_callback(lambda t: self._send(
-                self.core.push_channels,
-                BootstrapReply(msg.number, *(lambda r: (r[0], json.dumps(r[1])))(t.result())),
-                []))
-        elif isinstance(msg, ZmqFrames) and self.router is not None:
+        """P: a pull arrived from D."""
+        if isinstance(msg, ZmqFrames) and self.router is not None:
             meta = self.m.msgspec.msgpack.decode(msg.data)
             session = f"{meta['remote_hostname']}:{meta['remote_port']}"
             incs = dict(msg.incs)
             known = self._sessions.setdefault(session, {})
             for rid, (_tid, groups) in meta["req_blocks"].items():
+                known.pop(rid, None)  # the latest pull last: a block's newest owner wins
                 known[rid] = (list(groups[0]) if groups else [], incs.get(rid, 0))
             self.router.arrive([msg.identity, msg.data])
 
     def deliver_write_notice(self, msg: Any) -> None:
-        """D: P's response, or the bootstrap server's answer, arrived."""
-        if isinstance(msg, BootstrapReply):
-            fut = self._queries.pop(msg.number, None)
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
-        elif isinstance(msg, ZmqFrames):
+        """D: P's response arrived."""
+        if isinstance(msg, ZmqFrames):
             dealer = self._dealers.get(msg.identity)
             if dealer is not None:
                 dealer.arrive(msg.data)
@@ -242,19 +217,23 @@ class MooncakeTransport:
         w = self.worker
         base, size = w.kv_caches_base_addr[0], w.block_len_per_layer[0]
         d_base = self._remote_base.get(session, 0)
-        mine, theirs = [], []
+        pairs: list[tuple[int, int]] = []
         for s, d, n in zip(src, dst, lengths):
-            count = max(1, n // size)
-            mine += [(s - base) // size + k for k in range(count)]
-            theirs += [(d - d_base) // size + k for k in range(count)]
-        owner, inc = self._owner(mine)
-        dest, dest_inc = "", 0
-        for rid, (blocks, d_inc) in self._sessions.get(session, {}).items():
-            if blocks and set(theirs) <= set(blocks):
-                dest, dest_inc = rid, d_inc
-        self.world.emit(self.component, owner, inc,
-                        PdPushWrite(mine, self.fabric.engine_ids.get("decode", 1), dest, theirs,
-                                    dest_inc, "transfer_id"))
+            pairs += [((s - base) // size + k, (d - d_base) // size + k)
+                      for k in range(max(1, n // size))]
+        # one pull can name several D requests (one schedule's): one record per D request
+        groups: dict[str, tuple[int, list[tuple[int, int]]]] = {}
+        known = self._sessions.get(session, {})
+        for p_block, d_block in pairs:
+            dest, dest_inc = next(((rid, inc) for rid, (blocks, inc) in reversed(known.items())
+                                   if d_block in blocks), ("", 0))
+            groups.setdefault(dest, (dest_inc, []))[1].append((p_block, d_block))
+        for dest, (dest_inc, group) in groups.items():
+            mine, theirs = [p for p, _ in group], [d for _, d in group]
+            owner, inc = self._owner(mine)
+            self.world.emit(self.component, owner, inc,
+                            PdPushWrite(mine, self.fabric.engine_ids.get("decode", 1), dest,
+                                        theirs, dest_inc, "transfer_id"))
         return 0
 
     @property
