@@ -269,9 +269,9 @@ class MooncakeTransport:
             try:
                 await real(metadata)
             except Exception as exc:
-                self._lost(metadata, before, f"{type(exc).__name__}: {exc}")
+                self._recorded(metadata, before, f"{type(exc).__name__}: {exc}")
                 raise
-            self._held(metadata)
+            self._recorded(metadata, before, "")
 
         w.record_send_reqs = record_send_reqs
         real_failed = w._handle_failed_recv
@@ -287,30 +287,34 @@ class MooncakeTransport:
 
         w._handle_failed_recv = _handle_failed_recv
 
-    def _held(self, metadata: Any) -> None:
+    def _recorded(self, metadata: Any, before: dict[str, tuple[str, bool]],
+                  error: str) -> None:
+        """``pd.hold`` for each finish its entry still names after the batch; ``pd.hold_lost``
+        for one a later finish of the batch overwrote, and, after an exception, for those
+        never recorded (from the ``KeyError``'s finish on) and an owner whose ready entry
+        ``reqs_not_processed`` popped (``assert not send_meta.ready.is_set()``, 2714-2716)."""
         table, requests = self.worker.reqs_need_send, self.core.sched.requests
-        for rid, (tid, blocks) in metadata.reqs_to_send.items():
+        items = [(rid, tid, blocks) for rid, (tid, blocks) in metadata.reqs_to_send.items()
+                 if blocks]
+        upto = len(items)
+        if error.startswith("KeyError"):
+            upto = next((k for k, (_r, tid, _b) in enumerate(items) if tid not in table), upto)
+        out: dict[str, Any] = {}
+        for k, (rid, tid, blocks) in enumerate(items):
             entry = table.get(tid)
-            if blocks and entry is not None and entry.p_req_id == rid \
+            if k < upto and entry is not None and entry.p_req_id == rid \
                     and entry.local_block_ids is blocks:
-                self.world.emit(self.component, rid, self.core.inc_of(requests.get(rid)),
-                                PdHold(list(blocks[0]), float(entry.expire_time)))
-
-    def _lost(self, metadata: Any, before: dict[str, tuple[str, bool]], error: str) -> None:
-        table, requests = self.worker.reqs_need_send, self.core.sched.requests
-        lost: dict[str, str] = {}
-        for rid, (tid, blocks) in metadata.reqs_to_send.items():
-            entry = table.get(tid)
-            if blocks and not (entry is not None and entry.p_req_id == rid
-                               and entry.local_block_ids is blocks):
-                lost[rid] = tid
-        for tid in sorted(metadata.reqs_not_processed):
+                out[rid] = PdHold(list(blocks[0]), float(entry.expire_time))
+            elif k < upto and entry is not None and entry.p_req_id:
+                out[rid] = PdHoldLost(tid, f"overwritten by {entry.p_req_id!r}")
+            else:
+                out[rid] = PdHoldLost(tid, error)
+        for tid in sorted(metadata.reqs_not_processed) if error else ():
             owner, ready = before.get(tid, ("", False))
             if ready and owner and tid not in table:
-                lost[owner] = tid  # assert not send_meta.ready.is_set() (2714-2716)
-        for rid, tid in lost.items():
-            self.world.emit(self.component, rid, self.core.inc_of(requests.get(rid)),
-                            PdHoldLost(tid, error))
+                out.setdefault(owner, PdHoldLost(tid, error))
+        for rid, record in out.items():
+            self.world.emit(self.component, rid, self.core.inc_of(requests.get(rid)), record)
 
     # -- the engine thread ----------------------------------------------------------------------
 
