@@ -102,6 +102,8 @@ class MooncakeTransport:
         #: P: each D session's requests and blocks, as its pulls named them
         self._sessions: dict[str, dict[str, tuple[list[int], int]]] = {}
         self.router: fakes.Router | None = None
+        #: P: held blocks (each tail of a hold's list) -> the request whose KV they hold
+        self._content: dict[tuple[int, ...], tuple[str, int]] = {}
         self.server: Any = None
         self.engine = fakes.TransferEngine(15000 + core.index, self._write)
         ctx = fakes.ZmqContext(self._new_router, self._new_dealer)
@@ -249,12 +251,15 @@ class MooncakeTransport:
         return out
 
     def _owner(self, blocks: list[int]) -> tuple[str, int]:
+        """Whose KV ``blocks`` hold: the request holding them, or, once freed (a second D
+        request written from an entry whose first write already freed it), the request last
+        held for transfer in them."""
         sched = self.core.sched
         for rid, req in sched.requests.items():
             held = sched.kv_cache_manager.get_block_ids(rid)
             if held and blocks and set(blocks) <= set(held[0]):
                 return rid, self.core.inc_of(req)
-        return "", 0
+        return self._content.get(tuple(blocks), ("", 0))
 
     # -- observing the sender's bookkeeping -----------------------------------------------------
 
@@ -305,6 +310,9 @@ class MooncakeTransport:
             if k < upto and entry is not None and entry.p_req_id == rid \
                     and entry.local_block_ids is blocks:
                 out[rid] = PdHold(list(blocks[0]), float(entry.expire_time))
+                inc = self.core.inc_of(requests.get(rid))
+                for n in range(1, len(blocks[0]) + 1):  # a write takes D's count from the end
+                    self._content[tuple(blocks[0][-n:])] = (rid, inc)
             elif k < upto and entry is not None and entry.p_req_id:
                 out[rid] = PdHoldLost(tid, f"overwritten by {entry.p_req_id!r}")
             else:
