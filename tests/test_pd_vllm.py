@@ -20,8 +20,8 @@ from racesim.scenarios import Scenario, bundled_names, load_scenario, scenario_f
 
 pytestmark = pytest.mark.vllm
 
-#: the P/D scenarios the vllm backend runs (Mooncake is model-only there: its connector is
-#: checked on vLLM's code by its own test, test_mooncake_vllm.py)
+#: the P/D scenarios the vllm backend runs (all of them on 0.33, Mooncake's included:
+#: test_mooncake_vllm.py)
 PD_SCENARIOS = tuple(n for n in bundled_names() if load_scenario(n).workload.topology == "pd"
                      and not cannot_run(load_scenario(n).workload, "vllm"))
 

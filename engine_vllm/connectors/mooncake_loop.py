@@ -25,8 +25,10 @@ from racesim.sim.world import World
 
 __all__ = ["MooncakeLoop", "finish_loops"]
 
-#: the loops of the run in progress, closed when it ends (engine_vllm/system.py)
+#: the loops of the run in progress, closed when it ends (engine_vllm/system.py), and what
+#: else to undo then
 _LIVE: list[MooncakeLoop] = []
+AFTER_RUN: list[Callable[[], None]] = []
 
 
 class MooncakeLoop(SimLoop):
@@ -80,3 +82,5 @@ def finish_loops() -> None:
     and sender tasks wait for ever) while its loop is open."""
     while _LIVE:
         _LIVE.pop().finish()
+    while AFTER_RUN:
+        AFTER_RUN.pop()()

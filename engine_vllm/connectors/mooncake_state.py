@@ -31,9 +31,14 @@ def install(m: Any, now: Callable[[], float]) -> fakes.Httpx:
     """Point the connector module's ``time.perf_counter`` at ``now``, its ``httpx`` at the
     simulated bootstrap routes and its ``make_zmq_socket`` at simulated DEALERs (once per
     process; the clock per run). Returns the routes' owner."""
+    from racesim.engine_vllm.connectors.mooncake_loop import AFTER_RUN
+
     if not isinstance(m.time, SimTime):
         m.time = SimTime(m.time)
-    m.time.now = now
+    clock = m.time
+    clock.now = now
+    # after the run the module's clock is the real one again (vLLM's code outside a World)
+    AFTER_RUN.append(lambda: setattr(clock, "now", clock._real.perf_counter))
     if not isinstance(m.httpx, fakes.Httpx):
         m.httpx = fakes.Httpx(m.httpx)
         m.make_zmq_socket = fakes.make_zmq_socket(m.make_zmq_socket)
