@@ -68,7 +68,9 @@ def test_pd_scenarios_conform_on_033(name: str, tmp_path: Path) -> None:
     scen = load_scenario(name).with_vllm("0.33")
     res = conform([scen], [("buggy", {}), ("internal-id", {})], budget=12, workers=1,
                   out_dir=tmp_path)
-    assert res.runs == 24 and sum(c["violating_runs"] for c in res.cells) > 0
+    violating = sum(c["violating_runs"] for c in res.cells)
+    # pd-mooncake is safe under every schedule: its proxy makes each transfer_id unique
+    assert res.runs == 24 and (violating == 0 if name == "pd-mooncake" else violating > 0)
     assert [m.document() for m in res.unlisted] == []
 
 
