@@ -148,7 +148,7 @@ class MooncakeTransport:
         return self.router
 
     def _reply(self, identity: bytes, data: bytes) -> None:
-        """P's ROUTER ``send_multipart``: the response crosses back to D."""
+        """P's ROUTER ``send_multipart`` (1778): the response crosses back to D."""
         resp = self.m.msgspec.msgpack.decode(data)
         ids = [*(resp.get("ok_reqs") or ()), *(resp.get("err_reqs") or ())]
         self._send(self.core.push_channels, ZmqFrames(identity, data), ids)
