@@ -309,3 +309,20 @@ def test_mooncake_conforms_and_is_deterministic(vllm_backend: Any, tmp_path: Pat
     assert res.runs == 40 and [m.document() for m in res.unlisted] == []
     hashes = {run_scenario(scens[1], "internal-id", engine="vllm").trace_hash for _ in range(2)}
     assert len(hashes) == 1
+
+
+def test_repro_refuses_a_mooncake_counterexample(vllm_backend: Any, tmp_path: Path) -> None:
+    """Its violations go through simulated parts (TransferEngine, sockets, threads): repro
+    says so rather than writing a script."""
+    from racesim.cli import main
+    from racesim.repro import make_repro
+    from racesim.sim.errors import InputError
+
+    try:
+        main(["explore", "pd-mooncake-collision", "-p", "buggy", "--engine", "vllm",
+              "--budget", "1", "--out", str(tmp_path)])
+    except SystemExit:
+        pass
+    (found,) = tmp_path.glob("*.json")
+    with pytest.raises(InputError, match="MooncakeConnector's TransferEngine"):
+        make_repro(str(found))
