@@ -40,6 +40,10 @@ class MooncakeLoop(SimLoop):
         self.transfer_time = transfer_time
         self._after = after
         self._depth = 0
+        # a run whose runner did not call finish_loops (another entry point): close its loops
+        for old in [loop for loop in _LIVE if loop.world is not world]:
+            _LIVE.remove(old)
+            old.finish()
         _LIVE.append(self)
 
     def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> Any:
