@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import importlib
 import os
-import sys
 import threading
 from typing import Any
 
@@ -89,12 +89,13 @@ class MooncakeTransport:
         self.component = f"{core.name}.connector"
         # read by send_kv_to_decode, record_send_reqs and fetch_finished_sending_reqs
         os.environ["VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"] = str(int(lease))
-        self.m = sys.modules.get(M) or __import__(M, fromlist=["_"])
+        self.m = importlib.import_module(M)
         self.httpx = install(self.m, lambda: float(self.world.now))
         self.producer = engine_id == "prefill"
         self.loop = MooncakeLoop(self.world, f"{core.name}.mooncake", transfer_time,
                                  self._after_pass)
         self.loop.start()
+        #: vLLM's MooncakeConnectorScheduler, which the engine's Scheduler calls
         self.scheduler = core.sched.connector.connector_scheduler
         #: P: why each finished-sending request is done ("pushed" or "timeout")
         self.causes: dict[str, str] = {}
