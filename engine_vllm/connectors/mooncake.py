@@ -151,7 +151,8 @@ class MooncakeTransport:
     def _reply(self, identity: bytes, data: bytes) -> None:
         """P's ROUTER ``send_multipart`` (1778): the response crosses back to D."""
         resp = self.m.msgspec.msgpack.decode(data)
-        ids = [*(resp.get("ok_reqs") or ()), *(resp.get("err_reqs") or ())]
+        # sorted: the lists follow asyncio.wait's done set, ordered by the tasks' addresses
+        ids = sorted({*(resp.get("ok_reqs") or ()), *(resp.get("err_reqs") or ())})
         self._send(self.core.push_channels, ZmqFrames(identity, data), ids)
 
     # -- D: the DEALER and the bootstrap query --------------------------------------------------
@@ -231,7 +232,11 @@ class MooncakeTransport:
             dest, dest_inc = next(((rid, inc) for rid, (blocks, inc) in reversed(known.items())
                                    if d_block in blocks), ("", 0))
             groups.setdefault(dest, (dest_inc, []))[1].append((p_block, d_block))
-        for dest, (dest_inc, group) in groups.items():
+        # send_kv_to_decode takes the ready legs from asyncio.wait's done set (ordered by the
+        # tasks' addresses): record them in the order the pull named them
+        order = {rid: i for i, rid in enumerate(known)}
+        for dest, (dest_inc, group) in sorted(groups.items(),
+                                              key=lambda kv: order.get(kv[0], -1)):
             mine, theirs = [p for p, _ in group], [d for _, d in group]
             owner, inc = self._owner(mine)
             self.world.emit(self.component, owner, inc,
@@ -284,7 +289,7 @@ class MooncakeTransport:
 
         def _handle_failed_recv(pull_metas: Any, req_ids: Any, reason: str) -> None:
             requests = self.core.sched.requests
-            for rid in list(req_ids):
+            for rid in sorted(req_ids):  # err_reqs follow asyncio.wait's done set
                 meta = pull_metas.get(rid)
                 if meta is not None and not meta.failed and any(meta.local_block_ids):
                     self.world.emit(self.component, rid, self.core.inc_of(requests.get(rid)),
