@@ -336,6 +336,9 @@ class MooncakeTransport:
         pass
 
     def start_load_kv(self, meta: Any) -> None:
+        # record_send_reqs pops reqs_not_processed, a set of strings, in hash order: sorted
+        # here, so a run is the same under any PYTHONHASHSEED (a dict iterates as a set would)
+        meta.reqs_not_processed = dict.fromkeys(sorted(meta.reqs_not_processed))
         self.worker.start_load_kv(meta)
 
     def _after_pass(self) -> None:
