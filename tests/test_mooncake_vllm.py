@@ -20,6 +20,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -302,13 +305,20 @@ def test_equal_ids_kill_both_engines_at_vllms_own_assert(vllm_backend: Any) -> N
 
 
 def test_mooncake_conforms_and_is_deterministic(vllm_backend: Any, tmp_path: Path) -> None:
-    """Schedules drawn on the model agree on vLLM's own code; a run's hash is its schedule's."""
+    """Schedules drawn on the model agree on vLLM's own code; a run hashes alike in two
+    processes under two PYTHONHASHSEEDs."""
     scens = [load_scenario(n) for n in ("pd-mooncake", "pd-mooncake-collision")]
     res = conform(scens, [("buggy", {}), ("internal-id", {})], budget=10, workers=1,
                   out_dir=tmp_path)
     assert res.runs == 40 and [m.document() for m in res.unlisted] == []
-    hashes = {run_scenario(scens[1], "internal-id", engine="vllm").trace_hash for _ in range(2)}
-    assert len(hashes) == 1
+    here = run_scenario(scens[1], "internal-id", engine="vllm").trace_hash
+    code = ("from racesim.runner import run_scenario; from racesim.scenarios import "
+            "load_scenario as l; print(run_scenario(l('pd-mooncake-collision'), 'internal-id', "
+            "engine='vllm').trace_hash)")
+    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}, timeout=600,
+                           check=True).stdout.strip() for seed in ("0", "31337")]
+    assert outs == [here, here]
 
 
 def test_repro_refuses_a_mooncake_counterexample(vllm_backend: Any, tmp_path: Path) -> None:
