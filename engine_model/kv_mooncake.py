@@ -101,7 +101,10 @@ class MooncakeSender:
 
     def flush(self) -> None:
         """``record_send_reqs`` on this schedule's batch (:2690-2716). vLLM iterates
-        ``reqs_not_processed``, a set, in hash order; the model takes insertion order."""
+        ``reqs_not_processed``, a set, in hash order; the model takes insertion order. A finish
+        is held (``pd.hold``) if its entry still names it when the batch is recorded; a later
+        finish under the same transfer_id in the batch overwrites the entry, and the earlier
+        one's blocks stay held with no expiry (``pd.hold_lost``)."""
         batch, self._batch = self._batch, {}
         gone, self._not_processed = self._not_processed, {}
         if not batch and not gone:
@@ -109,6 +112,7 @@ class MooncakeSender:
         world, table = self.world, self.table
         now = world.now
         items = list(batch.items())
+        done: list[tuple[str, str, tuple[int, ...], int]] = []
         for k, (rid, (tid, blocks, inc)) in enumerate(items):
             if blocks is None:
                 if tid not in table:
@@ -116,13 +120,15 @@ class MooncakeSender:
                 continue
             entry = table.get(tid)
             if entry is None:
+                self._recorded(done, f"KeyError: {tid!r}")
                 self._lost(items[k:], f"KeyError: {tid!r}")
                 return
             entry.owner, entry.inc, entry.blocks = rid, inc, blocks
             entry.expiry = now + self.timeout
-            world.emit(self.component, rid, inc, PdHold(list(blocks), entry.expiry))
+            done.append((rid, tid, blocks, inc))
             if not entry.ready.triggered:
                 entry.ready.succeed()
+        self._recorded(done, "")
         for tid in gone:
             popped = table.pop(tid, None)
             if popped is None:
@@ -134,6 +140,18 @@ class MooncakeSender:
                 self._lost([(popped.owner, (tid, popped.blocks, popped.inc))],
                            "AssertionError: ready")
                 return
+
+    def _recorded(self, done: list[tuple[str, str, tuple[int, ...], int]], error: str) -> None:
+        """``pd.hold`` for each recorded finish its entry still names; ``pd.hold_lost`` for one
+        a later finish of the batch overwrote."""
+        for rid, tid, blocks, inc in done:
+            entry = self.table.get(tid)
+            if entry is not None and entry.owner == rid and entry.inc == inc:
+                self.world.emit(self.component, rid, inc, PdHold(list(blocks), entry.expiry))
+            else:
+                owner = entry.owner if entry is not None else ""
+                self.world.emit(self.component, rid, inc,
+                                PdHoldLost(tid, f"overwritten by {owner!r}" if owner else error))
 
     def _lost(self, rest: list[tuple[str, tuple[str, tuple[int, ...] | None, int]]],
               error: str) -> None:

@@ -27,6 +27,7 @@ _WIDTHS = {
     "pd.kv:read": "live",
     "pd.kv:notify": "live",
     "pd.kv:push": "live",
+    "pd.mooncake:bootstrap": "live",
     "dp.coordinator:publish": "live",
 }
 

@@ -68,7 +68,7 @@ def model_only_reason(workload: Workload) -> str | None:
 
     P/D runs vLLM's own NixlConnector scheduler side and its worker's request bookkeeping with
     a simulated transport: 0.33's ``v1/nixl/`` package (pull and push,
-    :mod:`racesim.engine_vllm.connectors.nixl`, ``push``), 0.20's ``nixl/`` package and
+    :mod:`racesim.engine_vllm.connectors.nixl`, ``push``) and MooncakeConnector (``mooncake``), 0.20's ``nixl/`` package and
     0.10-0.14's ``v1/nixl_connector.py`` (pull, ``nixl_legacy``); 0.9.2's is model-only. Data parallelism runs
     (one vLLM Scheduler per DP rank; the DP client and coordinator are asyncio and socket
     code, modelled on both backends), and so do streaming-input sessions."""
@@ -82,10 +82,12 @@ def model_only_reason(workload: Workload) -> str | None:
     if workload.topology == "pd" and workload.pd.connector == "nixl-push" and release != "0.33":
         return (f"pd.connector = 'nixl-push' on the vllm backend runs vLLM 0.33's push "
                 f"connector only, not {release}'s: model-only there")
-    if workload.topology == "pd" and workload.pd.connector not in ("nixl-pull", "nixl-push"):
-        # Mooncake's scheduler side and sender bookkeeping are checked on vLLM's own code by
-        # test_mooncake_vllm.py; what keeps its worker out of the World is in docs/pd-vllm.md
+    if workload.topology == "pd" and workload.pd.connector == "mooncake" and release != "0.33":
+        # connectors/mooncake.py runs 0.33's mooncake/mooncake_connector.py
+        return (f"pd.connector = 'mooncake' on the vllm backend runs vLLM 0.33's "
+                f"MooncakeConnector only, not {release}'s: model-only there")
+    if workload.topology == "pd" and workload.pd.connector not in ("nixl-pull", "nixl-push",
+                                                                    "mooncake"):
         return (f"pd.connector = {workload.pd.connector!r} is model-only on the vllm backend, "
-                f"which wires in NIXL's pull and push modes (MooncakeConnectorWorker needs the "
-                f"mooncake package's TransferEngine, docs/pd-vllm.md)")
+                f"which wires in NIXL's pull and push modes and MooncakeConnector")
     return None

@@ -111,7 +111,7 @@ class VllmSystem(System):
                                 max_model_len=self._max_model_len(), vocab=self.vocab,
                                 pd=(role, self.fabric, int(pd.hold_timeout),
                                     pd.transfer_time if role == "decode" or
-                                    pd.connector == "nixl-push" else 0.0))
+                                    pd.connector in ("nixl-push", "mooncake") else 0.0))
         # one prompt is the same tokens on P and D, as a real client's prompt is on both legs
         # (a reproducer tells the legs of one client apart by them)
         engine._prompts = self.prompts
@@ -134,6 +134,11 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
                  plan: DelayPlan | None = None, skip: Iterable[str] = (),
                  retain_trace: bool = True, hash_trace: bool = True) -> RunResult:
     """``racesim.engine_model.run_workload`` on vLLM's own engine classes."""
-    return _run_model(workload, policy, seed=seed, plan=plan, skip=skip,
-                      retain_trace=retain_trace, hash_trace=hash_trace,
-                      system_cls=VllmSystem, engine="vllm")
+    from racesim.engine_vllm.connectors.mooncake_loop import finish_loops
+
+    try:
+        return _run_model(workload, policy, seed=seed, plan=plan, skip=skip,
+                          retain_trace=retain_trace, hash_trace=hash_trace,
+                          system_cls=VllmSystem, engine="vllm")
+    finally:
+        finish_loops()  # MooncakeConnector's listener and sender tasks wait for ever

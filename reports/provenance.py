@@ -71,7 +71,8 @@ VLLM_CODE: dict[str, str] = {
               "0.9.2 run the fake executor), fed the real SchedulerOutput; token values from "
               "the fake vocabulary",
     "connector": "NixlConnector's scheduler side and worker bookkeeping (pull mode 0.10-0.33, "
-                 "push mode 0.33), simulated transport",
+                 "push mode 0.33), MooncakeConnector's scheduler side and worker sender and "
+                 "receiver code (0.33), simulated transport",
 }
 
 #: The components whose state each invariant reads to decide a violation.

@@ -68,17 +68,16 @@ def test_what_the_vllm_backend_cannot_run_is_one_line_and_exit_2(
     assert status == 2 and words in err and len(err.splitlines()) == 1
 
 
-def test_only_mooncake_stays_model_only_on_vllm() -> None:
-    """P/D in NIXL pull and push mode, proxy aborts and bidirectional decode holds included,
-    runs vLLM's own NixlConnector (tests/test_pd_vllm.py, tests/test_pd_push_vllm.py); Mooncake
-    is checked on vLLM's own code by its own test (test_mooncake_vllm.py): refused, naming
-    why."""
+def test_every_bundled_scenario_runs_on_vllm_033() -> None:
+    """P/D in NIXL pull and push mode, proxy aborts, bidirectional decode holds and Mooncake
+    run vLLM's own connector code on 0.33 (tests/test_pd_vllm.py, test_pd_push_vllm.py,
+    test_mooncake_vllm.py); Mooncake on another release is refused, naming why."""
     from racesim.engine_vllm import model_only_reason
 
     why = {n: model_only_reason(load_scenario(n).workload) for n in bundled_names()}
-    refused = {n: w for n, w in why.items() if w}
-    assert sorted(refused) == ["pd-mooncake", "pd-mooncake-collision"]
-    assert "'mooncake'" in refused["pd-mooncake"]
+    assert {n: w for n, w in why.items() if w} == {}
+    old = model_only_reason(load_scenario("pd-mooncake").with_vllm("0.20").workload)
+    assert old is not None and "MooncakeConnector only" in old and "0.20" in old
 
 
 @pytest.mark.parametrize(("installed", "words"), [

@@ -1,5 +1,8 @@
-"""MooncakeConnector's pairing by transfer_id, run on vLLM 0.33.0's own code (the answer in
-docs/pd-connectors.md).
+"""MooncakeConnector on vLLM 0.33.0's own code: the scenarios pd-mooncake and
+pd-mooncake-collision in the World on the vllm backend (engine_vllm/connectors/mooncake.py), and
+the pairing by transfer_id step by step (the answer in docs/pd-connectors.md).
+
+The step-by-step tests below drive the connector outside a World:
 
 P's requests go through vLLM's own ``MooncakeConnectorScheduler`` (``update_state_after_alloc``,
 ``request_finished``, ``build_connector_meta``), and the metadata it builds through the
@@ -16,12 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
+import os
+import subprocess
+import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from racesim.conform import conform
+from racesim.runner import run_scenario
+from racesim.scenarios import load_scenario
 
 pytestmark = pytest.mark.vllm
 
@@ -184,8 +197,8 @@ def test_a_stopped_finish_pops_the_other_requests_ready_entry(mooncake: _Mooncak
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_the_scheduler_side_builds_in_vllms_scheduler_and_the_worker_needs_mooncake(
         vllm_backend: Any) -> None:
-    """What docs/pd-vllm.md says keeps Mooncake model-only on the vllm backend: a Scheduler
-    with kv_connector MooncakeConnector builds vLLM's own connector on both roles, while the
+    """Why the backend's worker is a state-only instance (docs/pd-vllm.md): a Scheduler with
+    kv_connector MooncakeConnector builds vLLM's own connector on both roles, while the
     worker's __init__ raises without the mooncake package's TransferEngine (:90-97,
     1234-1236)."""
     from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as m
@@ -205,3 +218,121 @@ def test_the_scheduler_side_builds_in_vllms_scheduler_and_the_worker_needs_moonc
                                                                                     spec)])
     with pytest.raises(RuntimeError, match="Mooncake is not available"):
         m.MooncakeConnectorWorker(vc, engine, kvc)
+
+
+# -- in the World: the vllm backend (engine_vllm/connectors/mooncake.py) ---------------------
+
+#: the worker methods whose calls the World run counts (vLLM's own, from the class)
+_COUNTED = ("register_kv_caches", "_mooncake_sender_listener", "send_kv_to_decode",
+            "_send_blocks", "record_send_reqs", "fetch_finished_sending_reqs",
+            "receive_kv_from_single_worker", "_connect_to_prefiller_bootstrap")
+
+
+@pytest.fixture
+def calls(vllm_backend: Any, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """How often the run called each of vLLM's own worker methods in :data:`_COUNTED`."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as m
+
+    seen: Counter[str] = Counter()
+    for name in _COUNTED:
+        real = getattr(m.MooncakeConnectorWorker, name)
+        if inspect.iscoroutinefunction(real):
+            async def counted(self: Any, *a: Any, _n: str = name, _f: Any = real) -> Any:
+                seen[_n] += 1
+                return await _f(self, *a)
+        else:
+            def counted(self: Any, *a: Any, _n: str = name, _f: Any = real) -> Any:
+                seen[_n] += 1
+                return _f(self, *a)
+        monkeypatch.setattr(m.MooncakeConnectorWorker, name, counted)
+    return seen
+
+
+def _kinds(r: Any, kind: str) -> list[Any]:
+    return [e for e in r.trace if e.kind == kind]
+
+
+def test_pd_mooncake_runs_vllms_own_sender_and_receiver(calls: Counter[str],
+                                                        vllm_systems: list[Any]) -> None:
+    """Each decode leg's pull is served by vLLM's own send_kv_to_decode, which writes through
+    the simulated TransferEngine in [pd] transfer_time and frees P's hold; clean."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as m
+
+    r = run_scenario(load_scenario("pd-mooncake"), "internal-id", engine="vllm")
+    assert r.violated == () and [(q.tokens, q.finish_reason) for q in r.requests] == [
+        (8, "length")] * 2
+    assert {k: calls[k] for k in ("register_kv_caches", "_mooncake_sender_listener",
+                                  "send_kv_to_decode", "_send_blocks",
+                                  "receive_kv_from_single_worker",
+                                  "_connect_to_prefiller_bootstrap")} == {
+        "register_kv_caches": 2, "_mooncake_sender_listener": 1, "send_kv_to_decode": 2,
+        "_send_blocks": 2, "receive_kv_from_single_worker": 2,
+        "_connect_to_prefiller_bootstrap": 1}
+    # X1 allocated; X1 finished with X2 allocated in one schedule; X2 finished
+    assert calls["record_send_reqs"] == 3 and calls["fetch_finished_sending_reqs"] > 0
+    (system,) = vllm_systems
+    for engine in system.engines:
+        assert type(engine.sched.connector) is m.MooncakeConnector
+        assert type(engine.transport.worker) is m.MooncakeConnectorWorker
+        assert not engine.sched.requests  # every hold ended
+    holds, writes = _kinds(r, "pd.hold"), _kinds(r, "pd.push_write")
+    assert [w.detail.matched for w in writes] == ["transfer_id"] * 2
+    # each write ends transfer_time (0.002 s) after its hold began, into its own leg
+    assert [w.time for w in writes] == pytest.approx([h.time + 0.002 for h in holds])
+    assert [w.inc for w in writes] == [h.inc for h in holds]
+    assert [e.detail.cause for e in _kinds(r, "pd.release")] == ["pushed", "pushed"]
+
+
+def test_a_shared_transfer_id_crosses_the_legs_on_vllms_own_code(calls: Counter[str]) -> None:
+    """pd-mooncake-collision under internal-id: both decode legs ask for xfer-X; vLLM's own
+    send_kv_to_decode writes the first prefill's blocks into both, and the second prefill's
+    finish finds no entry (KeyError in record_send_reqs): its blocks stay held."""
+    r = run_scenario(load_scenario("pd-mooncake-collision"), "internal-id", engine="vllm")
+    assert r.violated == ("no-crosstalk", "no-leak")
+    writes = _kinds(r, "pd.push_write")
+    assert len({w.inc for w in writes}) == 1 and len({w.detail.dest_inc for w in writes}) == 2
+    (lost,) = _kinds(r, "pd.hold_lost")
+    assert lost.detail.error == "KeyError: 'xfer-X'"
+    assert calls["send_kv_to_decode"] == 2
+
+
+def test_equal_ids_kill_both_engines_at_vllms_own_assert(vllm_backend: Any) -> None:
+    """Under buggy the second X dies of each Scheduler's own duplicate-ID assert."""
+    r = run_scenario(load_scenario("pd-mooncake-collision"), "buggy", engine="vllm")
+    deaths = [v for v in r.violations if v.invariant == "engine-alive"]
+    assert [v.detail.split(" died")[0] for v in deaths] == ["decode", "prefill"]
+    assert all(v.where == "v1/core/sched/scheduler.py:2936" for v in deaths)
+
+
+def test_mooncake_conforms_and_is_deterministic(vllm_backend: Any, tmp_path: Path) -> None:
+    """Schedules drawn on the model agree on vLLM's own code; a run hashes alike in two
+    processes under two PYTHONHASHSEEDs."""
+    scens = [load_scenario(n) for n in ("pd-mooncake", "pd-mooncake-collision")]
+    res = conform(scens, [("buggy", {}), ("internal-id", {})], budget=10, workers=1,
+                  out_dir=tmp_path)
+    assert res.runs == 40 and [m.document() for m in res.unlisted] == []
+    here = run_scenario(scens[1], "internal-id", engine="vllm").trace_hash
+    code = ("from racesim.runner import run_scenario; from racesim.scenarios import "
+            "load_scenario as l; print(run_scenario(l('pd-mooncake-collision'), 'internal-id', "
+            "engine='vllm').trace_hash)")
+    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}, timeout=600,
+                           check=True).stdout.strip() for seed in ("0", "31337")]
+    assert outs == [here, here]
+
+
+def test_repro_refuses_a_mooncake_counterexample(vllm_backend: Any, tmp_path: Path) -> None:
+    """Its violations go through simulated parts (TransferEngine, sockets, threads): repro
+    says so rather than writing a script."""
+    from racesim.cli import main
+    from racesim.repro import make_repro
+    from racesim.sim.errors import InputError
+
+    try:
+        main(["explore", "pd-mooncake-collision", "-p", "buggy", "--engine", "vllm",
+              "--budget", "1", "--out", str(tmp_path)])
+    except SystemExit:
+        pass
+    (found,) = tmp_path.glob("*.json")
+    with pytest.raises(InputError, match="MooncakeConnector's TransferEngine"):
+        make_repro(str(found))

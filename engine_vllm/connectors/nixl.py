@@ -130,6 +130,8 @@ class NixlFabric:
     @property
     def connector_class(self) -> str:
         """The ``kv_connector`` vLLM builds (factory.py registers both names)."""
+        if self.connector == "mooncake":
+            return "MooncakeConnector"
         return "NixlPushConnector" if self.connector == "nixl-push" else "NixlConnector"
 
     def from_prefill(self, params: dict[str, Any], inc: int) -> KVTransferParams | None:
@@ -147,6 +149,10 @@ class NixlFabric:
 
     def to_decode(self, params: KVTransferParams | None) -> dict[str, Any] | None:
         """The dict the decode engine's request carries (a fresh copy, as from JSON)."""
+        if self.connector == "mooncake":
+            from racesim.engine_vllm.connectors.mooncake import mooncake_params
+
+            return mooncake_params(params)
         if params is None:
             return None
         if params.do_remote_decode:

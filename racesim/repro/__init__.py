@@ -81,6 +81,11 @@ def make_repro(path: str) -> Repro:
                          f"(engine 'vllm'); this one ran on racesim's model, a simulated part "
                          f"(explore or replay it with --engine vllm)")
     w = cx.scenario.workload
+    if w.topology == "pd" and w.pd.connector == "mooncake":
+        raise InputError(f"{path}: it depends on simulated parts, MooncakeConnector's "
+                         f"TransferEngine, sockets and sender/receiver threads "
+                         f"(engine_vllm/connectors/mooncake.py); repro renders NIXL push mode "
+                         f"only")
     if w.topology == "pd" and w.pd.connector != "nixl-push":
         raise InputError(f"{path}: it depends on a simulated part, the NIXL "
                          f"{w.pd.connector} transport's read and get_transfer_results "
