@@ -11,7 +11,10 @@ what ``_prepare_inputs`` wrote, async carry-over included) against the scheduled
 positions start at the tokens it had computed before this step (``num_computed_tokens`` minus
 this step's count: ``_update_after_schedule`` has already advanced it), a prompt position holds
 the prompt's token, an output position the output the scheduler has recorded, or, while that
-output is still in flight (async placeholder), a token of the same incarnation.
+output is still in flight (async placeholder), a token of the same incarnation. With
+speculative decoding the drafts after it are tokens of the same incarnation too, and the row's
+first position is the runner's, bounded by the scheduler's count (the rejected drafts of the
+step in flight are not known to the scheduler yet).
 """
 
 from __future__ import annotations
@@ -55,9 +58,13 @@ def runner_books(real: Any, sched: Any, so: Any, inc_of: Any) -> list[str]:
     return problems
 
 
-def input_errors(real: Any, sched: Any, inc_of: Any) -> dict[str, list[list[Any]]]:
-    """Request ID -> ``[position, token, what]`` for each wrong input of its row."""
+def input_errors(real: Any, sched: Any, inc_of: Any,
+                 scheduled: dict[str, int] | None = None) -> dict[str, list[list[Any]]]:
+    """Request ID -> ``[position, token, what]`` for each wrong input of its row.
+    ``scheduled``: the step's ``num_scheduled_tokens`` (read with speculative decoding)."""
     runner = real.runner
+    speculative = real.verifier is not None
+    scheduled = scheduled or {}
     batch = runner.input_batch
     qsl = query_starts(runner)
     ids = getattr(runner.input_ids, "gpu", runner.input_ids)
@@ -80,6 +87,17 @@ def input_errors(real: Any, sched: Any, inc_of: Any) -> dict[str, list[list[Any]
         inc = inc_of(req)
         lo, hi = int(qsl[i]), int(qsl[i + 1])
         start = req.num_computed_tokens - (hi - lo)
+        if speculative and lo < hi:
+            # the scheduler counts the in-flight drafts as computed (optimistic) and the runner
+            # trims drafts its drafter did not propose: the true start is at most the
+            # scheduler's count before this step, and the runner corrects it from the rejected
+            # drafts (0.20 gpu_model_runner.py:1952-1972)
+            start = all_pos[lo]
+            bound = req.num_computed_tokens - scheduled.get(rid, 0)
+            if start > bound:
+                out[rid] = [[start, all_ids[lo], f"position {start}, past the scheduler's "
+                                                 f"{bound} computed tokens"]]
+                continue
         prompt = req.prompt_token_ids
         outputs = req.output_token_ids
         np_ = len(prompt)
