@@ -71,6 +71,7 @@ class RealRunner:
         self.vocab = vocab
         self.truth = truth
         sc = vc.scheduler_config
+        wanted = sc.async_scheduling
         late_async = sc.async_scheduling and v.api.key < (0, 14)
         if late_async:
             # 0.11: the CPU runner's own event placeholder cannot record(stream) in __init__
@@ -84,8 +85,10 @@ class RealRunner:
                     spec.no_pinned_memory() if speculative else contextlib.nullcontext()):
                 runner = CPUModelRunner(vc, torch.device("cpu"))
         finally:
-            if late_async:
-                sc.async_scheduling = True
+            # the ngram_gpu drafter builds its own VllmConfig over this SchedulerConfig (0.20
+            # ngram_proposer_gpu.py:239-244), whose CPU platform hook switches async scheduling
+            # off (platforms/cpu.py): the engine's setting back for the next run's runner
+            sc.async_scheduling = wanted
         if late_async:
             runner.use_async_scheduling = True
             runner.async_output_copy_stream = shims.STREAM
@@ -138,7 +141,8 @@ class RealRunner:
         """``execute_model`` then ``sample_tokens``: the step's ModelRunnerOutput, or the
         release's async output object under async scheduling (``get_output()`` later)."""
         runner = self.runner
-        with shims.no_cuda():
+        with shims.no_cuda(), (spec.no_pinned_memory() if self.verifier is not None
+                               else contextlib.nullcontext()):
             self._so = so
             out = runner.execute_model(so)
             self.note_new(so)

@@ -16,8 +16,9 @@ Two things make the drafter run on this CPU machine, neither bookkeeping:
   own ``ignore_torch_compile`` (compilation/decorators.py:55-71) makes it run eagerly, the same
   torch code;
 - the runner asks for two pinned buffers for it with ``pin_memory=True`` (0.20.0
-  gpu_model_runner.py:549-554, 0.33.0 :636-639), which only an accelerator can give: while the
-  runner is built, ``pin_memory`` is dropped where no pinned allocator exists.
+  gpu_model_runner.py:549-554, 0.33.0 :636-639) and 0.33's drafter pins a copy each step
+  (ngram_proposer_gpu.py:551), which only an accelerator can give: while the runner is built
+  and steps, pinning is a no-op (the memory is the same CPU memory, unpinned).
 
 The network's part is the rejection sampler (``runner.rejection_sampler``, called by
 ``_sample``): :class:`Verifier` answers for each row with the tokens a greedy target would
@@ -47,7 +48,8 @@ def eager_drafter() -> None:
 
 @contextlib.contextmanager
 def no_pinned_memory() -> Iterator[None]:
-    """``torch.zeros``/``torch.empty`` ignore ``pin_memory=True`` (no pinned allocator here)."""
+    """``torch.zeros``/``torch.empty`` ignore ``pin_memory=True`` and ``Tensor.pin_memory()``
+    is the tensor itself (no pinned allocator here)."""
     import torch
 
     saved = torch.zeros, torch.empty
@@ -58,11 +60,14 @@ def no_pinned_memory() -> Iterator[None]:
             return fn(*args, **kwargs)
         return call
 
+    pin = torch.Tensor.pin_memory
     torch.zeros, torch.empty = unpinned(saved[0]), unpinned(saved[1])
+    torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
     try:
         yield
     finally:
         torch.zeros, torch.empty = saved
+        torch.Tensor.pin_memory = pin  # type: ignore[method-assign]
 
 
 def gpu_bookkeeping(runner: Any) -> None:
