@@ -120,3 +120,24 @@ def test_acceptance_is_the_runs_seeded_choice(vllm_backend: Any,
     runs = [s.engines[0].runner.real.verifier.verified for s in vllm_systems]
     assert runs[0] == runs[1] and runs[0] != runs[2]
     assert other.violations == ()
+
+
+@pytest.mark.vllm
+def test_the_30142_entry_preempts_with_a_speculative_step_in_flight(
+        vllm_backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entry reaches what PRs #47900 and #48245 describe: vLLM's own ``_preempt_request``
+    under KV pressure, on a request whose decode step with K drafts (1 + K placeholders) has
+    not returned yet."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    in_flight: list[int] = []
+    orig = Scheduler._preempt_request
+
+    def spy(self: Any, request: Any, *args: Any, **kwargs: Any) -> None:
+        in_flight.append(request.num_output_placeholders)
+        orig(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(Scheduler, "_preempt_request", spy)
+    res = run_scenario(load_scenario("30142-preempt-async-inflight"), "buggy", engine="vllm")
+    assert res.violations == ()
+    assert in_flight and max(in_flight) >= 1 + K
