@@ -141,3 +141,18 @@ def test_the_30142_entry_preempts_with_a_speculative_step_in_flight(
     res = run_scenario(load_scenario("30142-preempt-async-inflight"), "buggy", engine="vllm")
     assert res.violations == ()
     assert in_flight and max(in_flight) >= 1 + K
+
+
+@pytest.mark.vllm
+def test_synchronous_scheduling_takes_the_runners_drafts(vllm_backend: Any,
+                                                        vllm_systems: list[Any]) -> None:
+    """Without async scheduling EngineCore.post_step hands the runner's drafts to the
+    scheduler after each step (0.33 core.py:699-706); without that no draft is ever verified."""
+    scen = parse_scenario(SPEC.replace("async_scheduling = true", "async_scheduling = false"),
+                          "spec-sync.toml")
+    res = run_scenario(scen, "buggy", engine="vllm")
+    assert res.violations == ()
+    assert {o.id: o.tokens for o in res.requests} == {"A": 30, "B": 20}
+    (system,) = vllm_systems
+    verified = system.engines[0].runner.real.verifier.verified
+    assert sum(n for n, _a in verified) >= 20 and any(a for _n, a in verified)

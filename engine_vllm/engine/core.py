@@ -252,6 +252,10 @@ class VllmEngineCore(EngineShell):
         if ev is not None:
             yield ev
         self._update(so, mro, step)
+        if not self.config.async_scheduling and so.total_num_scheduled_tokens:
+            # EngineCore.post_step (0.20 core.py:433-441): synchronous, the scheduler takes the
+            # runner's drafts after each executed step (async: the runner keeps them)
+            self.runner.take_drafts()
         return True
 
     def _synced_schedule(self, so: Any, running: list[Any]) -> None:

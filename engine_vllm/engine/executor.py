@@ -103,10 +103,19 @@ class Executor:
             core.world.emit(component, None, 0, RunnerBooks(step, problems))
         if so.total_num_scheduled_tokens:
             requests = core.sched.requests
-            for rid, bad in input_errors(self.real, core.sched, core.inc_of,
-                                         so.num_scheduled_tokens).items():
+            for rid, bad in input_errors(self.real, core.sched, core.inc_of, so).items():
                 core.world.emit(component, rid, core.inc_of(requests.get(rid)),
                                 RunnerInput(step, bad))
+
+    def take_drafts(self) -> None:
+        """``take_draft_token_ids`` into ``Scheduler.update_draft_token_ids`` (speculative
+        decoding only)."""
+        if self.real is None or self.real.verifier is None:
+            return
+        core = self.core
+        drafts = core.call(self.real.runner.take_draft_token_ids)
+        if drafts is not None:
+            core.call(core.sched.update_draft_token_ids, drafts)
 
     @staticmethod
     def result(out: Any) -> Any:

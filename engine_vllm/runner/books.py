@@ -12,9 +12,12 @@ positions start at the tokens it had computed before this step (``num_computed_t
 this step's count: ``_update_after_schedule`` has already advanced it), a prompt position holds
 the prompt's token, an output position the output the scheduler has recorded, or, while that
 output is still in flight (async placeholder), a token of the same incarnation. With
-speculative decoding the drafts after it are tokens of the same incarnation too, and the row's
-first position is the runner's, bounded by the scheduler's count (the rejected drafts of the
-step in flight are not known to the scheduler yet).
+speculative decoding a row's drafts are guesses (any token; the network rejects a wrong one),
+so only their positions are checked, and the row's first position is the runner's, bounded by
+the scheduler's count: the drafts of the step in flight count as computed until its output
+tells the scheduler how many were rejected. This is weaker than the exact check: a runner
+that failed to take back rejected drafts would put its row at most that many positions late
+unseen.
 """
 
 from __future__ import annotations
@@ -59,12 +62,13 @@ def runner_books(real: Any, sched: Any, so: Any, inc_of: Any) -> list[str]:
 
 
 def input_errors(real: Any, sched: Any, inc_of: Any,
-                 scheduled: dict[str, int] | None = None) -> dict[str, list[list[Any]]]:
+                 so: Any = None) -> dict[str, list[list[Any]]]:
     """Request ID -> ``[position, token, what]`` for each wrong input of its row.
-    ``scheduled``: the step's ``num_scheduled_tokens`` (read with speculative decoding)."""
+    ``so``: the step's SchedulerOutput (read with speculative decoding)."""
     runner = real.runner
-    speculative = real.verifier is not None
-    scheduled = scheduled or {}
+    speculative = real.verifier is not None and so is not None
+    scheduled = so.num_scheduled_tokens if speculative else {}
+    drafted = so.scheduled_spec_decode_tokens if speculative else {}
     batch = runner.input_batch
     qsl = query_starts(runner)
     ids = getattr(runner.input_ids, "gpu", runner.input_ids)
@@ -98,6 +102,12 @@ def input_errors(real: Any, sched: Any, inc_of: Any,
                 out[rid] = [[start, all_ids[lo], f"position {start}, past the scheduler's "
                                                  f"{bound} computed tokens"]]
                 continue
+            # the row's drafts (what the runner kept of them: it trims, never adds) are
+            # guesses the network verifies, not the request's tokens: positions only
+            real_tokens = scheduled.get(rid, 0) - len(drafted.get(rid, ()))
+            drafts_from = lo + max(real_tokens, 1)
+        else:
+            drafts_from = hi
         prompt = req.prompt_token_ids
         outputs = req.output_token_ids
         np_ = len(prompt)
@@ -107,6 +117,8 @@ def input_errors(real: Any, sched: Any, inc_of: Any,
             want_p = start + (j - lo)
             if p != want_p:
                 bad.append([p, t, f"position {p}, its true position is {want_p}"])
+                continue
+            if j >= drafts_from:
                 continue
             if p < np_:
                 if t != prompt[p]:
