@@ -28,8 +28,8 @@ from racesim.engine_model.profile_types import Behaviour, VllmProfile
 from racesim.sim.errors import InputError
 
 __all__ = ["MID_STEP_WIDTHS", "Behaviour", "VllmProfile", "PROFILES", "DEFAULT_VLLM", "WIDTHS",
-           "Reach", "RELEASE_OF", "ALIASES", "profile_name", "get_profile", "profile_gap", "model_gap",
-           "reach_of", "resolve_workload", "unverified_note"]
+           "Reach", "RELEASE_OF", "ALIASES", "profile_name", "get_profile", "profile_gap",
+           "model_gap", "reach_of", "resolve_workload", "unverified_note"]
 
 WIDTHS = ("live", "yield", "latent")
 

@@ -161,7 +161,7 @@ def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
     if shape.num_speculative_tokens:
         # the fake vocabulary's ids (racesim.engine_vllm.engine.views.Vocabulary, from 1024 up)
         # inside the model's vocabulary: the ngram drafter takes a sampled id >= vocab_size for
-        # no token (0.20 v1/spec_decode/ngram_proposer_gpu.py:440-443)
+        # no token (0.20 v1/spec_decode/ngram_proposer_gpu.py:436-439)
         extra["hf_overrides"] = {"vocab_size": SPEC_VOCAB_SIZE}
     mc = v.ModelConfig(model=model, skip_tokenizer_init=True, max_model_len=shape.max_model_len,
                        **extra)

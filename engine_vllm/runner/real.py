@@ -86,8 +86,8 @@ class RealRunner:
                 runner = CPUModelRunner(vc, torch.device("cpu"))
         finally:
             # the ngram_gpu drafter builds its own VllmConfig over this SchedulerConfig (0.20
-            # ngram_proposer_gpu.py:239-244), whose CPU platform hook switches async scheduling
-            # off (platforms/cpu.py): the engine's setting back for the next run's runner
+            # ngram_proposer_gpu.py:240-245), whose CPU platform hook switches async scheduling
+            # off (platforms/cpu.py:136): the engine's setting back for the next run's runner
             sc.async_scheduling = wanted
         if late_async:
             runner.use_async_scheduling = True
