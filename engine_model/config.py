@@ -69,6 +69,10 @@ class EngineConfig:
     #: the engine core starts listening at this time: an ADD sent to it before then is
     #: dropped by the API server's ROUTER socket (no ROUTER_MANDATORY; None: from the start).
     connect_at: float | None = None
+    #: ``--speculative-config`` with ``num_speculative_tokens`` = this (method ngram_gpu, the
+    #: draft-model-free method vLLM allows with async scheduling); None: no speculative
+    #: decoding. Runs on the vllm backend only (the model refuses it).
+    num_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         _float_times(self, "step_time", "preprocess_time", "pause_at", "resume_at",

@@ -26,10 +26,12 @@ from racesim.engine_model.versions import (
     Reach,
     VllmProfile,
     get_profile,
+    model_gap,
     reach_of,
     resolve_workload,
     unverified_note,
 )
+from racesim.sim.errors import InputError
 from racesim.sim.points import Decision, DelayPlan
 from racesim.sim.trace import TraceEvent
 from racesim.sim.world import World
@@ -336,6 +338,8 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     ``hash_trace=False`` leaves ``trace_hash`` empty (exploration's inner runs, see
     :class:`racesim.sim.trace.TraceRecorder`). ``system_cls`` and ``engine`` are a backend's:
     the System subclass that builds its engines, and the name its results carry."""
+    if system_cls is None and (gap := model_gap(workload)) is not None:
+        raise InputError(gap)
     world = World(seed, plan, retain_trace=retain_trace, hash_trace=hash_trace,
                   always_yield=_YIELDING)
     checker = Checker(world, frozenset(skip))

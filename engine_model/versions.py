@@ -29,7 +29,7 @@ from racesim.sim.errors import InputError
 
 __all__ = ["MID_STEP_WIDTHS", "Behaviour", "VllmProfile", "PROFILES", "DEFAULT_VLLM", "WIDTHS",
            "Reach", "RELEASE_OF", "ALIASES", "profile_name", "get_profile", "profile_gap",
-           "reach_of", "resolve_workload", "unverified_note"]
+           "model_gap", "reach_of", "resolve_workload", "unverified_note"]
 
 WIDTHS = ("live", "yield", "latent")
 
@@ -122,6 +122,16 @@ def _check_catalogue() -> None:
 
 
 _check_catalogue()
+
+
+def model_gap(workload: Workload) -> str | None:
+    """Why the model cannot run ``workload`` on any profile (one line), or None. The model has
+    no speculative decoding (no draft tokens, no rejections); the vllm backend runs vLLM's own
+    (racesim.engine_vllm.runner.spec)."""
+    if workload.engine.num_speculative_tokens:
+        return ("engine.num_speculative_tokens runs on the vllm backend only (the model has no "
+                "speculative decoding); run it with --engine vllm")
+    return None
 
 
 def profile_gap(workload: Workload) -> str | None:

@@ -29,6 +29,8 @@ __all__ = ["vllm", "VllmEngineShape", "new_scheduler", "new_request", "assign_re
            "BLOCK_SIZE_ATTR"]
 
 BLOCK_SIZE_ATTR = "block_size"
+#: the model's vocabulary with speculative decoding: room for the fake vocabulary's ids
+SPEC_VOCAB_SIZE = 1 << 16
 #: the release whose adapter (_api.py) runs vLLM, when a tree's own version is not one
 #: (``--vllm-src`` of a dev tree, ``--vllm-base``); set by racesim.runner.vllm_tree.activate
 API_RELEASE: str | None = None
@@ -147,20 +149,31 @@ class VllmEngineShape:
     #: P/D: more ``kv_connector_extra_config`` entries, as (key, value) pairs (the scenario's
     #: ``[pd] bidirectional_kv_xfer`` and ``decoder_kv_blocks_ttl``)
     kv_extra: tuple[tuple[str, Any], ...] = ()
+    #: ``--speculative-config '{"method": "ngram_gpu", "num_speculative_tokens": k}'``; 0: none
+    num_speculative_tokens: int = 0
 
 
 @cache
 def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
     v = vllm()
     model = str(resources.files("racesim.engine_vllm") / "tiny_model")
-    mc = v.ModelConfig(model=model, skip_tokenizer_init=True, max_model_len=shape.max_model_len)
+    extra: dict[str, Any] = {}
+    if shape.num_speculative_tokens:
+        # the fake vocabulary's ids (racesim.engine_vllm.engine.views.Vocabulary, from 1024 up)
+        # inside the model's vocabulary: the ngram drafter takes a sampled id >= vocab_size for
+        # no token (0.20 v1/spec_decode/ngram_proposer_gpu.py:436-439)
+        extra["hf_overrides"] = {"vocab_size": SPEC_VOCAB_SIZE}
+    mc = v.ModelConfig(model=model, skip_tokenizer_init=True, max_model_len=shape.max_model_len,
+                       **extra)
     sc = v.api.scheduler_config(v.SchedulerConfig, max_model_len=shape.max_model_len,
                                 max_num_seqs=shape.max_num_seqs,
                                 max_num_batched_tokens=shape.max_num_batched_tokens,
                                 async_scheduling=shape.async_scheduling)
     cc = v.CacheConfig(block_size=shape.block_size,
                        enable_prefix_caching=shape.prefix_caching)
-    vc = v.VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc)
+    spec_config = _speculative_config(shape.num_speculative_tokens, mc)
+    vc = v.VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
+                      speculative_config=spec_config)
     # CpuPlatform switches async scheduling off (platforms/cpu.py:348): put the scenario's back.
     vc.scheduler_config.async_scheduling = shape.async_scheduling
     # BlockPool keeps block 0 as its null block (block_pool.py): one more gives the scenario's
@@ -187,6 +200,20 @@ def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
     spec = v.api.attention_spec(v.FullAttentionSpec, block_size=shape.block_size,
                                 num_kv_heads=1, head_size=1, dtype=v.torch.float32)
     return vc, spec
+
+
+def _speculative_config(k: int, mc: Any) -> Any:
+    """What ``EngineArgs.create_speculative_config`` builds for ``--speculative-config
+    '{"method": "ngram_gpu", "num_speculative_tokens": k}'`` (0.20 arg_utils.py:1567-1592), or
+    None. ngram_gpu: vLLM refuses async scheduling with any other method that needs no draft
+    model (0.20 config/vllm.py:774-792, 0.33 :1650-1665); its drafter proposes from the
+    request's own tokens, as the CPU ngram does."""
+    if not k:
+        return None
+    from vllm.config import ParallelConfig, SpeculativeConfig
+
+    return SpeculativeConfig(method="ngram_gpu", num_speculative_tokens=k,
+                             target_model_config=mc, target_parallel_config=ParallelConfig())
 
 
 def new_scheduler(shape: VllmEngineShape, include_finished_set: bool = False) -> Any:

@@ -56,6 +56,13 @@ def release_gap(workload: Workload, release: str | None) -> str | None:
     """Why vLLM ``release``'s own classes cannot run this scenario (one line), or None."""
     from racesim.engine_vllm._api import release_key
 
+    if release is not None and release_key(release) < (0, 20) \
+            and workload.engine.num_speculative_tokens:
+        # racesim.engine_vllm.runner.spec runs the ngram_gpu drafter, vLLM's only one without
+        # a draft model that async scheduling accepts (0.20 config/vllm.py:774-792)
+        return (f"engine.num_speculative_tokens runs on the vllm backend with vLLM 0.20 and "
+                f"0.33, not {release} (no ngram_gpu drafter: v1/spec_decode/ngram_proposer_gpu.py "
+                f"came after it)")
     if release is not None and release_key(release) < (0, 10) \
             and workload.engine.async_scheduling:
         return (f"engine.async_scheduling cannot run on the vllm backend with vLLM {release}: "

@@ -76,7 +76,8 @@ class VllmEngineCore(EngineShell):
         shape = _vllm.VllmEngineShape(config.num_blocks, config.block_size, config.max_num_seqs,
                                       config.max_num_batched_tokens, max_model_len,
                                       bool(config.async_scheduling), bool(config.prefix_caching),
-                                      kv_transfer, pd[1].extra_config if pd is not None else ())
+                                      kv_transfer, pd[1].extra_config if pd is not None else (),
+                                      config.num_speculative_tokens or 0)
         self.sched = _vllm.new_scheduler(shape, include_finished_set=dp)
         #: ground truth by object: id(Request) -> (the Request, its incarnation); id of its
         #: SamplingParams -> (them, eos_at): a session's chunk brings its own (scheduler.py:1913)
@@ -251,6 +252,10 @@ class VllmEngineCore(EngineShell):
         if ev is not None:
             yield ev
         self._update(so, mro, step)
+        if not self.config.async_scheduling and so.total_num_scheduled_tokens:
+            # EngineCore.post_step (0.20 core.py:433-441): synchronous, the scheduler takes the
+            # runner's drafts after each executed step (async: the runner keeps them)
+            self.runner.take_drafts()
         return True
 
     def _synced_schedule(self, so: Any, running: list[Any]) -> None:

@@ -40,7 +40,14 @@ class Executor:
             from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
 
             self._empty = EMPTY_MODEL_RUNNER_OUTPUT
-            self.real = RealRunner(v, vc, core.sched.kv_cache_config, core.vocab, self._truth)
+            accept = None
+            if shape.num_speculative_tokens:
+                # how many drafts the network accepts: drawn per verified row, in the run's
+                # order, from the World's seeded stream (racesim.engine_vllm.runner.spec)
+                rng = core.world.rng.stream("spec-accept")
+                accept = lambda n: rng.randint(0, n)  # noqa: E731
+            self.real = RealRunner(v, vc, core.sched.kv_cache_config, core.vocab, self._truth,
+                                   accept)
         else:
             # the model's runner where vLLM's is not run (before 0.11): its batch rows too
             self.fake = ModelRunner(core.world, f"{core.name}.runner", async_scheduling,
@@ -96,9 +103,19 @@ class Executor:
             core.world.emit(component, None, 0, RunnerBooks(step, problems))
         if so.total_num_scheduled_tokens:
             requests = core.sched.requests
-            for rid, bad in input_errors(self.real, core.sched, core.inc_of).items():
+            for rid, bad in input_errors(self.real, core.sched, core.inc_of, so).items():
                 core.world.emit(component, rid, core.inc_of(requests.get(rid)),
                                 RunnerInput(step, bad))
+
+    def take_drafts(self) -> None:
+        """``take_draft_token_ids`` into ``Scheduler.update_draft_token_ids`` (speculative
+        decoding only)."""
+        if self.real is None or self.real.verifier is None:
+            return
+        core = self.core
+        drafts = core.call(self.real.runner.take_draft_token_ids)
+        if drafts is not None:
+            core.call(core.sched.update_draft_token_ids, drafts)
 
     @staticmethod
     def result(out: Any) -> Any:

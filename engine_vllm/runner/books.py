@@ -11,7 +11,13 @@ what ``_prepare_inputs`` wrote, async carry-over included) against the scheduled
 positions start at the tokens it had computed before this step (``num_computed_tokens`` minus
 this step's count: ``_update_after_schedule`` has already advanced it), a prompt position holds
 the prompt's token, an output position the output the scheduler has recorded, or, while that
-output is still in flight (async placeholder), a token of the same incarnation.
+output is still in flight (async placeholder), a token of the same incarnation. With
+speculative decoding a row's drafts are guesses (any token; the network rejects a wrong one),
+so only their positions are checked, and the row's first position is the runner's, bounded by
+the scheduler's count: the drafts of the step in flight count as computed until its output
+tells the scheduler how many were rejected. This is weaker than the exact check: a runner
+that failed to take back rejected drafts would put its row at most that many positions late
+unseen.
 """
 
 from __future__ import annotations
@@ -55,9 +61,14 @@ def runner_books(real: Any, sched: Any, so: Any, inc_of: Any) -> list[str]:
     return problems
 
 
-def input_errors(real: Any, sched: Any, inc_of: Any) -> dict[str, list[list[Any]]]:
-    """Request ID -> ``[position, token, what]`` for each wrong input of its row."""
+def input_errors(real: Any, sched: Any, inc_of: Any,
+                 so: Any = None) -> dict[str, list[list[Any]]]:
+    """Request ID -> ``[position, token, what]`` for each wrong input of its row.
+    ``so``: the step's SchedulerOutput (read with speculative decoding)."""
     runner = real.runner
+    speculative = real.verifier is not None and so is not None
+    scheduled = so.num_scheduled_tokens if speculative else {}
+    drafted = so.scheduled_spec_decode_tokens if speculative else {}
     batch = runner.input_batch
     qsl = query_starts(runner)
     ids = getattr(runner.input_ids, "gpu", runner.input_ids)
@@ -80,6 +91,23 @@ def input_errors(real: Any, sched: Any, inc_of: Any) -> dict[str, list[list[Any]
         inc = inc_of(req)
         lo, hi = int(qsl[i]), int(qsl[i + 1])
         start = req.num_computed_tokens - (hi - lo)
+        if speculative and lo < hi:
+            # the scheduler counts the in-flight drafts as computed (optimistic) and the runner
+            # trims drafts its drafter did not propose: the true start is at most the
+            # scheduler's count before this step, and the runner corrects it from the rejected
+            # drafts (0.20 gpu_model_runner.py:1952-1972)
+            start = all_pos[lo]
+            bound = req.num_computed_tokens - scheduled.get(rid, 0)
+            if start > bound:
+                out[rid] = [[start, all_ids[lo], f"position {start}, past the scheduler's "
+                                                 f"{bound} computed tokens"]]
+                continue
+            # the row's drafts (what the runner kept of them: it trims, never adds) are
+            # guesses the network verifies, not the request's tokens: positions only
+            real_tokens = scheduled.get(rid, 0) - len(drafted.get(rid, ()))
+            drafts_from = lo + max(real_tokens, 1)
+        else:
+            drafts_from = hi
         prompt = req.prompt_token_ids
         outputs = req.output_token_ids
         np_ = len(prompt)
@@ -89,6 +117,8 @@ def input_errors(real: Any, sched: Any, inc_of: Any) -> dict[str, list[list[Any]
             want_p = start + (j - lo)
             if p != want_p:
                 bad.append([p, t, f"position {p}, its true position is {want_p}"])
+                continue
+            if j >= drafts_from:
                 continue
             if p < np_:
                 if t != prompt[p]:

@@ -19,11 +19,12 @@ vocabulary: the row's incarnation, the incarnation of its input token when that 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from racesim.engine_model.messages import Token
 from racesim.engine_vllm.engine.views import Vocabulary
-from racesim.engine_vllm.runner import shims
+from racesim.engine_vllm.runner import shims, spec
 
 __all__ = ["RealRunner", "query_starts"]
 
@@ -56,7 +57,7 @@ class RealRunner:
     scheduler's Request under that ID now (asked when the runner takes a new request in)."""
 
     def __init__(self, v: Any, vc: Any, kv_cache_config: Any, vocab: Vocabulary,
-                 truth: Any) -> None:
+                 truth: Any, accept: Any = None) -> None:
         import torch
         from vllm.config import set_current_vllm_config
 
@@ -70,17 +71,24 @@ class RealRunner:
         self.vocab = vocab
         self.truth = truth
         sc = vc.scheduler_config
+        wanted = sc.async_scheduling
         late_async = sc.async_scheduling and v.api.key < (0, 14)
         if late_async:
             # 0.11: the CPU runner's own event placeholder cannot record(stream) in __init__
             # (gpu_model_runner.py:391): build it synchronous, then switch async on
             sc.async_scheduling = False
+        speculative = vc.speculative_config is not None
+        if speculative:
+            spec.eager_drafter()
         try:
-            with set_current_vllm_config(vc), shims.no_cuda():
+            with set_current_vllm_config(vc), shims.no_cuda(), (
+                    spec.no_pinned_memory() if speculative else contextlib.nullcontext()):
                 runner = CPUModelRunner(vc, torch.device("cpu"))
         finally:
-            if late_async:
-                sc.async_scheduling = True
+            # the ngram_gpu drafter builds its own VllmConfig over this SchedulerConfig (0.20
+            # ngram_proposer_gpu.py:240-245), whose CPU platform hook switches async scheduling
+            # off (platforms/cpu.py:136): the engine's setting back for the next run's runner
+            sc.async_scheduling = wanted
         if late_async:
             runner.use_async_scheduling = True
             runner.async_output_copy_stream = shims.STREAM
@@ -90,6 +98,8 @@ class RealRunner:
             # async output calls (0.20: no wait_stream)
             if getattr(runner, name, None) is not None:
                 setattr(runner, name, shims.STREAM)
+        if speculative:
+            spec.gpu_bookkeeping(runner)
         runner.kv_cache_config = kv_cache_config  # initialize_kv_cache sets it (never called)
         # no attention backend is built (no layers): one empty group per KV cache group
         runner.attn_groups = [[] for _ in kv_cache_config.kv_cache_groups]
@@ -97,8 +107,16 @@ class RealRunner:
         # the network's seams (module docstring): instance attributes, vLLM's classes untouched
         runner.model = _StubModel(self._forward)
         runner._model_forward = self._forward
-        runner._build_attention_metadata = lambda *a, **k: ({}, None)
+        if not speculative:
+            runner._build_attention_metadata = lambda *a, **k: ({}, None)
+        # else vLLM's own: with no attention group it builds only the common metadata, which
+        # the drafter needs (sample_tokens: ``input_fits_in_drafter``)
         runner.sampler = self._sample
+        #: the rejection sampler seam (racesim.engine_vllm.runner.spec), None without drafts
+        self.verifier: spec.Verifier | None = None
+        if speculative:
+            self.verifier = runner.rejection_sampler = spec.Verifier(self._verify_begin,
+                                                                     self._target, accept)
         if v.api.key < (0, 11):
             # 0.10's CPU runner asserts a TorchSDPA builder in attn_groups[0][0] to reorder the
             # batch for its attention kernel (cpu_model_runner.py:33-58); no attention layer
@@ -123,7 +141,8 @@ class RealRunner:
         """``execute_model`` then ``sample_tokens``: the step's ModelRunnerOutput, or the
         release's async output object under async scheduling (``get_output()`` later)."""
         runner = self.runner
-        with shims.no_cuda():
+        with shims.no_cuda(), (spec.no_pinned_memory() if self.verifier is not None
+                               else contextlib.nullcontext()):
             self._so = so
             out = runner.execute_model(so)
             self.note_new(so)
@@ -197,3 +216,23 @@ class RealRunner:
         torch = self.torch
         sampled = torch.tensor(out, dtype=torch.int32).reshape(n, 1)
         return self._sampler_output(sampled_token_ids=sampled, logprobs_tensors=None)
+
+    def _verify_begin(self) -> None:
+        self.note_new(self._so)
+
+    def _target(self, row: int, flat: int) -> int:
+        """The token the network samples after batch row ``row``'s model input at flattened
+        index ``flat`` (what :meth:`_sample` answers for a row's last input)."""
+        runner = self.runner
+        state = runner.requests.get(runner.input_batch.req_ids[row])
+        entry = self._states.get(id(state))
+        inc, eos_at = (entry[1], entry[2]) if entry is not None else (0, None)
+        token_in = int(getattr(runner.input_ids, "gpu", runner.input_ids)[flat])
+        ctx = 0
+        if token_in >= Vocabulary.BASE:
+            came = self.vocab.decode(token_in).inc
+            if came != inc:
+                ctx = came
+        position = int(getattr(runner.positions, "gpu", runner.positions)[flat])
+        index = position + 2 - state.num_prompt_tokens
+        return self.vocab.encode(_new_tuple(Token, (inc, ctx, index == eos_at)))

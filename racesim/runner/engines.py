@@ -13,7 +13,7 @@ from functools import cache
 from importlib import metadata
 
 from racesim.engine_model.config import Workload
-from racesim.engine_model.versions import DEFAULT_VLLM, profile_gap
+from racesim.engine_model.versions import DEFAULT_VLLM, model_gap, profile_gap
 from racesim.sim.errors import InputError
 
 __all__ = ["ENGINES", "SUPPORTED_VLLM", "INSTALL_COMMAND", "install_command", "check_engine",
@@ -115,6 +115,8 @@ def why_not_run(workload: Workload, engine: str) -> str | None:
     """Why ``workload`` cannot run on ``engine`` (one line), or None: what ``cannot_run``
     decides, in words."""
     gap = profile_gap(workload)
+    if gap is None and engine != "vllm":
+        gap = model_gap(workload)
     if gap is not None or engine != "vllm":
         return gap
     from racesim.engine_vllm import model_only_reason
