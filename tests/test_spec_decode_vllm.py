@@ -9,6 +9,8 @@ one: tests/conftest.py ``ANY_RELEASE``): skipped locally without vLLM, a failure
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -163,3 +165,44 @@ def test_synchronous_scheduling_takes_the_runners_drafts(vllm_backend: Any,
     (system,) = vllm_systems
     verified = system.engines[0].runner.real.verifier.verified
     assert sum(n for n, _a in verified) >= 20 and any(a for _n, a in verified)
+
+
+def _placeholders_probe() -> Any:
+    path = Path(__file__).resolve().parents[1] / "scripts" / "placeholders-30142.py"
+    spec = importlib.util.spec_from_file_location("placeholders_30142", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.vllm
+def test_two_batches_in_flight_drain_a_preempted_requests_step_exactly(
+        vllm_backend: Any) -> None:
+    """#30142's window on the installed release's own AsyncScheduler
+    (scripts/placeholders-30142.py): requests are preempted with a step of 1 + K placeholders in
+    flight, and with two batches in flight (what vLLM runs under async scheduling) that step's
+    output takes back exactly what it reserved before the request can resume: no underflow."""
+    got = _placeholders_probe().measure(2, K, 20)
+    assert got["underflows"] == []
+    assert got["preempt_inflight"] >= 20 and got["drafts"] >= 1000
+    assert got["finished"] == 3 * 20
+
+
+@pytest.mark.vllm
+def test_three_batches_in_flight_underflow_before_the_fix(vllm_backend: Any) -> None:
+    """The probe is not blind: with a third batch queued a preempted request resumes while its
+    stale step is in flight, and that step's output drives vLLM's own counter below zero
+    (``assert request.num_output_placeholders >= 0``, async_scheduler.py) on releases before
+    PR #48245, which delivers a preempted request's stale output without touching it (0.33)."""
+    import vllm
+
+    from racesim.engine_vllm._api import release_key
+
+    got = _placeholders_probe().measure(3, K, 20)
+    if release_key(vllm.__version__) >= (0, 33):
+        assert got["underflows"] == [] and got["finished"] == 3 * 20
+    else:
+        assert got["underflows"]
+        assert all("v1/core/sched/async_scheduler.py:" in u and
+                   "num_output_placeholders >= 0" in u for u in got["underflows"])
