@@ -133,6 +133,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     # entry shows (a perturbed run may pass a point more often, but the user meant run 0 too)
     res.warnings.extend(unreached_warnings("[delays]", scenario.delays, baseline.occurrences))
     res.baseline_reach = baseline.reach().reach
+    res.frontend = (baseline.frontend, baseline.frontend_note)
     occurrences = baseline.occurrences
     if reach == "live":  # the strategies delay only the points they are given
         profile = get_profile(scenario.vllm)
