@@ -233,3 +233,33 @@ def test_the_rl_routers_abort_all_sweeps_the_leaked_parent(real: None, tmp_path:
     res = conform([scen], [("buggy", {}), ("internal-id", {})], budget=3, workers=1,
                   engines=SIDES)
     assert res.runs == 6 and not res.mismatches
+
+
+@pytest.mark.vllm
+def test_a_file_found_on_the_models_frontend_replays_there(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A schedule at points both frontends pass (an IPC delay) would run on vLLM's own
+    frontend by default: the file records the model's, and replay keeps to it."""
+    import json
+
+    from _cli import cli as run_cli
+
+    from racesim.documents import Counterexample, violation_dicts, write_counterexample
+    from racesim.sim import Decision
+
+    scen = load_scenario("abort-reuse")
+    schedule = (Decision("ipc.input:transit", 1, 0.003),)
+    monkeypatch.setenv(ENV, "model")
+    r = run_scenario(scen, "buggy", engine="vllm", schedule=schedule)
+    monkeypatch.delenv(ENV)
+    assert run_scenario(scen, "buggy", engine="vllm", schedule=schedule).trace_hash \
+        != r.trace_hash  # the default, vLLM's frontend, is another trace
+    cx = Counterexample(scen, "buggy", {}, 0, r.schedule, (), tuple(violation_dicts(r)),
+                        r.trace_hash, engine="vllm", ids="given", frontend=r.frontend)
+    path = write_counterexample(tmp_path / "cx.json", cx)
+    assert json.loads(path.read_text(encoding="utf-8"))["frontend"] == "model"
+    _code, out, _err = run_cli(capsys, "replay", str(path), "--engine", "vllm", "--json")
+    doc = json.loads(out)
+    assert doc["trace_hash"] == r.trace_hash
+    assert "frontend" not in doc["components"]["vllm_code"]

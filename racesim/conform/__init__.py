@@ -351,7 +351,8 @@ def _save(m: Mismatch, scen: Scenario, skip: tuple[str, ...], engines: tuple[str
                                       engines[1]: outcomes[1].as_dict()},
                          "known": m.known},
                         r.reach().reach if r.violations else None,
-                        engine=split_side(engines[1])[0])
+                        engine=split_side(engines[1])[0],
+                        frontend=r.frontend if split_side(engines[1])[0] == "vllm" else "")
     first = mismatch_path(out_dir, m, strategy, engines)
     path = write_claimed(free_path(first, _ours), cx, _ours, first=first)
     return dataclasses.replace(m, outcomes=outcomes, path=str(path))

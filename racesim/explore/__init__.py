@@ -354,7 +354,8 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
                           engine=res.engine, ids=res.spec.id_scheme,
                           vllm_tree=res.spec.backend.tree_record(),
                           vllm_release=res.spec.backend.release or ""
-                          if res.spec.backend.has_tree else "")
+                          if res.spec.backend.has_tree else "",
+                          frontend=res.frontend[0] if res.spec.backend.is_vllm else "")
 
 
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:
