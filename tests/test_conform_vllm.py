@@ -36,9 +36,9 @@ def test_the_model_agrees_with_vllm_on_every_bundled_scenario(
     """Every bundled scenario, BUDGET random schedules each, under vLLM's own lifecycle on 0.33
     (internal IDs) and with randomization disabled (buggy: equal IDs, so duplicates reach the
     scheduler): no mismatch the known table does not list. The engine alone, on the model's
-    frontend: every model point is perturbed on both sides, and vLLM's own frontend (several
-    times slower) is compared with the model's by test_conform_frontend.py and, as conform
-    runs by default, by the test below."""
+    frontend: every model point is perturbed on both sides (on vLLM's own frontend, slower,
+    only the points both pass), and vLLM's own frontend is compared with the model's by
+    test_conform_frontend.py and, as conform runs by default, by the test below."""
     monkeypatch.setenv("RACESIM_VLLM_FRONTEND", "model")
     scens = [load_scenario(n).with_vllm("0.33") for n in bundled_names()]
     started = time.monotonic()
