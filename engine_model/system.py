@@ -87,6 +87,11 @@ class RunResult:
     widened: tuple[tuple[str, int], ...] = ()
     #: the invariants the run evaluated with a live incarnation (``Checker.evaluated``).
     evaluated: tuple[str, ...] = ()
+    #: whose frontend ran: "model" (racesim's AsyncLLM) or "vllm" (the release's own AsyncLLM,
+    #: on the vllm backend); ``frontend_note`` says why the model's ran on the vllm backend
+    #: ("" when vLLM's ran, or the user asked for the model's).
+    frontend: str = "model"
+    frontend_note: str = ""
 
     def reach(self, violation: Violation | None = None) -> Reach:
         """Live or latent: judged from the delays taken up to the violation (all of them when

@@ -15,11 +15,11 @@ if TYPE_CHECKING:
 __all__ = ["run_workload", "unsupported_reason", "model_only_reason", "SUPPORTED_POLICIES"]
 
 
-def run_workload(*args: Any, **kwargs: Any) -> RunResult:
-    """``racesim.engine_model.run_workload`` on vLLM's own classes (same arguments)."""
-    from racesim.engine_vllm.frontend.select import real_frontend
-
-    if real_frontend():
+def run_workload(*args: Any, frontend: str = "model", **kwargs: Any) -> RunResult:
+    """``racesim.engine_model.run_workload`` on vLLM's own classes (same arguments), with
+    vLLM's own AsyncLLM as the frontend when ``frontend`` is "asyncllm" (the choice is the
+    runner's: ``racesim.engine_vllm.frontend.select.choose``)."""
+    if frontend == "asyncllm":
         from racesim.engine_vllm.frontend.system import run_workload as real
 
         return real(*args, **kwargs)

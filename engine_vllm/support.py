@@ -26,13 +26,14 @@ SUPPORTED_POLICIES: dict[str, tuple[str, ...]] = {"shipped": (), "buggy": (),
 
 def unsupported_reason(workload: Workload, policy: str,
                        options: Mapping[str, str] | None = None,
-                       release: str | None = None) -> str | None:
-    """Why this run cannot use the vllm backend on vLLM ``release`` (one line), or None."""
+                       release: str | None = None, frontend: str = "model") -> str | None:
+    """Why this run cannot use the vllm backend on vLLM ``release`` (one line), or None.
+    ``frontend`` is the one the run chose (``frontend.select.choose``): on vLLM's own
+    (``asyncllm``) the scenario and policy were checked there."""
     from racesim.engine_vllm._api import release_key
-    from racesim.engine_vllm.frontend.select import real_frontend, real_unsupported
 
-    if real_frontend():
-        return real_unsupported(workload, policy, release) or release_gap(workload, release)
+    if frontend == "asyncllm":
+        return release_gap(workload, release)
     if policy == "internal-id" and release is not None and release_key(release) < (0, 14) \
             and (options or {}).get("suffix_hex", "8") != "0":
         # vLLM before 0.14 keeps the caller's ID end to end (v1/engine/processor.py)
@@ -42,8 +43,8 @@ def unsupported_reason(workload: Workload, policy: str,
         return gap
     if policy not in SUPPORTED_POLICIES:
         return (f"policy {policy!r} cannot run on the vllm backend (it changes vLLM's own "
-                f"code); the vllm backend runs: shipped, buggy (--ids given or release), "
-                f"internal-id (suffix_hex 8 or 0)")
+                f"code: give the change as a patch, --vllm-patch FILE.diff); the vllm backend "
+                f"runs: shipped, buggy (--ids given or release), internal-id (suffix_hex 8 or 0)")
     allowed = SUPPORTED_POLICIES[policy]
     suffix = (options or {}).get("suffix_hex", "8")
     if allowed and suffix not in allowed:

@@ -62,7 +62,7 @@ COMPONENTS: dict[str, dict[str, str]] = {
 #: What of vLLM runs for a component marked "vllm" (racesim.engine_vllm).
 VLLM_CODE: dict[str, str] = {
     "frontend": "AsyncLLM with its AsyncMPClient (v1/engine/async_llm.py, core_client.py), "
-                "with RACESIM_VLLM_FRONTEND=asyncllm",
+                "the default on 0.10.1.1-0.33.0 where it runs",
     "output-processor": "OutputProcessor, ParentRequest (v1/engine/output_processor.py)",
     "request-ids": "InputProcessor.assign_request_id (from 0.14; as given before)",
     "scheduler": "Scheduler / AsyncScheduler (v1/core/sched/)",
@@ -101,16 +101,15 @@ TRACE_HASH_MEANING = ("the SHA-256 of the run's simulated events: the same sched
                       "vllm_fingerprint)")
 
 
-def components(engine: str, topology: str = "") -> dict[str, str]:
+def components(engine: str, topology: str = "", frontend: str = "model") -> dict[str, str]:
     """Each component and what ran it on ``engine``: "vllm" or the simulated part's name. On
-    the vllm backend P/D runs vLLM's NixlConnector scheduler side, and with
-    ``RACESIM_VLLM_FRONTEND=asyncllm`` the frontend and ID assignment are vLLM's own AsyncLLM
-    (the sockets between it and the engine stay simulated)."""
+    the vllm backend P/D runs vLLM's NixlConnector scheduler side, and when ``frontend`` is
+    "vllm" (the run's ``RunResult.frontend``) the frontend is vLLM's own AsyncLLM (the sockets
+    between it and the engine stay simulated)."""
     table = dict(COMPONENTS.get(engine, COMPONENTS["model"]))
     if engine == "vllm" and topology == "pd":
         table["connector"] = "vllm"
-    # the variable engine_vllm/frontend/select.py reads (reports imports no backend)
-    if engine == "vllm" and os.environ.get("RACESIM_VLLM_FRONTEND") == "asyncllm":
+    if engine == "vllm" and frontend == "vllm":
         table["frontend"] = "vllm"
     return table
 
@@ -120,11 +119,11 @@ def _is_vllm(impl: str) -> bool:
 
 
 def provenance(violation: Mapping[str, Any], engine: str, release: str = "",
-               topology: str = "") -> dict[str, Any]:
+               topology: str = "", frontend: str = "model") -> dict[str, Any]:
     """What decided ``violation`` (a violation dict): ``by`` is "vllm-exception",
     "vllm-state", "simulated" (every part it reads is simulated) or "mixed"; ``vllm`` and
     ``simulated`` list the parts of each kind; ``text`` says it in one line."""
-    table = components(engine, topology)
+    table = components(engine, topology, frontend)
     on = f"vLLM {release}" if release else "vLLM"
     where = violation.get("vllm_where")
     if where:
@@ -169,20 +168,27 @@ def _topology_kind(result: RunResult) -> str:
 
 def violation_provenance(result: RunResult, violation: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`provenance` of one of ``result``'s violations (a dict)."""
-    return provenance(violation, result.engine, _release(result), _topology_kind(result))
+    return provenance(violation, result.engine, _release(result), _topology_kind(result),
+                      result.frontend)
 
 
 def run_components(result: RunResult) -> dict[str, Any]:
     """Which components of ``result``'s run were vLLM's code and which were simulated, the
     fingerprint of the vLLM code that ran (None on the model), and what the trace hash means."""
-    return components_doc(result.engine, _topology_kind(result))
+    return components_doc(result.engine, _topology_kind(result), result.frontend,
+                          result.frontend_note)
 
 
-def components_doc(engine: str, topology: str = "") -> dict[str, Any]:
-    """:func:`run_components` for a backend and topology (an exploration's, a matrix's)."""
-    table = components(engine, topology)
+def components_doc(engine: str, topology: str = "", frontend: str = "model",
+                   frontend_note: str = "") -> dict[str, Any]:
+    """:func:`run_components` for a backend and topology (an exploration's, a matrix's).
+    ``frontend_note``: why the model's frontend ran on the vllm backend, where vLLM's own is
+    the default (``model_frontend_because``; None when vLLM's ran or the user asked for the
+    model's)."""
+    table = components(engine, topology, frontend)
     return {"vllm_code": sorted(c for c, i in table.items() if i == "vllm"),
             "simulated": {c: i for c, i in table.items() if i != "vllm"},
+            **({"model_frontend_because": frontend_note or None} if engine == "vllm" else {}),
             "vllm_fingerprint": vllm_fingerprint() if engine == "vllm" else None,
             "trace_hash_meaning": TRACE_HASH_MEANING}
 

@@ -2,8 +2,8 @@
 issued after the frontend popped X (incarnation A), and an ADD of X for a later incarnation B
 reached the Scheduler before that ABORT did. Usage:
 python scripts/window-15326.py SCENARIO POLICY REACH BUDGET [ENGINE [VLLM]]
-(ENGINE vllm; RACESIM_VLLM_FRONTEND=asyncllm for vLLM's own frontend). Prints runs, runs that
-reached the window, and the first such run's schedule."""
+(ENGINE vllm runs vLLM's own frontend; RACESIM_VLLM_FRONTEND=model the model's). Prints runs,
+runs that reached the window, and the first such run's schedule."""
 
 from __future__ import annotations
 

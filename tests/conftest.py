@@ -94,6 +94,7 @@ ANY_RELEASE = ("test_vllm_releases.py", "test_diff_frontend.py", "test_conform_f
 def vllm_systems(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every VllmSystem the runs in this test build, in order, so a test can read vLLM's own
     objects (schedulers, connectors) after the run."""
+    import racesim.engine_vllm.frontend.system as fsys
     import racesim.engine_vllm.system as vsys
 
     seen: list[Any] = []
@@ -103,7 +104,15 @@ def vllm_systems(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
             super().__init__(*args, **kwargs)
             seen.append(self)
 
+    class CapturingReal(fsys.RealFrontendSystem):  # type: ignore[misc,valid-type]
+        """vLLM's own frontend (the default where it runs) builds this subclass instead."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            seen.append(self)
+
     monkeypatch.setattr(vsys, "VllmSystem", Capturing)
+    monkeypatch.setattr(fsys, "RealFrontendSystem", CapturingReal)
     return seen
 
 

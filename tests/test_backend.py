@@ -186,3 +186,21 @@ def test_vllm_src_runs_a_dev_checkout_over_the_installed_compiled_parts_with_one
     first, second = out.stdout.split()[:2]
     assert first == str(root / "vllm" / "__init__.py")
     assert second.startswith(str(_installed()))
+
+
+def test_the_frontend_asked_for_is_read_once_with_the_backend_and_pickles(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """RACESIM_VLLM_FRONTEND is read where the backend is resolved; a worker process gets the
+    choice inside the pickled backend, whatever its own environment says."""
+    monkeypatch.delenv("RACESIM_VLLM_FRONTEND", raising=False)
+    assert as_backend("vllm").frontend is None and MODEL.frontend is None
+    monkeypatch.setenv("RACESIM_VLLM_FRONTEND", "model")
+    chosen = as_backend("vllm")
+    assert chosen.frontend == "model"
+    monkeypatch.setenv("RACESIM_VLLM_FRONTEND", "asyncllm")
+    assert pickle.loads(pickle.dumps(chosen)).frontend == "model"
+    spec = RunSpec.of(load_scenario("abort-reuse"), "buggy", engine=chosen)
+    assert pickle.loads(pickle.dumps(spec)).backend == chosen
+    monkeypatch.setenv("RACESIM_VLLM_FRONTEND", "nope")
+    with pytest.raises(InputError, match="RACESIM_VLLM_FRONTEND='nope'"):
+        as_backend("vllm")

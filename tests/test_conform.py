@@ -128,7 +128,10 @@ def test_a_schedule_drawn_on_the_model_is_replayed_exactly(
     monkeypatch.setattr(conform_module, "model_only", lambda *a: None)
     conform([load_scenario("abort-reuse")], [("buggy", {})], budget=5, workers=1)
     drawn = [s for e, s in seen if e == "drawn"]
-    replayed = [s for e, s in seen if e == "vllm"]
+    # the vllm side's unperturbed baseline first (whose frontend and points it has), then
+    # each drawn schedule replayed exactly
+    baseline, *replayed = [s for e, s in seen if e == "vllm"]
+    assert baseline is None
     assert len(replayed) == 5 and replayed[1:] == drawn and any(drawn)
 
 

@@ -25,14 +25,21 @@ pytestmark = pytest.mark.vllm
 
 #: Random schedules per bundled scenario and policy (run 0, the baseline, included).
 BUDGET = 100
+#: The same on the default path (vLLM's own frontend where it runs), on a few scenarios
+DEFAULT_BUDGET = 4
 
 
 @pytest.mark.usefixtures("vllm_backend")
 def test_the_model_agrees_with_vllm_on_every_bundled_scenario(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Every bundled scenario, BUDGET random schedules each, under vLLM's own lifecycle on 0.33
     (internal IDs) and with randomization disabled (buggy: equal IDs, so duplicates reach the
-    scheduler): no mismatch the known table does not list."""
+    scheduler): no mismatch the known table does not list. The engine alone, on the model's
+    frontend: every model point is perturbed on both sides (on vLLM's own frontend, slower,
+    only the points both pass), and vLLM's own frontend is compared with the model's by
+    test_conform_frontend.py and, as conform runs by default, by the test below."""
+    monkeypatch.setenv("RACESIM_VLLM_FRONTEND", "model")
     scens = [load_scenario(n).with_vllm("0.33") for n in bundled_names()]
     started = time.monotonic()
     res = conform(scens, [lifecycle("0.33"), ("buggy", {})], budget=BUDGET, workers=2,
@@ -58,6 +65,23 @@ def test_the_model_agrees_with_vllm_on_every_bundled_scenario(
               f"{len(res.mismatches)} mismatches ({len(res.unlisted)} unlisted), "
               f"{elapsed:.1f} s")
     assert res.runs == BUDGET * len(ran)
+    assert [m.document() for m in res.unlisted] == []
+
+
+@pytest.mark.usefixtures("vllm_backend")
+def test_conform_by_default_compares_the_model_with_vllms_own_frontend(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As conform runs by default: the vllm side has vLLM's own frontend where it runs (only
+    the points both sides pass are perturbed) and the model's elsewhere (router-abort-all
+    needs the serving layer); no unlisted mismatch. Every bundled scenario agrees this way
+    too (docs/conform.md, measured at --budget 10); a handful keeps CI short."""
+    monkeypatch.delenv("RACESIM_VLLM_FRONTEND", raising=False)
+    names = ("abort-reuse", "abort-storm", "streaming-input-session", "router-abort-all")
+    scens = [load_scenario(n).with_vllm("0.33") for n in names]
+    res = conform(scens, [lifecycle("0.33"), ("buggy", {})], budget=DEFAULT_BUDGET, workers=1)
+    sides = {(c["scenario"], c["policy"]): c.get("frontends") for c in res.cells}
+    assert sides[("abort-reuse", "buggy")] == ["model", "vllm"]
+    assert sides[("router-abort-all", "buggy")] == ["model", "model"]  # the serving layer
     assert [m.document() for m in res.unlisted] == []
 
 

@@ -260,7 +260,10 @@ def _capture_systems(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 def test_each_frontend_holds_its_requests_in_vllms_own_output_processor(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """n = 2 with an abort by external ID: vLLM's OutputProcessor and ParentRequest hold the
-    state; what its abort popped and what it finished is what the trace says."""
+    state; what its abort popped and what it finished is what the trace says. It reads the
+    model frontend's adapter of vLLM's OutputProcessor, so it asks for the model's frontend
+    (vLLM's own holds its state in its own AsyncLLM: test_frontend_vllm.py)."""
+    monkeypatch.setenv("RACESIM_VLLM_FRONTEND", "model")
     seen = _capture_systems(monkeypatch)
     r = run_scenario(load_scenario("parallel-sampling-abort"), "internal-id", engine="vllm")
     (system,) = seen
@@ -372,7 +375,11 @@ def test_prefix_caching_follows_the_scenario_on_vllms_own_block_pool() -> None:
 
 
 @pytest.mark.vllm
-def test_preemption_happens_on_vllms_own_scheduler_where_the_model_preempts() -> None:
+def test_preemption_happens_on_vllms_own_scheduler_where_the_model_preempts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the engine alone: the internal IDs compared here are the model frontend's draws on both
+    # sides (vLLM's own frontend draws its own suffixes from its seeded random_uuid)
+    monkeypatch.setenv("RACESIM_VLLM_FRONTEND", "model")
     for name in ("preempt-abort", "preempt-reuse"):
         v = run_scenario(load_scenario(name), "internal-id", engine="vllm")
         m = run_scenario(load_scenario(name), "internal-id")

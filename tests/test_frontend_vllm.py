@@ -1,5 +1,6 @@
-"""vLLM's own frontend (RACESIM_VLLM_FRONTEND=asyncllm): vLLM 0.33's AsyncLLM, AsyncMPClient and
-OutputProcessor on the World's asyncio loop, driving the vllm backend's engine.
+"""vLLM's own frontend (the default on --engine vllm where it runs; RACESIM_VLLM_FRONTEND=model
+opts out, =asyncllm insists): vLLM 0.33's AsyncLLM, AsyncMPClient and OutputProcessor on the
+World's asyncio loop, driving the vllm backend's engine.
 
 Marked ``vllm``: they need vLLM 0.33.x and skip without it (fail under CI, tests/conftest.py).
 """
@@ -34,12 +35,14 @@ def _window():  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def real(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV, "asyncllm")
+    """The default: vLLM's own frontend, with nothing in the environment."""
+    monkeypatch.delenv(ENV, raising=False)
 
 
 @pytest.mark.vllm
 def test_abort_reuse_runs_vllm_asyncllm(real: None) -> None:
     r = run_scenario(load_scenario("abort-reuse"), "buggy", engine="vllm")
+    assert (r.frontend, r.frontend_note) == ("vllm", "")
     # the client's abort pops X and sends an eager ABORT: the re-added X finishes normally
     assert [(q.id, q.finish_reason) for q in r.requests] == [("X", "abort"), ("X", "length")]
     assert r.violated == ("metrics-exact",)
@@ -61,16 +64,58 @@ def test_a_delay_at_the_eager_abort_send_opens_15326_as_latent(real: None) -> No
 
 @pytest.mark.vllm
 def test_same_seed_same_hash_under_other_hash_seeds() -> None:
+    """The default path (nothing in the environment) runs vLLM's own frontend, and its trace
+    is the same in fresh processes whose str hashes differ."""
     code = ("from racesim.runner import run_scenario; from racesim.scenarios import "
-            "load_scenario as l; print(run_scenario(l('abort-reuse'), 'buggy', "
-            "engine='vllm').trace_hash)")
+            "load_scenario as l; r = run_scenario(l('abort-reuse'), 'buggy', "
+            "engine='vllm'); print(r.frontend, r.trace_hash)")
+    env = {k: v for k, v in os.environ.items() if k != ENV}
     outs = []
     for seed in ("1", "2"):
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONHASHSEED": seed, ENV: "asyncllm"},
-                           cwd=REPO, timeout=600)
+                           env={**env, "PYTHONHASHSEED": seed}, cwd=REPO, timeout=600)
         outs.append(p.stdout.strip())
-    assert outs[0] and outs[0] == outs[1]
+    assert outs[0].startswith("vllm ") and outs[0] == outs[1]
+
+
+@pytest.mark.vllm
+def test_where_vllms_frontend_cannot_run_the_models_does_and_says_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """router-abort-all needs the OpenAI serving layer: by default the model's frontend runs
+    on vLLM's engine, and the run's provenance names it with the one reason; insisting on
+    vLLM's own is one line naming that reason; =model opts out with no reason to give."""
+    from racesim.reports.provenance import run_components
+
+    monkeypatch.delenv(ENV, raising=False)
+    scen = load_scenario("router-abort-all")
+    r = run_scenario(scen, "buggy", engine="vllm")
+    doc = run_components(r)
+    assert r.frontend == "model" and "frontend" not in doc["vllm_code"]
+    assert "OpenAI serving layer" in doc["model_frontend_because"]
+    witness = run_scenario(load_scenario("abort-reuse"), "buggy", engine="vllm", witness=True)
+    assert witness.frontend == "model" and "frontend.abort:after_pop" in witness.frontend_note
+    monkeypatch.setenv(ENV, "asyncllm")
+    with pytest.raises(InputError, match=f"^{ENV}=asyncllm: .*OpenAI serving layer"):
+        run_scenario(scen, "buggy", engine="vllm")
+    monkeypatch.setenv(ENV, "model")
+    plain = run_scenario(load_scenario("abort-reuse"), "buggy", engine="vllm")
+    assert (plain.frontend, plain.frontend_note) == ("model", "")
+    assert "model_frontend_because" in run_components(plain)
+    assert run_components(plain)["model_frontend_because"] is None
+
+
+@pytest.mark.vllm
+def test_the_cli_says_nothing_extra_when_the_models_frontend_stands_in(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from _cli import cli as run_cli
+    from _cli import one_line_error
+
+    monkeypatch.delenv(ENV, raising=False)
+    args = ("run", "router-abort-all", "-p", "buggy", "--engine", "vllm")
+    _code, out, err = run_cli(capsys, *args)
+    assert "frontend does not run" not in out + err and "serving layer" not in out + err
+    monkeypatch.setenv(ENV, "asyncllm")
+    one_line_error(*run_cli(capsys, *args)[::2], f"{ENV}=asyncllm", "OpenAI serving layer")
 
 
 @pytest.mark.vllm
@@ -81,10 +126,10 @@ def test_a_model_policy_is_refused_with_the_patch_hint(real: None) -> None:
 
 def test_a_bad_frontend_value_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV, "nope")
-    from racesim.engine_vllm.frontend.select import real_frontend
+    from racesim.engine_vllm.frontend.select import requested
 
     with pytest.raises(InputError, match=ENV):
-        real_frontend()
+        requested()
 
 
 @pytest.mark.vllm
@@ -188,3 +233,33 @@ def test_the_rl_routers_abort_all_sweeps_the_leaked_parent(real: None, tmp_path:
     res = conform([scen], [("buggy", {}), ("internal-id", {})], budget=3, workers=1,
                   engines=SIDES)
     assert res.runs == 6 and not res.mismatches
+
+
+@pytest.mark.vllm
+def test_a_file_found_on_the_models_frontend_replays_there(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A schedule at points both frontends pass (an IPC delay) would run on vLLM's own
+    frontend by default: the file records the model's, and replay keeps to it."""
+    import json
+
+    from _cli import cli as run_cli
+
+    from racesim.documents import Counterexample, violation_dicts, write_counterexample
+    from racesim.sim import Decision
+
+    scen = load_scenario("abort-reuse")
+    schedule = (Decision("ipc.input:transit", 1, 0.003),)
+    monkeypatch.setenv(ENV, "model")
+    r = run_scenario(scen, "buggy", engine="vllm", schedule=schedule)
+    monkeypatch.delenv(ENV)
+    assert run_scenario(scen, "buggy", engine="vllm", schedule=schedule).trace_hash \
+        != r.trace_hash  # the default, vLLM's frontend, is another trace
+    cx = Counterexample(scen, "buggy", {}, 0, r.schedule, (), tuple(violation_dicts(r)),
+                        r.trace_hash, engine="vllm", ids="given", frontend=r.frontend)
+    path = write_counterexample(tmp_path / "cx.json", cx)
+    assert json.loads(path.read_text(encoding="utf-8"))["frontend"] == "model"
+    _code, out, _err = run_cli(capsys, "replay", str(path), "--engine", "vllm", "--json")
+    doc = json.loads(out)
+    assert doc["trace_hash"] == r.trace_hash
+    assert "frontend" not in doc["components"]["vllm_code"]

@@ -72,9 +72,13 @@ def test_the_fingerprint_covers_the_imported_vllm_sources(
     assert stock and patched and stock != patched
 
 
-def test_vllms_own_frontend_is_named_as_vllms_when_it_runs(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllms_own_frontend_is_named_as_vllms_when_it_runs() -> None:
+    """The run says whose frontend ran (RunResult.frontend); the environment is not read
+    here (the backend read it once, engine_vllm/frontend/select.py)."""
     assert prov.components("vllm")["frontend"] == "model frontend (AsyncLLM)"
-    monkeypatch.setenv("RACESIM_VLLM_FRONTEND", "asyncllm")
-    assert prov.components("vllm")["frontend"] == "vllm"
-    assert prov.components("model")["frontend"] == "model frontend (AsyncLLM)"
+    assert prov.components("vllm", frontend="vllm")["frontend"] == "vllm"
+    assert prov.components("model", frontend="vllm")["frontend"] == "model frontend (AsyncLLM)"
+    doc = prov.components_doc("vllm", "", "model", "request 'X': the OpenAI serving layer")
+    assert doc["model_frontend_because"] == "request 'X': the OpenAI serving layer"
+    assert "frontend" in prov.components_doc("vllm", "", "vllm")["vllm_code"]
+    assert "model_frontend_because" not in prov.components_doc("model")

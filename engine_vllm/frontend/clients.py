@@ -157,8 +157,14 @@ class RealClient:
     def _abort_at(self) -> None:
         if self.done or not self.accepted:
             return
-        self.world.emit(self.name, self.spec.id, 0, ClientAbort(self.uid))
-        # a router's /abort_requests handler: AsyncLLM.abort by the external ID
-        task = self.fe.loop.create_task(self.fe.llm.abort(self.spec.id),
-                                        name=f"{self.name}:abort")
+        task = self.fe.loop.create_task(self._router_abort(), name=f"{self.name}:abort")
         self.fe.clients[task] = self
+
+    async def _router_abort(self) -> None:
+        """A router's /abort_requests handler: AsyncLLM.abort by the external ID. The client
+        gives its request up when the handler runs, so its ClientAbort and the
+        ``abort_requests`` that ``abort`` calls before its first await are one step of this
+        task: the checker pairs each abort with its asker even when other clients' handlers
+        run at the same instant (abort-isolation, engine_model/monitors/isolation.py)."""
+        self.world.emit(self.name, self.spec.id, 0, ClientAbort(self.uid))
+        await self.fe.llm.abort(self.spec.id)

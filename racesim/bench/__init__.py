@@ -44,10 +44,12 @@ returns:
     its own profile), measured as ``schedules_per_s`` with a fifth of its budget
     (:mod:`racesim.bench.features`).
 ``vllm_schedules_per_s``, ``vllm``
-    that explore on vLLM's own engine code (``--engine vllm``, 0.33) beside the model's at 0.33;
-    None when vLLM 0.33 is not importable (``vllm.unavailable``; :mod:`racesim.bench.vllm`).
+    that explore on vLLM's own engine code (``--engine vllm``, 0.33, with the model's frontend:
+    ``RACESIM_VLLM_FRONTEND=model``) beside the model's at 0.33; None when vLLM 0.33 is not
+    importable (``vllm.unavailable``; :mod:`racesim.bench.vllm`).
 ``vllm_frontend_schedules_per_s``
-    the same with vLLM's own frontend (``RACESIM_VLLM_FRONTEND=asyncllm``; target 50 per core).
+    the same as ``--engine vllm`` runs it by default, with vLLM's own frontend (target 50 per
+    core; ``vllm.frontend_import_s`` its one-time import, ``vllm.frontend_ran`` "vllm").
 ``vllm_harness_share``
     the share of that vllm-backend explore's time spent outside vLLM's own calls (target at
     most 0.30; None without vLLM; :mod:`racesim.bench.vllm`).

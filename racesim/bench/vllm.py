@@ -16,9 +16,12 @@ same explore once more in a fresh process, with every entry point the backend ca
 vLLM wrapped in a timer (outermost call only: vLLM calling vLLM is vLLM's time). The timers
 themselves count as harness time, so the figure is an upper bound.
 
-``vllm_frontend_schedules_per_s`` is the same explore with vLLM's own frontend as well
-(``RACESIM_VLLM_FRONTEND=asyncllm``: its AsyncLLM on the World's loop), in a fresh process with
-its own ``import_s`` (target ``FRONTEND_TARGET`` per core).
+The engine figures (``vllm_schedules_per_s``, ``vllm_harness_share``) run the model's frontend
+over vLLM's engine (``RACESIM_VLLM_FRONTEND=model``), so they measure vLLM's engine code alone.
+``vllm_frontend_schedules_per_s`` is the same explore as ``racesim explore --engine vllm`` runs
+it by default, with vLLM's own frontend as well (its AsyncLLM on the World's loop), in a fresh
+process with its own ``import_s`` (target ``FRONTEND_TARGET`` per core); ``frontend_ran`` says
+whose frontend that run had ("vllm").
 """
 
 from __future__ import annotations
@@ -63,10 +66,13 @@ def _vllm_entry_points() -> list[tuple[Any, str]]:
 
 def _harness_child(budget: int) -> dict[str, Any]:
     """The explore of ``_explore_child`` on vLLM with vLLM's entry points timed."""
+    import os
+
     from racesim.explore import explore
     from racesim.runner import run_scenario
     from racesim.scenarios import load_scenario
 
+    os.environ["RACESIM_VLLM_FRONTEND"] = "model"  # the engine's entry points (this process)
     scenario = load_scenario(VLLM_SCENARIO).with_vllm(VLLM_PROFILE)
     run_scenario(scenario, VLLM_POLICY, engine="vllm", retain_trace=False)  # import vLLM
     inside = [0.0]
@@ -114,11 +120,19 @@ def _unavailable() -> str | None:
 
 
 def _explore_child(budget: int, on_vllm: int) -> dict[str, Any]:
-    """One timed explore in this (fresh) process; on vLLM after a warm-up run that imports it."""
+    """One timed explore in this (fresh) process; on vLLM after a warm-up run that imports it.
+    ``on_vllm``: 0 the model, 1 vLLM's engine with the model's frontend, 2 the default (vLLM's
+    own frontend)."""
+    import os
+
     from racesim.explore import explore
     from racesim.runner import run_scenario
     from racesim.scenarios import load_scenario
 
+    if on_vllm == 1:
+        os.environ["RACESIM_VLLM_FRONTEND"] = "model"
+    else:
+        os.environ.pop("RACESIM_VLLM_FRONTEND", None)
     engine = "vllm" if on_vllm else "model"
     scenario = load_scenario(VLLM_SCENARIO).with_vllm(VLLM_PROFILE)
     started = time.perf_counter()
@@ -129,15 +143,13 @@ def _explore_child(budget: int, on_vllm: int) -> dict[str, Any]:
                   shrink_runs=0, engine=engine)
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "runs": res.runs, "violating_runs": res.violating_runs,
-            "import_s": warm}
+            "import_s": warm, "frontend": res.frontend[0]}
 
 
 def _frontend_child(budget: int) -> dict[str, Any]:
-    """``_explore_child`` on vLLM with vLLM's own frontend (this fresh process only)."""
-    import os
-
-    os.environ["RACESIM_VLLM_FRONTEND"] = "asyncllm"
-    return _explore_child(budget, 1)
+    """``_explore_child`` on vLLM as it runs by default: vLLM's own frontend (this fresh
+    process only)."""
+    return _explore_child(budget, 2)
 
 
 def measure_vllm(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
@@ -174,6 +186,7 @@ def measure_vllm(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
             "import_s": round(min(r["import_s"] for r in real), 2),
             "frontend_schedules_per_s": round(best_fe["runs"] / best_fe["seconds"], 1),
             "frontend_import_s": round(min(r["import_s"] for r in frontend), 2),
+            "frontend_ran": best_fe["frontend"],
             "frontend_target_per_core": FRONTEND_TARGET,
             "frontend_samples_s": [round(r["seconds"], 3) for r in frontend],
             "harness_share": None if harness is None else round(harness, 3),

@@ -56,12 +56,14 @@ def conform_cmd(scenarios: Sequence[str], vllm: str | None, policies: Sequence[s
                 policy_opts: Sequence[str], budget: int, strategy: str, seed: int,
                 workers: int | None, skip: Sequence[str], frontends: bool, out_dir: str,
                 as_json: bool, html_file: str | None) -> None:
-    """Replay the same schedules on the model and on vLLM's own engine code, and compare.
+    """Replay the same schedules on the model and on vLLM's own code, and compare.
 
     Each SCENARIO (default: every bundled one) gets --budget schedules drawn on the model;
     each exact schedule then runs on both backends, which must agree on every client's tokens,
     finish reason and token owners, on the violated invariants and their reach, and on engine
-    death. Exit 1 on a mismatch the known-mismatch table does not list, else 0.
+    death. Exit 1 on a mismatch the known-mismatch table does not list, else 0. The vllm
+    side runs vLLM's own frontend where it runs (then only the points both sides pass are
+    perturbed); RACESIM_VLLM_FRONTEND=model compares the engine alone.
 
     With --frontend the two sides are the model's frontend and vLLM's own AsyncLLM, both on
     vLLM's engine classes; a scenario vLLM's frontend does not run is left out, with why."""

@@ -31,8 +31,9 @@ def engine_option(default: str = "model") -> Decorator:
     """``--engine``; ``default`` says what this command does without it."""
     return click.option("--engine", type=click.Choice(list(ENGINES)), default=None,
                         help=f"Backend: 'model' (racesim's model of vLLM) or 'vllm' (vLLM's own "
-                             f"engine classes, of the installed vLLM; see README) [default: "
-                             f"{default}].")
+                             f"engine classes, of the installed vLLM, and its own AsyncLLM "
+                             f"frontend where it runs; RACESIM_VLLM_FRONTEND=model keeps the "
+                             f"model's; see README) [default: {default}].")
 
 
 def ids_option(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -3,6 +3,7 @@ call, render."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import sys
@@ -156,6 +157,10 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool,
     recorded = from_record(cx.vllm_tree, counterexample) if cx.vllm_tree and backend is None \
         else None
     backend = backend or recorded or as_backend(cx.engine)
+    if backend.is_vllm and backend.frontend is None and cx.frontend == "model":
+        # found on the model's frontend over vLLM's engine: replay it there (its schedule may
+        # name only points vLLM's own frontend passes too, and would run there by default)
+        backend = dataclasses.replace(backend, frontend="model")
     spec = RunSpec(cx.scenario.with_vllm(vllm), cx.policy, tuple(cx.options.items()), cx.seed,
                    cx.skip, backend, cx.ids)
     result = spec.run(schedule=cx.schedule)

@@ -25,10 +25,10 @@ from typing import Any
 
 from racesim.conform.frontend import (
     explain_frontend,
-    frontend_env,
     frontend_skip,
     shared_occurrences,
     split_side,
+    with_frontend,
 )
 from racesim.conform.outcome import Outcome, differences, outcome_of
 from racesim.documents import (
@@ -99,13 +99,20 @@ def model_only(scenario: Scenario, policy: str, options: Mapping[str, str],
     why = model_only_reason(scenario.workload)
     if why is not None:
         return why
+    from racesim.engine_vllm.frontend.select import choose
     from racesim.runner.engines import installed_vllm
 
-    why = unsupported_reason(scenario.workload, policy, options, installed_vllm())
-    if why is not None:
-        raise InputError(why)
+    release = installed_vllm()
     if any(split_side(e)[1] == "asyncllm" for e in engines):
-        return frontend_skip(scenario.workload, policy, installed_vllm())
+        if (why := frontend_skip(scenario.workload, policy, release)) is not None:
+            return why
+    for engine, asked in map(split_side, engines):
+        if engine == "vllm":
+            wanted = with_frontend(engine, asked).frontend
+            frontend, _ = choose(wanted, scenario.workload, policy, release, options=options)
+            why = unsupported_reason(scenario.workload, policy, options, release, frontend)
+            if why is not None:
+                raise InputError(why)
     return None
 
 
@@ -113,8 +120,7 @@ def run_on(engine: str, scenario: Scenario, policy: str, **kwargs: Any) -> RunRe
     """``run_scenario`` on one backend (tests replace this to perturb one side); a side
     ``vllm@<frontend>`` is the vllm backend with that frontend (:mod:`.frontend`)."""
     backend, frontend = split_side(engine)
-    with frontend_env(frontend):
-        return run_scenario(scenario, policy, engine=backend, **kwargs)
+    return run_scenario(scenario, policy, engine=with_frontend(backend, frontend), **kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,10 +280,13 @@ def _cell(result: ConformResult, scen: Scenario, policy: str, options: dict[str,
     baseline = run_on(engines[0], scen, policy, options=options, seed=seed, skip=skip,
                       retain_trace=False, hash_trace=False)
     occurrences = baseline.occurrences
-    if split_side(engines[0])[1] != split_side(engines[1])[1]:
-        # two frontends: perturb only the points both pass (the frontend-only ones differ)
-        other = run_on(engines[1], scen, policy, options=options, seed=seed, skip=skip,
-                       retain_trace=False, hash_trace=False)
+    other = run_on(engines[1], scen, policy, options=options, seed=seed, skip=skip,
+                   retain_trace=False, hash_trace=False)
+    cell["frontends"] = [baseline.frontend, other.frontend]
+    if split_side(engines[0])[1] != split_side(engines[1])[1] \
+            or baseline.frontend != other.frontend:
+        # two frontends (asked for, or vLLM's own as the vllm backend's default): perturb
+        # only the points both pass, since each frontend names its own await points
         occurrences = shared_occurrences(occurrences, other.occurrences)
     config = StrategyConfig(occurrences=occurrences,
                             scale=scen.workload.engine.step_time, seed=seed)
@@ -342,7 +351,8 @@ def _save(m: Mismatch, scen: Scenario, skip: tuple[str, ...], engines: tuple[str
                                       engines[1]: outcomes[1].as_dict()},
                          "known": m.known},
                         r.reach().reach if r.violations else None,
-                        engine=split_side(engines[1])[0])
+                        engine=split_side(engines[1])[0],
+                        frontend=r.frontend if split_side(engines[1])[0] == "vllm" else "")
     first = mismatch_path(out_dir, m, strategy, engines)
     path = write_claimed(free_path(first, _ours), cx, _ours, first=first)
     return dataclasses.replace(m, outcomes=outcomes, path=str(path))

@@ -13,15 +13,14 @@ choices a real deployment has). A frontend-only point keeps its default on both 
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from racesim.conform.known import KnownMismatch
 from racesim.sim import InputError
 
-__all__ = ["SIDES", "KNOWN_FRONTEND", "split_side", "frontend_env", "frontend_skip",
+__all__ = ["SIDES", "KNOWN_FRONTEND", "split_side", "with_frontend", "frontend_skip",
            "shared_occurrences", "explain_frontend", "default_policies"]
 
 #: (the side that draws, the reference): the model's frontend, then vLLM's own.
@@ -50,24 +49,13 @@ def split_side(side: str) -> tuple[str, str | None]:
     return engine, (frontend or None)
 
 
-@contextmanager
-def frontend_env(frontend: str | None) -> Iterator[None]:
-    """The run picks its frontend from the environment (engine_vllm/frontend/select.py):
-    set for the call, then put back."""
-    if frontend is None:
-        yield
-        return
-    from racesim.engine_vllm.frontend.select import ENV
+def with_frontend(engine: str, frontend: str | None) -> Any:
+    """The backend of a side: ``engine`` as resolved (the frontend asked for in the
+    environment), or the vllm backend with ``frontend`` ("model" or "asyncllm")."""
+    from racesim.runner.backend import as_backend
 
-    saved = os.environ.get(ENV)
-    os.environ[ENV] = frontend
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = saved
+    backend = as_backend(engine)
+    return backend if frontend is None else dataclasses.replace(backend, frontend=frontend)
 
 
 def frontend_skip(workload: Any, policy: str, release: str | None) -> str | None:

@@ -104,7 +104,8 @@ def _record(req: dict[str, Any]) -> dict[str, Any]:
                         req.get("shrunk_from"), req.get("found_by") or {},
                         r.reach().reach if r.violations else None, engine=backend.engine,
                         vllm_release=backend.release or "",
-                        vllm_tree=backend.tree_record())
+                        vllm_tree=backend.tree_record(),
+                        frontend=r.frontend if backend.is_vllm else "")
     path = write_counterexample(Path(req["path"]), cx)
     return {"path": str(path), **_summary(spec, r)}
 

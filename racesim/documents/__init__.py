@@ -121,6 +121,11 @@ class Counterexample:
     #: ``path``, ``sha256`` (the diff's, or the tree's .py files'), ``base`` and ``release``
     #: (Backend.as_dict); replay runs on it again and checks the hash. None: the release.
     vllm_tree: Mapping[str, Any] | None = None
+    #: whose frontend ran on the vllm backend: "vllm" (the release's own AsyncLLM) or "model"
+    #: (``RunResult.frontend``); "" on the model and in files written before it was recorded.
+    #: Replay runs a "model" file on the model's frontend again (unless RACESIM_VLLM_FRONTEND
+    #: says otherwise).
+    frontend: str = ""
 
     @property
     def vllm(self) -> str:
@@ -149,6 +154,7 @@ class Counterexample:
             # the vLLM code that ran (None on the model): stock and patched trees differ here
             "vllm_fingerprint": _fingerprint(self.engine),
             **({"vllm_tree": dict(self.vllm_tree)} if self.vllm_tree else {}),
+            **({"frontend": self.frontend} if self.frontend else {}),
         }
 
 
@@ -218,7 +224,7 @@ def _replaceable(path: Path, ours: Callable[[Any], bool]) -> bool:
 COUNTEREXAMPLE_KEYS = frozenset({
     "format", "racesim_version", "vllm", "engine", "vllm_release", "reach", "scenario",
     "policy", "policy_options", "seed", "schedule", "skip", "violations", "trace_hash",
-    "shrunk_from", "found_by", "ids", "vllm_fingerprint", "vllm_tree"})
+    "shrunk_from", "found_by", "ids", "vllm_fingerprint", "vllm_tree", "frontend"})
 
 
 def _need(data: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], src: str) -> Any:
@@ -343,12 +349,15 @@ def read_counterexample(path: str) -> Counterexample:
                                  and isinstance(tree.get("sha256"), str)):
         raise InputError(f"{src}: 'vllm_tree' must be an object with kind (src or patch), "
                          f"path and sha256")
+    frontend = data.get("frontend", "")
+    if frontend not in ("", "model", "vllm"):
+        raise InputError(f"{src}: 'frontend' must be model or vllm (got {frontend!r})")
     return Counterexample(scenario, policy, options, seed, schedule, tuple(skip),
                           tuple(v for v in violations if isinstance(v, dict)), trace_hash,
                           shrunk if isinstance(shrunk, int) and not isinstance(shrunk, bool)
                           else None, found_by, reach if reach in ("live", "latent") else None,
                           version if isinstance(version, str) else "", engine,
-                          release if isinstance(release, str) else "", ids, tree)
+                          release if isinstance(release, str) else "", ids, tree, frontend)
 
 
 def _fingerprint(engine: str) -> str | None:

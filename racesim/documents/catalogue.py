@@ -87,7 +87,8 @@ def _versions_rows() -> list[dict[str, Any]]:
         runner = runner_kind(release_key(release)) if backend else None
         tag = (f"[release {release}; model: yes; vllm backend: "
                f"{'yes' if backend else 'no'} ({state}); vLLM's own frontend: "
-               f"{real or 'no'}"
+               + (f"{real}, the default on the vllm backend" if real
+                  else "no (the model's frontend)" if backend else "no")
                + (f"; vllm backend's runner: {RUNNER_NOTE[runner]}" if runner else "") + "] ")
         rows.append({"name": v.name, "release": release, "model": True, "vllm_backend": backend,
                      "installed": here, "vllm_frontend": real is not None,

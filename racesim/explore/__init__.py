@@ -133,6 +133,7 @@ def explore(scenario: Scenario, policy: str, *, options: Mapping[str, str] | Non
     # entry shows (a perturbed run may pass a point more often, but the user meant run 0 too)
     res.warnings.extend(unreached_warnings("[delays]", scenario.delays, baseline.occurrences))
     res.baseline_reach = baseline.reach().reach
+    res.frontend = (baseline.frontend, baseline.frontend_note)
     occurrences = baseline.occurrences
     if reach == "live":  # the strategies delay only the points they are given
         profile = get_profile(scenario.vllm)
@@ -353,7 +354,8 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
                           engine=res.engine, ids=res.spec.id_scheme,
                           vllm_tree=res.spec.backend.tree_record(),
                           vllm_release=res.spec.backend.release or ""
-                          if res.spec.backend.has_tree else "")
+                          if res.spec.backend.has_tree else "",
+                          frontend=res.frontend[0] if res.spec.backend.is_vllm else "")
 
 
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:

@@ -51,6 +51,8 @@ class ExploreResult:
     reach: str = "all"
     #: the baseline's reach (only the scenario's fixed delays can make it latent)
     baseline_reach: str = "live"
+    #: whose frontend ran and why the model's (``RunResult.frontend``, ``frontend_note``)
+    frontend: tuple[str, str] = ("model", "")
     #: a user policy raised (one line, file:line); the cell has no verdict
     error: str | None = None
     #: what makes two explorations the same (a file one wrote may be replaced by the other)
@@ -198,7 +200,8 @@ class ExploreResult:
             "stopped_early": self.stopped_early,
             "warnings": list(self.warnings),
             "error": self.error,
-            "components": components_doc(self.engine, self.scenario.workload.topology),
+            "components": components_doc(self.engine, self.scenario.workload.topology,
+                                         *self.frontend),
         }
 
 

@@ -309,7 +309,8 @@ class RaceSim:
         return Counterexample(spec.scenario, spec.policy, spec.option_dict, result.seed,
                               result.schedule, spec.skip, tuple(violation_dicts(result)),
                               result.trace_hash, None, {"pytest": self._test},
-                              engine=spec.engine, ids=spec.id_scheme)
+                              engine=spec.engine, ids=spec.id_scheme,
+                              frontend=result.frontend if spec.backend.is_vllm else "")
 
     def _command(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> str | None:
         from racesim.runner import replay_command, run_command

@@ -133,22 +133,31 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
         loaded = load_policy(policy, options)
         scheme = id_scheme(type(loaded), ids)
         hooks = with_ids(loaded, scheme, scenario.vllm)
-        run = run_workload
-        if backend.is_vllm:
-            from racesim.engine_vllm import run_workload as run
-            from racesim.engine_vllm import unsupported_reason
+        if not backend.is_vllm:
+            return run_workload(scenario.workload, hooks, seed=seed, plan=plan, skip=skip_set,
+                                retain_trace=retain_trace, hash_trace=hash_trace)
+        from racesim.engine_vllm import run_workload as run
+        from racesim.engine_vllm import unsupported_reason
+        from racesim.engine_vllm.frontend.select import choose
 
-            if (why := why_not_run(scenario.workload, "vllm")) is not None:
-                raise InputError(f"{scenario.name}: {why}")
-            backend.activate()  # a tree's vLLM, imported in this process before the run
-            why = unsupported_reason(scenario.workload, loaded.name if policy in POLICIES
-                                     else policy, options,
-                                     SUPPORTED_VLLM.get(backend.base or "") if backend.has_tree
-                                     else installed_vllm())
-            if why is not None:
-                raise InputError(why)
-        return run(scenario.workload, hooks, seed=seed, plan=plan, skip=skip_set,
-                   retain_trace=retain_trace, hash_trace=hash_trace)
+        if (why := why_not_run(scenario.workload, "vllm")) is not None:
+            raise InputError(f"{scenario.name}: {why}")
+        backend.activate()  # a tree's vLLM, imported in this process before the run
+        release = SUPPORTED_VLLM.get(backend.base or "") if backend.has_tree \
+            else installed_vllm()
+        name = loaded.name if policy in POLICIES else policy
+        points = [p for p, _k, _d in (*scenario.delays, *overrides)] \
+            + [d.point for d in schedule or ()]
+        frontend, note = choose(backend.frontend, scenario.workload, name, release,
+                                options=options, own_ids=scheme == id_scheme(type(loaded), None),
+                                points=points)
+        why = unsupported_reason(scenario.workload, name, options, release, frontend)
+        if why is not None:
+            raise InputError(why)
+        result = run(scenario.workload, hooks, seed=seed, plan=plan, skip=skip_set,
+                     retain_trace=retain_trace, hash_trace=hash_trace, frontend=frontend)
+        return replace(result, frontend="vllm" if frontend == "asyncllm" else "model",
+                       frontend_note=note or "")
     except UnknownPointError as exc:  # a user policy's misspelled point: name the policy
         if policy in POLICIES:
             raise

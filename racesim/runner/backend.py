@@ -47,7 +47,10 @@ class Backend:
     package that runs, or None; ``patch`` the unified diff applied to the installed release, or
     None; ``sha256`` the diff file's sha256, or the hash of the ``src`` tree's ``.py`` files
     (what a counterexample records, and replay checks); ``installed`` the installed release,
-    whose compiled parts (and, with ``patch``, whose Python code) run. None on the model."""
+    whose compiled parts (and, with ``patch``, whose Python code) run. None on the model.
+    ``frontend`` is the frontend the user asked for (``RACESIM_VLLM_FRONTEND``, read here once):
+    None, vLLM's own AsyncLLM wherever it runs and the model's elsewhere; "model"; or
+    "asyncllm", vLLM's own or exit 2 (``engine_vllm/frontend/select.py``)."""
 
     engine: str = "model"
     release: str | None = None
@@ -56,6 +59,7 @@ class Backend:
     patch: str | None = None
     sha256: str | None = None
     installed: str | None = None
+    frontend: str | None = None
 
     @property
     def is_vllm(self) -> bool:
@@ -215,7 +219,7 @@ def resolve_backend(engine: str | None = None, *, src: str | None = None,
             return MODEL
         release = engines.installed_vllm()
         return Backend("vllm", release, engines.profile_of_release(release or ""),
-                       installed=release)
+                       installed=release, frontend=_frontend())
     installed = engines.installed_vllm()
     if installed is None or engines.profile_of_release(installed) is None:
         raise InputError(f"{tree_opt} runs over the installed vLLM's compiled parts, but "
@@ -230,7 +234,8 @@ def resolve_backend(engine: str | None = None, *, src: str | None = None,
         path, digest = check_patch(patch, installed)
         profile = engines.profile_of_release(installed)
         chosen = _base_option(base) if base is not None else profile
-        return Backend("vllm", installed, chosen, None, str(path), digest, installed)
+        return Backend("vllm", installed, chosen, None, str(path), digest, installed,
+                       _frontend())
     root = vllm_tree.check_src(src or "")
     version = vllm_tree.tree_version(root)
     if base is not None:
@@ -253,7 +258,7 @@ def resolve_backend(engine: str | None = None, *, src: str | None = None,
                  f"as vLLM {near} (API generation and await-point widths of "
                  f"{SUPPORTED_VLLM[near]}); --vllm-base VERSION overrides")
     return Backend("vllm", version or installed, chosen, str(root), None,
-                   vllm_tree.tree_hash(root), installed)
+                   vllm_tree.tree_hash(root), installed, _frontend())
 
 
 def as_backend(engine: str | Backend) -> Backend:
@@ -263,7 +268,14 @@ def as_backend(engine: str | Backend) -> Backend:
         return engine
     if engine not in ENGINES:
         raise InputError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
-    return MODEL if engine == "model" else Backend("vllm")
+    return MODEL if engine == "model" else Backend("vllm", frontend=_frontend())
+
+
+def _frontend() -> str | None:
+    """The frontend asked for in the environment (the one place racesim reads it)."""
+    from racesim.engine_vllm.frontend.select import requested
+
+    return requested()
 
 
 def from_record(tree: Mapping[str, Any], where: str) -> Backend:
