@@ -20,6 +20,7 @@ from racesim.engine_model.events.pd import (
     PdNoticeUnknown,
     PdPull,
     PdPushFailed,
+    PdPushNotPosted,
     PdPushRegister,
     PdPushWrite,
     PdRead,
@@ -147,7 +148,8 @@ class PdCore(EngineShell):
         channel = self.notify_channels.get(params.remote_engine)
         if channel is not None:
             channel.send(KVPushRegistration(request.request_id, self.index, tuple(blocks),
-                                            request.inc), [request.request_id])
+                                            request.inc, request.fault == "kv-load"),
+                         [request.request_id])
 
     def _mooncake_pull(self, request: Request) -> None:
         """D: ask P's sender for the transfer_id's KV into the blocks just allocated
@@ -184,6 +186,13 @@ class PdCore(EngineShell):
             # popped, so this pair is never written.
             world.emit(component, match.request_id, match.inc,
                        PdPushFailed(len(match.blocks), reg.request_id, len(reg.blocks), reg.inc))
+            return
+        if reg.write_fails:
+            # make_prepped_xfer / transfer raise: vLLM logs transfer_setup_failed, adds P's ID
+            # to _send_failures and posts no handle (push_worker.py:732-765), so no WRITE ends
+            # P's hold (:820-837; it ends with its lease) and no notification reaches D.
+            world.emit(component, match.request_id, match.inc,
+                       PdPushNotPosted(reg.request_id, reg.inc))
             return
         # A partial prefix hit on D: only P's last len(D's) blocks are written (:3787-3793).
         blocks = match.blocks[len(match.blocks) - len(reg.blocks):]

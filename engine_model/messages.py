@@ -178,6 +178,9 @@ class KVPushRegistration:
     engine: int
     blocks: tuple[int, ...]
     inc: int  # ground truth: the decode incarnation that registered
+    #: a scripted transport fault (``kv_load_fails`` on D's request): P's WRITE into these
+    #: blocks cannot be posted
+    write_fails: bool = False
 
     def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
         return reduce_by_fields(self)

@@ -257,6 +257,10 @@ def check_consistent(workload: Workload) -> None:
                       f"({engine.dp_size}); ranks are numbered from 0", spec.dp_rank)
         if spec.kv_load_fails and workload.topology != "pd":
             raise Bad(("request", i, "kv_load_fails"), 'needs topology = "pd"', True)
+        if spec.kv_load_fails and workload.pd.connector == "mooncake":
+            # a pull's failure is not scripted for Mooncake: the fault would be ignored
+            raise Bad(("request", i, "kv_load_fails"), 'needs [pd] connector = "nixl-pull" or '
+                      '"nixl-push"', True)
         if spec.input_chunks and (workload.topology != "single" or spec.n > 1
                                   or spec.stop_string_at is not None):
             # async_llm.py:713-724 refuses n > 1 and stop strings; the P/D proxy has no

@@ -94,6 +94,8 @@ _BASE = {"name": "t", "request": [{"id": "X"}]}
     ({"engine": {"data_parallel_size": 0}}, "engine.data_parallel_size: must be >= 1"),
     ({"engine": {"data_parallel_size": 2}, "topology": "pd"}, "topology = \"single\" only"),
     ({"request": [{"id": "X", "kv_load_fails": True}]}, "kv_load_fails: needs topology"),
+    ({"request": [{"id": "X", "kv_load_fails": True}], "topology": "pd",
+      "pd": {"connector": "mooncake"}}, "kv_load_fails: needs \\[pd\\] connector"),
     ({"request": [{"id": "X", "at": 1.0, "cancel_at": 0.5}]}, "cancel_at: must be >= at"),
 ])
 def test_bad_settings_are_one_clear_error(extra: dict[str, object], message: str) -> None:

@@ -97,3 +97,55 @@ def test_a_prefill_output_delivered_by_id_names_its_producer() -> None:
         found[engine] = {v.invariant for v in spec.run(schedule=cx.schedule).violations}
     assert found["model"] == found["vllm"] and "no-crosstalk" in found["vllm"]
     assert "kv-ownership" not in found["vllm"]
+
+
+def _not_posted() -> Scenario:
+    return load_scenario("48633-push-write-not-posted")
+
+
+def test_a_write_that_cannot_be_posted_runs_vllms_own_failure_path(
+        monkeypatch: pytest.MonkeyPatch, vllm_systems: list[Any]) -> None:
+    """#48633 C2: the fake agent's ``transfer`` raises for X's WRITE; vLLM's own ``_xfer_blocks``
+    logs transfer_setup_failed, adds P's ID to ``_send_failures`` and releases the handle
+    (push_worker.py:746-765), and nothing ever reports the WRITE done."""
+    import importlib
+
+    cls = importlib.import_module(
+        "vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker").NixlPushConnectorWorker
+    logged: list[tuple[str, str | None]] = []
+    handled: list[tuple[str, bool]] = []
+    real_log, real_handle = cls._log_failure, cls._handle_failed_transfer
+
+    def _log_failure(self: Any, failure_type: str, req_id: str | None, *a: Any,
+                     **kw: Any) -> None:
+        logged.append((failure_type, req_id))
+        real_log(self, failure_type, req_id, *a, **kw)
+
+    def _handle_failed_transfer(self: Any, req_id: str, handle: Any, *a: Any, **kw: Any) -> Any:
+        handled.append((req_id, req_id in self._send_failures))
+        return real_handle(self, req_id, handle, *a, **kw)
+
+    monkeypatch.setattr(cls, "_log_failure", _log_failure)
+    monkeypatch.setattr(cls, "_handle_failed_transfer", _handle_failed_transfer)
+    result = run_scenario(_not_posted(), "internal-id", engine="vllm")
+    (failed,) = [e for e in result.trace if e.kind == "pd.push_not_posted"]
+    assert logged == [("transfer_setup_failed", failed.request)]
+    assert handled == [(failed.request, True)]
+    prefill = vllm_systems[0].engines[0].transport.worker
+    assert not prefill.nixl_wrapper.handles  # the handle was released, none is in flight
+    assert failed.request not in prefill._sending_transfers
+
+
+@pytest.mark.parametrize("engine", ["model", "vllm"])
+def test_a_write_not_posted_leaves_d_waiting(engine: str) -> None:
+    """No notification reaches D: X waits with its blocks held to the horizon (no-hang), while P
+    frees X's blocks when its lease runs out (30 s; D's heartbeats name the proxy's ID, #53095);
+    Y beside it is written and decodes."""
+    result = run_scenario(_not_posted(), "internal-id", engine=engine)
+    assert _invariants(result) == {"no-hang": "live"}
+    assert [(q.tokens, q.finish_reason) for q in result.requests] == [(0, None), (8, "length")]
+    assert [e.request[:1] for e in result.trace if e.kind == "pd.push_write"] == ["Y"]
+    released = [(e.request[:1], round(e.time)) for e in result.trace if e.kind == "pd.release"]
+    assert released == [("Y", 0), ("X", 30)]
+    d_x = [e for e in result.trace if e.component == "decode.kv" and e.request.startswith("X")]
+    assert [e.kind for e in d_x] == ["kv.alloc"]  # allocated, never freed

@@ -111,6 +111,7 @@ from racesim.engine_model.events.pd import (
     PdNoticeUnknown,
     PdPull,
     PdPushFailed,
+    PdPushNotPosted,
     PdPushRegister,
     PdPushWrite,
     PdRead,
@@ -135,7 +136,7 @@ __all__ = [
     "EngineReject", "EngineUtility",
     "PdHold", "PdRelease", "PdRead", "PdReadFailed", "PdLoadFailed", "PdNotice",
     "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart", "PdPushRegister", "PdPushWrite",
-    "PdPushFailed", "PdHoldLost", "PdPull",
+    "PdPushFailed", "PdPushNotPosted", "PdHoldLost", "PdPull",
 ]
 
 #: Every declared kind and its record class.

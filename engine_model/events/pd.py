@@ -6,7 +6,7 @@ from racesim.sim.trace import EventRecord, TraceEvent
 
 __all__ = ["PdHold", "PdRelease", "PdRead", "PdReadFailed", "PdLoadFailed", "PdNotice",
            "PdNoticeUnknown", "PdHeartbeat", "PdRecvStart", "PdPushRegister", "PdPushWrite",
-           "PdPushFailed", "PdHoldLost", "PdPull"]
+           "PdPushFailed", "PdPushNotPosted", "PdHoldLost", "PdPull"]
 
 
 class PdHold(EventRecord):
@@ -182,6 +182,25 @@ class PdPushFailed(EventRecord):
     def describe(self, ev: TraceEvent) -> str:
         return (f"cannot write {ev.request!r} ({self.blocks} blocks) into {self.dest_request!r}"
                 f" ({self.dest_blocks} blocks): the writer logs the assert and goes on")
+
+
+class PdPushNotPosted(EventRecord):
+    """pd.push_not_posted: NIXL push mode, the prefill side could not post its WRITE into
+    decode request ``dest_request``'s blocks (a scripted transport fault: ``kv_load_fails``
+    on the decode request). vLLM 0.33 logs ``transfer_setup_failed`` and records the request
+    in ``_send_failures`` (nixl/push_worker.py:732-765); no notification reaches D."""
+
+    KIND = "pd.push_not_posted"
+    KEY = True
+    __slots__ = ("dest_request", "dest_inc")
+
+    def __init__(self, dest_request: str, dest_inc: int) -> None:
+        self.dest_request = dest_request
+        self.dest_inc = dest_inc
+
+    def describe(self, ev: TraceEvent) -> str:
+        return (f"cannot post the WRITE of {ev.request!r} into {self.dest_request!r}: P logs "
+                f"it, D is never notified")
 
 
 class PdHoldLost(EventRecord):

@@ -126,6 +126,8 @@ class NixlFabric:
         #: PUSH_REG's bytes as D's writer sent them, by the message that carries them
         self.push_incs: dict[str, int] = {}
         self.push_bytes: dict[Any, bytes] = {}
+        #: push mode: D requests whose WRITE fails to post (``kv_load_fails``, scripted)
+        self.push_faults: set[str] = set()
 
     @property
     def connector_class(self) -> str:

@@ -37,6 +37,7 @@ from racesim.engine_model.events.pd import (
     PdHeartbeat,
     PdNoticeUnknown,
     PdPushFailed,
+    PdPushNotPosted,
     PdPushRegister,
     PdPushWrite,
 )
@@ -142,8 +143,11 @@ class NixlPushTransport(NixlTransport):
         reg = msgspec.msgpack.decode(notif[len(prefix):])
         rid = reg["request_id"]
         blocks = [int(b) for b in reg["local_block_ids"][0]]
-        inc = self.core.inc_of(self.recv_objects.get(rid) or self.core.sched.requests.get(rid))
+        req = self.recv_objects.get(rid) or self.core.sched.requests.get(rid)
+        inc = self.core.inc_of(req)
         self.fabric.push_incs[rid] = inc
+        if req is not None and self.core.read_fails(req):
+            self.fabric.push_faults.add(rid)
         engine = self.fabric.engine_ids.get(reg["remote_engine_id"], -1)
         self.world.emit(self.component, rid, inc, PdPushRegister(engine, blocks))
         msg = KVPushRegistration(rid, self.fabric.engine_ids.get(self.engine_id, -1),
@@ -158,8 +162,18 @@ class NixlPushTransport(NixlTransport):
         self._writes[handle] = (local, remote, notif.decode())
 
     def start_write(self, handle: int) -> None:
+        """``nixl_wrapper.transfer``: the WRITE starts, or (a scripted fault on D's request,
+        ``kv_load_fails``) raises as NIXL does when it cannot post one; vLLM's own handler
+        then logs ``transfer_setup_failed``, adds P's ID to ``_send_failures`` and releases
+        the handle (push_worker.py:746-765); no notification is sent."""
         pairing = self._pairing
         assert pairing is not None
+        p_id, d_id = pairing
+        if d_id in self.fabric.push_faults:
+            self._writes.pop(handle, None)
+            self.world.emit(self.component, p_id, self._held_inc.get(p_id, 0),
+                            PdPushNotPosted(d_id, self.fabric.push_incs.get(d_id, 0)))
+            raise RuntimeError("NIXL_ERR_BACKEND: the WRITE could not be posted (scripted)")
         self.world.env.process(self._write(handle, *pairing))
 
     def _write(self, handle: int, p_id: str, d_id: str) -> Any:
