@@ -51,8 +51,9 @@ POINTS = PointCatalogue([
                "blocks into the decode side's (registered, or named by its pull)",
                natural="pd.transfer_time"),
     AwaitPoint("pd.mooncake:bootstrap", "Mooncake on the vllm backend: the decode side's "
-               "HTTP query to the prefill side's bootstrap server (0.33 mooncake_connector.py:2585, "
-               "once per prefill engine; the model has no bootstrap)",
+               "HTTP query to the prefill side's bootstrap server (0.33 "
+               "mooncake_connector.py:2573-2582, once per prefill engine; the model has no "
+               "bootstrap)",
                natural="2 * ipc.latency"),
     AwaitPoint("dp.coordinator:publish",
                "DP coordinator -> API servers: the engines' waiting/running counts the load "

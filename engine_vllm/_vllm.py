@@ -144,7 +144,8 @@ class VllmEngineShape:
     async_scheduling: bool
     prefix_caching: bool
     #: P/D: (kv_role, engine_id, kv_lease_duration, kv_load_failure_policy, connector class
-    #: name: "NixlConnector" or "NixlPushConnector"), or None for no KV connector
+    #: name: "NixlConnector", "NixlPushConnector" or "MooncakeConnector"), or None for no KV
+    #: connector
     kv_transfer: tuple[str, str, int, str, str] | None = None
     #: P/D: more ``kv_connector_extra_config`` entries, as (key, value) pairs (the scenario's
     #: ``[pd] bidirectional_kv_xfer`` and ``decoder_kv_blocks_ttl``)

@@ -76,8 +76,9 @@ def model_only_reason(workload: Workload) -> str | None:
 
     P/D runs vLLM's own NixlConnector scheduler side and its worker's request bookkeeping with
     a simulated transport: 0.33's ``v1/nixl/`` package (pull and push,
-    :mod:`racesim.engine_vllm.connectors.nixl`, ``push``) and MooncakeConnector (``mooncake``), 0.20's ``nixl/`` package and
-    0.10-0.14's ``v1/nixl_connector.py`` (pull, ``nixl_legacy``); 0.9.2's is model-only. Data parallelism runs
+    :mod:`racesim.engine_vllm.connectors.nixl`, ``push``) and MooncakeConnector
+    (``mooncake``), 0.20's ``nixl/`` package and 0.10-0.14's ``v1/nixl_connector.py`` (pull,
+    ``nixl_legacy``); 0.9.2's is model-only. Data parallelism runs
     (one vLLM Scheduler per DP rank; the DP client and coordinator are asyncio and socket
     code, modelled on both backends), and so do streaming-input sessions."""
     from racesim.engine_model.versions import DEFAULT_VLLM

@@ -204,3 +204,17 @@ def test_the_frontend_asked_for_is_read_once_with_the_backend_and_pickles(
     monkeypatch.setenv("RACESIM_VLLM_FRONTEND", "nope")
     with pytest.raises(InputError, match="RACESIM_VLLM_FRONTEND='nope'"):
         as_backend("vllm")
+
+
+def test_the_printed_run_command_carries_the_frontend_asked_for(
+        vllm_backend: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The reproduce line of a run asked for with RACESIM_VLLM_FRONTEND sets it too: whose
+    frontend runs decides the trace, so without it the printed command runs another one."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RACESIM_VLLM_FRONTEND", "model")
+    _code, out, _err = cli(capsys, "run", "abort-reuse", "-p", "buggy", "--engine", "vllm")
+    assert "reproduce: RACESIM_VLLM_FRONTEND=model racesim run abort-reuse" in out, out
+    monkeypatch.delenv("RACESIM_VLLM_FRONTEND")
+    _code, out, _err = cli(capsys, "run", "abort-reuse", "-p", "buggy", "--engine", "vllm")
+    assert "reproduce: racesim run abort-reuse" in out, out

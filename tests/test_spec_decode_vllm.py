@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _cli import cli, one_line_error
 
 from racesim.runner import run_scenario
 from racesim.runner.engines import installed_profile, why_not_run
@@ -70,6 +71,13 @@ def test_the_model_refuses_speculative_decoding() -> None:
         run_scenario(scen, "buggy")
     assert "vllm backend only" in (why_not_run(scen.workload, "model") or "")
     assert why_not_run(scen.workload, "vllm") is None
+
+
+def test_conform_refuses_a_speculative_scenario_in_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # conform always runs the model's side, so "run it with --engine vllm" would not help
+    code, _out, err = cli(capsys, "conform", "30142-preempt-async-inflight", "--budget", "1")
+    one_line_error(code, err, "conform compares the model with vLLM", "num_speculative_tokens")
 
 
 def test_num_speculative_tokens_must_be_positive() -> None:

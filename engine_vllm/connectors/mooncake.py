@@ -23,16 +23,17 @@ TP and PP rank here), and these of its methods run as vLLM wrote them:
 
 Simulated (connectors/mooncake_fakes.py, mooncake_loop.py): the TransferEngine, the sockets
 (D's DEALER frames cross the ``pd.kv:notify`` channel to P's ROUTER, P's replies cross back on
-it; the bootstrap query is an HTTP round trip at ``pd.mooncake:bootstrap``), the threads (loops and executor as World tasks). What this module adds is
-only observation: it records ``pd.pull``, ``pd.hold``, ``pd.hold_lost`` and ``pd.push_write``
-with each request's ground-truth incarnation, read from the requests that own the blocks.
+it; the bootstrap query is an HTTP round trip at ``pd.mooncake:bootstrap``), the threads
+(loops and executor as World tasks). What this module adds is only observation: it records
+``pd.pull``, ``pd.hold``, ``pd.hold_lost`` and ``pd.push_write`` with each request's
+ground-truth incarnation, read from the requests that own the blocks.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import importlib
+import math
 import os
 import threading
 from typing import Any

@@ -3,7 +3,7 @@ module-level stand-ins its code looks up (``time``, ``httpx``, ``make_zmq_socket
 
 ``MooncakeConnectorWorker.__init__`` (mooncake_connector.py:1225-1412) cannot run here: it
 raises without the native ``mooncake`` package (1234-1236), binds a CUDA device (1242-1243),
-asks torch.distributed for TP/PP ranks (1285-1286, 1311), starts threads, a thread pool and the
+asks torch.distributed for TP/PP ranks (1285-1286, 1320), starts threads, a thread pool and the
 bootstrap HTTP server (1327-1362), and reads the model's attention layers
 (``get_current_attn_backends``, 1382). :func:`new_worker` sets the attributes it would set for
 one TP and PP rank, with vLLM's own ``TransferTopology`` and ``MooncakeKVConnectorStats``, then

@@ -146,8 +146,12 @@ class NixlPushTransport(NixlTransport):
         req = self.recv_objects.get(rid) or self.core.sched.requests.get(rid)
         inc = self.core.inc_of(req)
         self.fabric.push_incs[rid] = inc
+        # the fault belongs to this registration's request: a later request under the same ID
+        # registers again and must not inherit it
         if req is not None and self.core.read_fails(req):
             self.fabric.push_faults.add(rid)
+        else:
+            self.fabric.push_faults.discard(rid)
         engine = self.fabric.engine_ids.get(reg["remote_engine_id"], -1)
         self.world.emit(self.component, rid, inc, PdPushRegister(engine, blocks))
         msg = KVPushRegistration(rid, self.fabric.engine_ids.get(self.engine_id, -1),

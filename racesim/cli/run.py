@@ -71,7 +71,8 @@ def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
     result = spec.run(witness=witness, delays=plan)
     command = run_command(scenario, policy, spec.option_dict, seed, result.schedule, skip,
                           vllm=result.vllm, engine=result.engine, ids=spec.ids,
-                          backend_args=backend.cli_args() if backend.has_tree else ())
+                          backend_args=backend.cli_args() if backend.has_tree else (),
+                          frontend=backend.frontend)
     warnings = [*unreached_warnings("[delays]", spec.scenario.delays, result.occurrences),
                 *(unreached_warnings("[witness]", spec.scenario.witness, result.occurrences)
                   if witness else ()),
@@ -142,8 +143,8 @@ def _finish_run(spec: RunSpec, result: Any, command: str, as_json: bool, html_fi
 @_strict
 @_outputs
 def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool,
-               backend: Backend | None, strict: bool, check_det: bool, as_json: bool, html_file: str | None,
-               trace_file: str | None) -> None:
+               backend: Backend | None, strict: bool, check_det: bool, as_json: bool,
+               html_file: str | None, trace_file: str | None) -> None:
     """Replay a counterexample file: the same trace, byte for byte, anywhere.
 
     Only built-in policies are loaded unless --allow-import is given: a shared file must not

@@ -41,6 +41,7 @@ from racesim.documents import (
 from racesim.engine_model import RunResult
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.policies import policy_spec
+from racesim.engine_model.versions import model_gap
 from racesim.runner.engines import check_engine
 from racesim.explore.parallel import executor, ordered_map
 from racesim.runner import import_from_cwd, run_scenario
@@ -233,6 +234,11 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
         import_from_cwd(name)
         policy_spec(name)
         for scen in scenarios:
+            if model_gap(scen.workload) is not None:
+                raise InputError(f"{scen.name}: conform compares the model with vLLM, and the "
+                                 f"model does not run this scenario (engine."
+                                 f"num_speculative_tokens: no speculative decoding); racesim "
+                                 f"run or explore --engine vllm runs it")
             model_only(scen, name, opts, engines)
             if _uses_vllm(engines):
                 check_backend(scen)

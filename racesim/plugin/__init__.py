@@ -321,7 +321,7 @@ class RaceSim:
         if replay_name is not None:
             return run_command(replay_name, spec.policy, spec.option_dict, result.seed,
                                result.schedule, spec.skip, vllm=result.vllm, engine=spec.engine,
-                               ids=spec.ids)
+                               ids=spec.ids, frontend=spec.backend.frontend)
         return None
 
     def _explain(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> str:
