@@ -74,10 +74,14 @@ def test_the_model_refuses_speculative_decoding() -> None:
 
 
 def test_conform_refuses_a_speculative_scenario_in_one_line(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    # conform always runs the model's side, so "run it with --engine vllm" would not help
+        capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # conform always runs the model's side, so "run it with --engine vllm" would not help;
+    # refused before its --out folder is made
+    monkeypatch.chdir(tmp_path)
     code, _out, err = cli(capsys, "conform", "30142-preempt-async-inflight", "--budget", "1")
     one_line_error(code, err, "conform compares the model with vLLM", "num_speculative_tokens")
+    assert not list(tmp_path.iterdir())
 
 
 def test_num_speculative_tokens_must_be_positive() -> None:

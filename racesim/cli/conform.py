@@ -13,7 +13,7 @@ from rich.text import Text
 
 from racesim.cli.support import BUDGET, check_workers, console, emit_json, output_dir, output_file
 from racesim.cli.support import parse_options as _options
-from racesim.conform import ENGINES, STRATEGIES, conform, lifecycle
+from racesim.conform import ENGINES, STRATEGIES, check_comparable, conform, lifecycle
 from racesim.conform.frontend import SIDES as FRONTEND_SIDES
 from racesim.conform.frontend import default_policies as frontend_policies
 from racesim.engine_model.versions import ALIASES, PROFILES, profile_gap
@@ -82,6 +82,8 @@ def conform_cmd(scenarios: Sequence[str], vllm: str | None, policies: Sequence[s
             else:
                 click.echo(f"racesim: {scen.name}: {gap}; not conformed", err=True)
         scens = kept
+    for scen in scens:  # before --out is made: bad input writes nothing
+        check_comparable(scen)
     options = _options(policy_opts)
     engines = FRONTEND_SIDES if frontends else ENGINES
     if frontends:

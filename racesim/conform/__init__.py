@@ -50,7 +50,7 @@ from racesim.sim import Decision, InputError
 from racesim.sim.strategies import StrategyConfig, make_strategy
 
 __all__ = ["ConformResult", "Mismatch", "conform", "STRATEGIES", "ENGINES", "LIFECYCLE",
-           "lifecycle", "check_backend", "model_only", "run_on", "mismatch_path"]
+           "lifecycle", "check_backend", "check_comparable", "model_only", "run_on", "mismatch_path"]
 
 #: The strategies that draw a schedule per run index (hypothesis drives its own search).
 STRATEGIES = ("random", "pct", "grid")
@@ -86,6 +86,16 @@ def check_backend(scenario: Scenario) -> None:
     """An InputError, before any work, when the vLLM backend cannot run ``scenario``'s profile
     here (another release, or vLLM not installed: the line names the install command)."""
     check_engine("vllm", scenario.vllm)
+
+
+def check_comparable(scenario: Scenario) -> None:
+    """One InputError line when the model cannot run ``scenario`` at all, so there is nothing
+    to compare (conform always runs the model's side)."""
+    if model_gap(scenario.workload) is not None:
+        raise InputError(f"{scenario.name}: conform compares the model with vLLM, and the "
+                         f"model does not run this scenario (engine.num_speculative_tokens: "
+                         f"no speculative decoding); racesim run or explore --engine vllm "
+                         f"runs it")
 
 
 def model_only(scenario: Scenario, policy: str, options: Mapping[str, str],
@@ -234,11 +244,7 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
         import_from_cwd(name)
         policy_spec(name)
         for scen in scenarios:
-            if model_gap(scen.workload) is not None:
-                raise InputError(f"{scen.name}: conform compares the model with vLLM, and the "
-                                 f"model does not run this scenario (engine."
-                                 f"num_speculative_tokens: no speculative decoding); racesim "
-                                 f"run or explore --engine vllm runs it")
+            check_comparable(scen)
             model_only(scen, name, opts, engines)
             if _uses_vllm(engines):
                 check_backend(scen)
