@@ -44,13 +44,14 @@ from racesim.engine_model.policies import policy_spec
 from racesim.engine_model.versions import model_gap
 from racesim.runner.engines import check_engine
 from racesim.explore.parallel import executor, ordered_map
-from racesim.runner import import_from_cwd, run_scenario
+from racesim.runner import import_from_cwd, run_scenario, vllm_frontend
 from racesim.scenarios import Scenario
 from racesim.sim import Decision, InputError
 from racesim.sim.strategies import StrategyConfig, make_strategy
 
 __all__ = ["ConformResult", "Mismatch", "conform", "STRATEGIES", "ENGINES", "LIFECYCLE",
-           "lifecycle", "check_backend", "check_comparable", "model_only", "run_on", "mismatch_path"]
+           "lifecycle", "check_backend", "check_comparable", "model_only", "run_on",
+           "mismatch_path"]
 
 #: The strategies that draw a schedule per run index (hypothesis drives its own search).
 STRATEGIES = ("random", "pct", "grid")
@@ -105,12 +106,11 @@ def model_only(scenario: Scenario, policy: str, options: Mapping[str, str],
     (``vllm@asyncllm``), a cell vLLM's own frontend does not run is left out likewise."""
     if not _uses_vllm(engines):
         return None
-    from racesim.engine_vllm import model_only_reason, unsupported_reason
+    from racesim.engine_vllm import model_only_reason
 
     why = model_only_reason(scenario.workload)
     if why is not None:
         return why
-    from racesim.engine_vllm.frontend.select import choose
     from racesim.runner.engines import installed_vllm
 
     release = installed_vllm()
@@ -118,12 +118,9 @@ def model_only(scenario: Scenario, policy: str, options: Mapping[str, str],
         if (why := frontend_skip(scenario.workload, policy, release)) is not None:
             return why
     for engine, asked in map(split_side, engines):
-        if engine == "vllm":
-            wanted = with_frontend(engine, asked).frontend
-            frontend, _ = choose(wanted, scenario.workload, policy, release, options=options)
-            why = unsupported_reason(scenario.workload, policy, options, release, frontend)
-            if why is not None:
-                raise InputError(why)
+        if engine == "vllm":  # as run_scenario will check it, before any run
+            vllm_frontend(scenario.workload, policy, options, release,
+                          with_frontend(engine, asked).frontend)
     return None
 
 
@@ -240,11 +237,12 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
     if budget < 1:
         raise InputError(f"--budget must be >= 1, got {budget}")
     skip = tuple(sorted(check_invariant_names(tuple(skip))))
+    for scen in scenarios:
+        check_comparable(scen)
     for name, opts in policies:
         import_from_cwd(name)
         policy_spec(name)
         for scen in scenarios:
-            check_comparable(scen)
             model_only(scen, name, opts, engines)
             if _uses_vllm(engines):
                 check_backend(scen)

@@ -8,6 +8,7 @@ import sys
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from racesim.engine_model import POLICIES, RunResult, load_policy, run_workload
 from racesim.engine_model.checker import check_invariant_names
@@ -21,7 +22,8 @@ from racesim.sim import Decider, Decision, DelayPlan, InputError, parse_point_ke
 from racesim.sim.points import delay_entry
 from racesim.sim.strategies import Replay
 
-__all__ = ["RunSpec", "run_scenario", "Backend", "resolve_backend", "MODEL", "as_backend",
+__all__ = ["RunSpec", "run_scenario", "vllm_frontend", "Backend", "resolve_backend", "MODEL",
+           "as_backend",
            "from_record", "parse_delay_option", "replay_command", "run_command",
            "PlanEntry", "PolicyError", "policy_title", "import_from_cwd"]
 
@@ -137,23 +139,18 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
             return run_workload(scenario.workload, hooks, seed=seed, plan=plan, skip=skip_set,
                                 retain_trace=retain_trace, hash_trace=hash_trace)
         from racesim.engine_vllm import run_workload as run
-        from racesim.engine_vllm import unsupported_reason
-        from racesim.engine_vllm.frontend.select import choose
 
         if (why := why_not_run(scenario.workload, "vllm")) is not None:
             raise InputError(f"{scenario.name}: {why}")
         backend.activate()  # a tree's vLLM, imported in this process before the run
         release = SUPPORTED_VLLM.get(backend.base or "") if backend.has_tree \
             else installed_vllm()
-        name = loaded.name if policy in POLICIES else policy
         points = [p for p, _k, _d in (*scenario.delays, *overrides)] \
             + [d.point for d in schedule or ()]
-        frontend, note = choose(backend.frontend, scenario.workload, name, release,
-                                options=options, own_ids=scheme == id_scheme(type(loaded), None),
-                                points=points)
-        why = unsupported_reason(scenario.workload, name, options, release, frontend)
-        if why is not None:
-            raise InputError(why)
+        frontend, note = vllm_frontend(scenario.workload, loaded.name if policy in POLICIES
+                                       else policy, options, release, backend.frontend,
+                                       own_ids=scheme == id_scheme(type(loaded), None),
+                                       points=points)
         result = run(scenario.workload, hooks, seed=seed, plan=plan, skip=skip_set,
                      retain_trace=retain_trace, hash_trace=hash_trace, frontend=frontend)
         return replace(result, frontend="vllm" if frontend == "asyncllm" else "model",
@@ -194,6 +191,24 @@ class PolicyError(InputError):
         text = text if len(text) <= 200 else text[:199] + "…"
         return cls(f"policy {policy!r} raised {type(exc).__name__}{at}"
                    + (f": {text!r}" if text else ""))
+
+
+def vllm_frontend(workload: Any, policy: str, options: Mapping[str, str] | None,
+                  release: str | None, wanted: str | None, *, own_ids: bool = True,
+                  points: Iterable[str] = ()) -> tuple[str, str | None]:
+    """The frontend a run on the vllm backend uses (``engine_vllm.frontend.select.choose``:
+    ``"asyncllm"``, or ``"model"`` with the reason), checked: one InputError line when the
+    backend cannot run this scenario and policy with it (conform checks its cells the same way
+    before any run)."""
+    from racesim.engine_vllm import unsupported_reason
+    from racesim.engine_vllm.frontend.select import choose
+
+    frontend, note = choose(wanted, workload, policy, release, options=options,
+                            own_ids=own_ids, points=points)
+    why = unsupported_reason(workload, policy, options, release, frontend)
+    if why is not None:
+        raise InputError(why)
+    return frontend, note
 
 
 def import_from_cwd(policy: str) -> None:
