@@ -67,9 +67,10 @@ VLLM_CODE: dict[str, str] = {
     "request-ids": "InputProcessor.assign_request_id (from 0.14; as given before)",
     "scheduler": "Scheduler / AsyncScheduler (v1/core/sched/)",
     "kv-cache": "KVCacheManager, BlockPool (v1/core/)",
-    "runner": "the release's own CPUModelRunner built without weights (0.11-0.33; 0.10.1.1 and "
-              "0.9.2 run the fake executor), fed the real SchedulerOutput; token values from "
-              "the fake vocabulary",
+    "runner": "the release's own CPUModelRunner built without weights (0.10.1.1-0.33; 0.9.2 "
+              "runs the fake executor: engine_vllm/runner/kind.py), fed the real "
+              "SchedulerOutput; token values, and under speculative decoding how many drafts "
+              "are accepted, from the fake network",
     "connector": "NixlConnector's scheduler side and worker bookkeeping (pull mode 0.10-0.33, "
                  "push mode 0.33), MooncakeConnector's scheduler side and worker sender and "
                  "receiver code (0.33), simulated transport",
