@@ -128,8 +128,9 @@ class ApiServer:
         responses = spec.endpoint == "responses"
         if spec.id_via == "body" or (spec.id_via == "header" and not responses):
             return spec.id
-        # random_uuid() (uuid4().hex), drawn from a seeded stream: runs stay deterministic
-        uuid = f"{self.world.rng.stream('api-uuid').getrandbits(128):032x}"
+        # random_uuid(): the low 64 bits of a uuid4 as 16 hex characters (utils/__init__.py:
+        # 11-12), drawn from a seeded stream: runs stay deterministic
+        uuid = f"{self.world.rng.stream('api-uuid').getrandbits(64):016x}"
         return f"resp_{uuid}" if responses else uuid
 
     def request_id(self, spec: RequestSpec, uid: int, base: str | None = None) -> str:
