@@ -63,6 +63,11 @@ COMPONENTS: dict[str, dict[str, str]] = {
 VLLM_CODE: dict[str, str] = {
     "frontend": "AsyncLLM with its AsyncMPClient (v1/engine/async_llm.py, core_client.py), "
                 "the default on 0.10.1.1-0.33.0 where it runs",
+    "api-layer": "on vLLM's own frontend, the OpenAI completions endpoint's "
+                 "OpenAIServingCompletion (entrypoints/openai/completion/serving.py: the ID from "
+                 "X-Request-Id or the body, cmpl- names, 0.20 and 0.33; other endpoints run the "
+                 "model's frontend); the route handler and the routers' /abort_requests are "
+                 "racesim's calls of it and of AsyncLLM.abort",
     "output-processor": "OutputProcessor, ParentRequest (v1/engine/output_processor.py)",
     "request-ids": "InputProcessor.assign_request_id (from 0.14; as given before)",
     "scheduler": "Scheduler / AsyncScheduler (v1/core/sched/)",
@@ -106,12 +111,14 @@ def components(engine: str, topology: str = "", frontend: str = "model") -> dict
     """Each component and what ran it on ``engine``: "vllm" or the simulated part's name. On
     the vllm backend P/D runs vLLM's NixlConnector scheduler side, and when ``frontend`` is
     "vllm" (the run's ``RunResult.frontend``) the frontend is vLLM's own AsyncLLM (the sockets
-    between it and the engine stay simulated)."""
+    between it and the engine stay simulated) and the API layer vLLM's own serving class (a
+    request with an endpoint it does not run makes the run take the model's frontend)."""
     table = dict(COMPONENTS.get(engine, COMPONENTS["model"]))
     if engine == "vllm" and topology == "pd":
         table["connector"] = "vllm"
     if engine == "vllm" and frontend == "vllm":
         table["frontend"] = "vllm"
+        table["api-layer"] = "vllm"
     return table
 
 

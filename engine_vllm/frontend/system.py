@@ -45,7 +45,11 @@ def unsupported(workload: Workload) -> str | None:
         return "data parallelism"
     for r in workload.requests:
         if r.endpoint is not None:
-            return f"request {r.id!r}: the OpenAI serving layer (endpoint)"
+            from racesim.engine_vllm.frontend.serving import unsupported as serving_unsupported
+
+            why = serving_unsupported(r)
+            if why is not None:
+                return why
         if r.kv_load_fails or r.unserializable:
             return f"request {r.id!r}: a scripted fault (kv_load_fails, unserializable)"
         if r.dp_rank is not None:
@@ -92,8 +96,11 @@ class RealFrontendSystem(VllmSystem):
         for fe in self.frontends:  # each server is up before its first client connects
             fe.start_serving()
         self.api_servers: list[Any] = []
+        from racesim.engine_vllm.frontend.serving import ServingClient
+
         self.clients: list[Any] = [
-            RealClient(self.frontends[spec.frontend], i, self.next_inc(), spec, self.vocab)
+            (RealClient if spec.endpoint is None else ServingClient)(
+                self.frontends[spec.frontend], i, self.next_inc(), spec, self.vocab)
             for i, spec in enumerate(workload.requests)]
         if workload.engine.pause_at is not None:
             self._pause_and_resume(self.frontends[0])
