@@ -81,13 +81,14 @@ def test_same_seed_same_hash_under_other_hash_seeds() -> None:
 @pytest.mark.vllm
 def test_where_vllms_frontend_cannot_run_the_models_does_and_says_why(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """router-abort-all needs the OpenAI serving layer: by default the model's frontend runs
-    on vLLM's engine, and the run's provenance names it with the one reason; insisting on
-    vLLM's own is one line naming that reason; =model opts out with no reason to give."""
+    """api-bare-id-abort's chat endpoint needs a tokenizer in vLLM's serving layer: by default
+    the model's frontend runs on vLLM's engine, and the run's provenance names it with the one
+    reason; insisting on vLLM's own is one line naming that reason; =model opts out with no
+    reason to give."""
     from racesim.reports.provenance import run_components
 
     monkeypatch.delenv(ENV, raising=False)
-    scen = load_scenario("router-abort-all")
+    scen = load_scenario("api-bare-id-abort")
     r = run_scenario(scen, "buggy", engine="vllm")
     doc = run_components(r)
     assert r.frontend == "model" and "frontend" not in doc["vllm_code"]
@@ -111,7 +112,7 @@ def test_the_cli_says_nothing_extra_when_the_models_frontend_stands_in(
     from _cli import one_line_error
 
     monkeypatch.delenv(ENV, raising=False)
-    args = ("run", "router-abort-all", "-p", "buggy", "--engine", "vllm")
+    args = ("run", "api-bare-id-abort", "-p", "buggy", "--engine", "vllm")
     _code, out, err = run_cli(capsys, *args)
     assert "frontend does not run" not in out + err and "serving layer" not in out + err
     monkeypatch.setenv(ENV, "asyncllm")
@@ -212,8 +213,9 @@ def test_a_streaming_input_session_is_vllms_own_on_its_frontend(real: None) -> N
 
 @pytest.mark.vllm
 def test_the_rl_routers_abort_all_sweeps_the_leaked_parent(real: None, tmp_path: Path) -> None:
-    """router-abort-all without its endpoint (the serving layer vLLM's frontend does not run
-    yet): X (n = 2) aborted by its external ID leaks its parent in vLLM's OutputProcessor; the
+    """router-abort-all without its endpoints (AsyncLLM alone; with them, vLLM's serving layer
+    runs it: tests/test_serving_vllm.py): X (n = 2) aborted by its external ID leaks its parent
+    in vLLM's OutputProcessor; the
     abort-all at 0.3 s names every request_states and parent_requests key and pops it, on
     both frontends."""
     from racesim.conform import conform

@@ -69,9 +69,10 @@ def test_the_served_id_is_what_vllms_serving_class_computes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Change vLLM's own _base_request_id and the ID AsyncLLM is given changes with it: the
     name is not racesim's."""
-    from racesim.engine_vllm.frontend import serving
+    from racesim.engine_vllm.frontend import endpoints
 
-    cls = serving._names().Completion
+    cls = endpoints.names("completions").cls
+    assert cls.__module__ == "vllm.entrypoints.openai.completion.serving"
     monkeypatch.setattr(cls, "_base_request_id",
                         staticmethod(lambda raw, default=None: "patched"))
     r = run_scenario(_scenario({}), "buggy", engine="vllm")
@@ -145,3 +146,21 @@ def test_same_seed_same_hash_under_other_hash_seeds() -> None:
                            env={**os.environ, "PYTHONHASHSEED": seed}, cwd=REPO, timeout=600)
         outs.append(p.stdout.strip())
     assert outs[0].startswith("vllm ") and outs[0] == outs[1]
+
+
+def test_the_scale_out_endpoint_and_routers_are_vllms_own() -> None:
+    """router-abort-all on vLLM's own frontend: ServingTokens names X generate-tokens-X
+    (scale_out/token_in_token_out/serving.py:202-204); the scale-out router's handler aborts
+    it by external ID in a background task, which leaks the n = 2 parent; the RL router's
+    abort-all sweeps it (rl/online/api_router.py:120-132)."""
+    from racesim.engine_vllm.frontend import endpoints
+
+    assert endpoints.names("generate-tokens").cls.__module__ == \
+        "vllm.entrypoints.scale_out.token_in_token_out.serving"
+    r = run_scenario(load_scenario("router-abort-all"), "buggy", engine="vllm")
+    assert r.frontend == "vllm" and _served(r) == ["generate-tokens-X", "generate-tokens-Y"]
+    routers = [(e.detail.router, e.detail.ids) for e in r.trace if e.kind == "api.router_abort"]
+    assert routers == [("scale-out", ["generate-tokens-X"]), ("rl", ["generate-tokens-Y",
+                                                                      "generate-tokens-X"])]
+    assert "no-leak" not in r.violated
+    assert [(q.id, q.finish_reason) for q in r.requests] == [("X", "abort"), ("Y", "abort")]

@@ -1,39 +1,28 @@
-"""vLLM's own OpenAI completions endpoint on an API server: ``OpenAIServingCompletion`` (0.33.0
-and 0.20.0 entrypoints/openai/completion/serving.py) over the API server's real ``AsyncLLM``,
-without a tokenizer (``skip_tokenizer_init``: the prompt is token IDs).
+"""vLLM's own OpenAI serving layer on an API server: a request with an ``endpoint`` goes through
+the release's serving class over the API server's real ``AsyncLLM`` without a tokenizer (the
+prompt is token IDs): ``completions`` through ``OpenAIServingCompletion`` (0.33.0 and 0.20.0),
+``generate-tokens`` through 0.33's ``ServingTokens`` (:mod:`.endpoints` builds them).
 
 What is vLLM's code: the serving class and what it calls: ``_base_request_id`` (the
-``X-Request-Id`` header, else the body's ``request_id``, whose default is ``random_uuid()``),
-the ``cmpl-{base}`` / ``cmpl-{base}-{i}`` names, the renderer that turns token IDs into the
-engine input, ``to_sampling_params``, ``merge_async_iterators`` and the streaming generator
-whose SSE chunks the client reads, or the one ``CompletionResponse`` without streaming.
+``X-Request-Id`` header, else the body's ``request_id``, whose default is ``random_uuid()``), the
+endpoint's names (``cmpl-{base}-{i}``, ``generate-tokens-{base}``), the renderer that turns token
+IDs into the engine input, the sampling parameters, ``merge_async_iterators`` and the stream
+generator whose SSE chunks the client reads, or the one response without streaming; and the
+routers' ``/abort_requests`` handlers (``abort_at``).
 
-What racesim supplies: the HTTP request object the serving class reads (a Starlette ``Request``
-over a scope holding the client's headers; it reads ``headers`` and sets
-``state.request_metadata``), and the route handler around it: a client's task awaits
-``create_completion`` and iterates the stream, and a disconnect cancels that task as
-``with_cancellation`` (the handler) and Starlette's ``StreamingResponse`` (the stream) do
-(0.33.0 entrypoints/serve/utils/api_utils.py:68-108). The sends to the socket are instant, so the
-``CancelledError`` always lands in ``AsyncLLM.generate``'s await, which aborts by the internal
-ID. The body's default ``request_id`` (``vllm.utils.random_uuid``, through ``uuid.uuid4``) is
-drawn from the World's seeded stream while the body is parsed, and ``time`` in the serving
-module (the response's ``created``) is the World's clock.
-
-A router's ``/abort_requests`` (``abort_at``) is ``AsyncLLM.abort`` of the ID the endpoint gave
-``generate`` (or the client's bare ID, ``abort_names = "bare"``), as the RL router calls it
-(0.33.0 entrypoints/rl/online/api_router.py:117-119). The trace's ``api.request`` event is read
-from what vLLM's serving class passed to ``AsyncLLM.generate``, not computed by racesim.
+What racesim supplies: the HTTP request objects (Starlette ``Request``s holding the client's
+headers and JSON body) and the route handler around the serving call: a client's task awaits
+it and iterates the stream, and a disconnect cancels that task as ``with_cancellation`` (the
+handler) and Starlette's ``StreamingResponse`` (the stream) do (0.33.0 entrypoints/serve/utils/
+api_utils.py:68-108). The sends to the socket are instant, so the ``CancelledError`` always
+lands in ``AsyncLLM.generate``'s await, which aborts by the internal ID. The trace's
+``api.request`` event is read from what vLLM's serving class passed to ``AsyncLLM.generate``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import inspect
 import json
-import types
-import uuid as _uuid
-from functools import cache
 from typing import Any
 
 from racesim.engine_model.events.api import ApiRequest, ApiRouterAbort
@@ -41,12 +30,10 @@ from racesim.engine_model.events.client import ClientAbort, ClientDisconnect, Cl
     ClientSend
 from racesim.engine_model.messages import FinishReason
 from racesim.engine_vllm.frontend.asyncllm import CALLER
+from racesim.engine_vllm.frontend import endpoints
 from racesim.engine_vllm.frontend.clients import RealClient
 
-__all__ = ["ServingClient", "unsupported", "serving_of", "ENDPOINTS"]
-
-#: the endpoints vLLM's own serving layer runs here
-ENDPOINTS = ("completions",)
+__all__ = ["ServingClient", "unsupported"]
 
 #: why the other endpoints do not run on vLLM's frontend (docs/backends.md)
 _WHY = {
@@ -54,14 +41,12 @@ _WHY = {
             "0.33.0 renderers/base.py:217-221)",
     "responses": "the OpenAI serving layer's Responses API (it asks for the tokenizer: 0.33.0 "
                  "entrypoints/openai/responses/serving.py:422)",
-    "generate-tokens": "the OpenAI serving layer's scale-out generate-tokens endpoint (not "
-                       "built yet)",
 }
 
 
 def unsupported(spec: Any) -> str | None:
     """Why request ``spec``'s endpoint cannot run on vLLM's own serving layer, or None."""
-    if spec.endpoint not in ENDPOINTS:
+    if spec.endpoint not in endpoints.ENDPOINTS:
         return f"request {spec.id!r}: {_WHY.get(spec.endpoint, spec.endpoint)}"
     where = f"request {spec.id!r}: the OpenAI serving layer with"
     if spec.kv_rejected:
@@ -73,81 +58,14 @@ def unsupported(spec: Any) -> str | None:
     return None
 
 
-class _Seeded:
-    """``uuid`` for ``vllm.utils``: ``uuid4`` drawn from the World's seeded stream."""
-
-    def __init__(self, real: Any, world: Any) -> None:
-        self._real = real
-        self.world = world
-
-    def uuid4(self) -> _uuid.UUID:
-        return _uuid.UUID(int=self.world.rng.stream("vllm/uuid4").getrandbits(128))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
-@cache
-def _names() -> Any:
-    """vLLM's serving classes, and the seams (once per process)."""
-    from racesim.engine_vllm.frontend import build
-
-    build.vllm_names()
-    mod = importlib.import_module("vllm.entrypoints.openai.completion.serving")
-    proto = importlib.import_module("vllm.entrypoints.openai.completion.protocol")
-    models = importlib.import_module("vllm.entrypoints.openai.models.serving")
-    paths = importlib.import_module("vllm.entrypoints.openai.models.protocol")
-    utils = importlib.import_module("vllm.utils")
-    if isinstance(getattr(mod, "time", None), types.ModuleType):
-        mod.time = build._Clock(mod.time)
-    from starlette.requests import Request
-
-    return types.SimpleNamespace(Completion=mod.OpenAIServingCompletion,
-                                 CompletionRequest=proto.CompletionRequest,
-                                 Models=models.OpenAIServingModels,
-                                 BaseModelPath=paths.BaseModelPath, utils=utils,
-                                 Request=Request)
-
-
-def _renderer_kwargs(llm: Any, models: Any, cls: Any) -> dict[str, Any]:
-    """The renderer the release's serving class takes: 0.33's ``OnlineRenderer``
-    (``online_renderer=``), 0.20's ``OpenAIServingRender`` (``openai_serving_render=``), built
-    as ``init_app_state`` builds them with vllm serve's defaults (0.33.0 entrypoints/launchers/
-    api_server/app_state.py:88-104; 0.20.0 entrypoints/openai/api_server.py:369-383)."""
-    params = inspect.signature(cls.__init__).parameters
-    common = dict(model_config=llm.model_config, renderer=llm.renderer, request_logger=None,
-                  chat_template=None, chat_template_content_format="auto")
-    if "online_renderer" in params:
-        from vllm.renderers.online_renderer import OnlineRenderer
-
-        return {"online_renderer": OnlineRenderer(**common)}
-    from vllm.entrypoints.serve.render.serving import OpenAIServingRender
-
-    return {"openai_serving_render": OpenAIServingRender(model_registry=models.registry,
-                                                         **common)}
-
-
-def serving_of(fe: Any) -> Any:
-    """API server ``fe``'s ``OpenAIServingCompletion`` (built on first use)."""
-    serving = getattr(fe, "serving", None)
-    if serving is not None:
-        return serving
-    n = _names()
-    llm = fe.llm
-    name = str(llm.model_config.model)
-    models = n.Models(engine_client=llm,
-                      base_model_paths=[n.BaseModelPath(name=name, model_path=name)])
-    fe.serving = n.Completion(llm, models, request_logger=None,
-                              **_renderer_kwargs(llm, models, n.Completion))
-    _watch_generate(fe)
-    return fe.serving
-
-
-def _watch_generate(fe: Any) -> None:
+def _served_by_vllm(fe: Any) -> None:
     """Record the ID vLLM's serving class hands ``AsyncLLM.generate`` (the ``api.request``
-    event, and what a router's abort names), then call vLLM's own ``generate``."""
+    event, and what a router's abort names), then call vLLM's own ``generate`` (once per API
+    server)."""
     llm = fe.llm
     real = llm.generate
+    if getattr(real, "racesim_watch", False):
+        return
 
     def generate(prompt: Any, params: Any, request_id: str, *a: Any, **kw: Any) -> Any:
         client = CALLER.get()
@@ -158,11 +76,12 @@ def _watch_generate(fe: Any) -> None:
                                                           spec.id_via, request_id))
         return real(prompt, params, request_id, *a, **kw)
 
+    generate.racesim_watch = True  # type: ignore[attr-defined]
     llm.generate = generate
 
 
 class ServingClient(RealClient):
-    """A scripted request sent to vLLM's own completions endpoint."""
+    """A scripted request sent to one of vLLM's own endpoints (``spec.endpoint``)."""
 
     #: streaming (``"stream": true``), as the model's client receives each delta
     stream = True
@@ -175,29 +94,29 @@ class ServingClient(RealClient):
         self._finished: set[int] = set()
 
     def _raw_request(self) -> Any:
-        headers = [] if self.spec.id_via != "header" else [(b"x-request-id",
-                                                            self.spec.id.encode())]
-        return _names().Request({"type": "http", "method": "POST", "path": "/v1/completions",
-                                 "headers": headers, "query_string": b""})
+        spec = self.spec
+        headers = {"content-type": "application/json"}
+        if spec.id_via == "header":
+            headers["X-Request-Id"] = spec.id
+        return endpoints.http_request(f"/v1/{spec.endpoint}", headers, None, self.fe.llm)
 
-    def _body(self, stream: bool) -> Any:
+    def _body(self) -> dict[str, Any]:
+        """The JSON body: the prompt as token IDs (no tokenizer), the client's ``n`` and
+        ``max_tokens``, token IDs back, and the body's ``request_id`` with ``id_via = body``."""
         from racesim.engine_vllm.engine.views import PROMPT_TOKEN
 
         spec = self.spec
-        body: dict[str, Any] = {"prompt": [PROMPT_TOKEN] * spec.prompt_tokens,
-                                "max_tokens": spec.max_tokens, "n": spec.n, "stream": stream,
-                                "return_token_ids": True}
+        prompt = [PROMPT_TOKEN] * spec.prompt_tokens
+        body: dict[str, Any]
+        if spec.endpoint == "generate-tokens":
+            body = {"token_ids": prompt, "stream": self.stream,
+                    "sampling_params": {"n": spec.n, "max_tokens": spec.max_tokens}}
+        else:
+            body = {"prompt": prompt, "max_tokens": spec.max_tokens, "n": spec.n,
+                    "stream": self.stream, "return_token_ids": True}
         if spec.id_via == "body":
             body["request_id"] = spec.id
-        n = _names()
-        # the body's default request_id is vllm.utils.random_uuid() (the Field's
-        # default_factory): seeded while the request is parsed, and only then
-        real = n.utils.uuid
-        n.utils.uuid = _Seeded(real, self.world)
-        try:
-            return n.CompletionRequest(**body)
-        finally:
-            n.utils.uuid = real
+        return body
 
     async def _run(self) -> None:
         world = self.world
@@ -212,9 +131,13 @@ class ServingClient(RealClient):
                                                      spec.prompt_tokens, spec.max_tokens,
                                                      spec.prompt))
         CALLER.set(self)
+        endpoint = str(spec.endpoint)
         try:
-            result = await serving_of(self.fe).create_completion(
-                self._body(stream=self.stream), self._raw_request())
+            serving = endpoints.serving_of(self.fe, endpoint)
+            _served_by_vllm(self.fe)
+            call = getattr(serving, endpoints.names(endpoint).method)
+            result = await call(endpoints.parse_body(endpoint, self._body(), world),
+                                self._raw_request())
             if asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 # without streaming, the handler answers a cancel with an ErrorResponse
                 # ("Client disconnected", completion/serving.py) that no client reads
@@ -292,12 +215,14 @@ class ServingClient(RealClient):
         self._choices(body["choices"])
 
     async def _router_abort(self) -> None:
-        """The RL router's ``POST /abort_requests`` with the served ID (or the bare one):
-        ``AsyncLLM.abort(request_ids)``, external IDs (0.33.0 rl/online/api_router.py:117-119).
-        Nothing registered under the bare ID is aborted (output_processor.py's
-        ``external_req_ids.pop``)."""
+        """A router's ``POST /abort_requests`` naming the served ID (or the bare one): the RL
+        router's handler (the scale-out router's for generate-tokens) aborts them as external
+        IDs (0.33.0 rl/online/api_router.py:117-119; token_in_token_out/api_router.py:79-99, in
+        a background task). Nothing registered under the bare ID is aborted
+        (output_processor.py's ``external_req_ids.pop``)."""
         spec = self.spec
         name = spec.id if spec.abort_names == "bare" else self.served
         self.world.emit(self.name, spec.id, 0, ClientAbort(self.uid))
-        self.world.emit(self.fe.name, name, 0, ApiRouterAbort("rl", [name], False, self.uid))
-        await self.fe.llm.abort(name)
+        router = "scale-out" if spec.endpoint == "generate-tokens" else "rl"
+        self.world.emit(self.fe.name, name, 0, ApiRouterAbort(router, [name], False, self.uid))
+        await endpoints.router_abort(str(spec.endpoint), self.fe.llm, [name])
