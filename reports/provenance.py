@@ -63,11 +63,12 @@ COMPONENTS: dict[str, dict[str, str]] = {
 VLLM_CODE: dict[str, str] = {
     "frontend": "AsyncLLM with its AsyncMPClient (v1/engine/async_llm.py, core_client.py), "
                 "the default on 0.10.1.1-0.33.0 where it runs",
-    "api-layer": "on vLLM's own frontend, the OpenAI completions endpoint's "
-                 "OpenAIServingCompletion (entrypoints/openai/completion/serving.py: the ID from "
-                 "X-Request-Id or the body, cmpl- names, 0.20 and 0.33; other endpoints run the "
-                 "model's frontend); the route handler and the routers' /abort_requests are "
-                 "racesim's calls of it and of AsyncLLM.abort",
+    "api-layer": "on vLLM's own frontend, its serving classes for token-ID endpoints: "
+                 "OpenAIServingCompletion (completions: the ID from X-Request-Id or the body, "
+                 "cmpl-{base}-{i}; 0.20 and 0.33) and ServingTokens (scale-out generate-tokens, "
+                 "0.33), and the RL and scale-out routers' /abort_requests handlers; chat and "
+                 "the Responses API need a tokenizer and run the model's frontend; the route "
+                 "handler around the serving call is simulated",
     "output-processor": "OutputProcessor, ParentRequest (v1/engine/output_processor.py)",
     "request-ids": "InputProcessor.assign_request_id (from 0.14; as given before)",
     "scheduler": "Scheduler / AsyncScheduler (v1/core/sched/)",
