@@ -31,7 +31,9 @@ request, and the routers' abort endpoints. Everything here follows vLLM 0.33.0
   (:1111-1120). ``cancel`` marks the stored response cancelled if it is queued or in progress
   and cancels the task registered under the ID (:1177-1204).
 
-The layer is the same on both backends: vLLM's API layer is asyncio and HTTP code, modelled.
+This layer runs on the model's frontend (either backend). vLLM's own frontend runs vLLM's own
+serving classes for the token-ID endpoints and routers instead (engine_vllm/frontend/serving.py),
+which name requests by the same rules.
 """
 
 from __future__ import annotations
