@@ -85,6 +85,9 @@ class Client:
         #: the Responses API's response ID (its background task is this client's request)
         self._response_id = ""
         self._responses = self.api is not None and spec.endpoint == "responses"
+        #: per choice, the tokens read and whether it finished (n > 1 through an endpoint)
+        self._choice_tokens: dict[int, int] = {}
+        self._finished_choices: set[int] = set()
         self._proc = world.env.process(self._run() if spec.cancel_at is not None
                                        or self._responses else self._generate())
         if spec.abort_at is not None:
@@ -111,6 +114,29 @@ class Client:
         ask)."""
         if not self.done and self._proc.is_alive:
             self._proc.interrupt("cancelled")
+
+    def _chunks(self, out: RequestOutput) -> list[tuple[list[list[int]], str | None]]:
+        """What the client reads of one output: (tokens, finish reason) per read. Through an
+        endpoint with n > 1, vLLM's stream generators send one SSE chunk per choice, skipping a
+        choice's chunk with no tokens and no finish before its first token, and the stream ends
+        with the last choice's finish (0.33.0 openai/completion/serving.py
+        completion_stream_generator; scale_out/token_in_token_out/serving.py
+        serve_tokens_stream_generator)."""
+        if self.api is None or self._responses or self.spec.n < 2 or out.error is not None:
+            return [([[c.index, t.inc, t.ctx] for c in out.outputs for t in c.tokens],
+                     finish_reason_of(out))]
+        chunks: list[tuple[list[list[int]], str | None]] = []
+        for c in out.outputs:
+            seen = self._choice_tokens.get(c.index, 0)
+            if not c.tokens and c.finish_reason is None and not seen:
+                continue
+            self._choice_tokens[c.index] = seen + len(c.tokens)
+            if c.finish_reason is not None:
+                self._finished_choices.add(c.index)
+            done = c.finish_reason is not None and len(self._finished_choices) >= self.spec.n
+            chunks.append(([[c.index, t.inc, t.ctx] for t in c.tokens],
+                           c.finish_reason if done else None))
+        return chunks
 
     def _run(self) -> Proc:
         try:
@@ -196,23 +222,23 @@ class Client:
             while out is None:
                 yield result.wait()
                 out = result.take()
-            tokens = [[c.index, t.inc, t.ctx] for c in out.outputs for t in c.tokens]
-            reason = finish_reason_of(out)
-            self.tokens += len(tokens)
-            world.emit(self.name, spec.id, 0, ClientOutput(self.uid, tokens, reason, self.done))
-            if self.done:
-                continue  # still listening: anything arriving now breaks one-terminal-output
-            if reason is not None:
-                self._terminate(reason)
-                continue
-            limit = spec.disconnect_after_tokens
-            if limit is not None and self.tokens >= limit and not disconnected:
-                disconnected = True
-                # The HTTP handler is cancelled; generate() aborts by its internal ID.
-                world.emit(self.name, spec.id, 0, ClientDisconnect(self.uid))
-                self._terminate(FinishReason.ABORT)
-                yield from self.gateway.abort(result.request_id, internal=True)
-                return
+            for tokens, reason in self._chunks(out):
+                self.tokens += len(tokens)
+                world.emit(self.name, spec.id, 0, ClientOutput(self.uid, tokens, reason,
+                                                               self.done))
+                if self.done:
+                    continue  # still listening: anything arriving now breaks one-terminal-output
+                if reason is not None:
+                    self._terminate(reason)
+                    continue
+                limit = spec.disconnect_after_tokens
+                if limit is not None and self.tokens >= limit and not disconnected:
+                    disconnected = True
+                    # The HTTP handler is cancelled; generate() aborts by its internal ID.
+                    world.emit(self.name, spec.id, 0, ClientDisconnect(self.uid))
+                    self._terminate(FinishReason.ABORT)
+                    yield from self.gateway.abort(result.request_id, internal=True)
+                    return
 
     def _abort_at(self, at: float) -> Proc:
         env = self.world.env

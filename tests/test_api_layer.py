@@ -181,3 +181,16 @@ def test_explore_under_internal_id_reports_the_api_layer_invariants(
     assert res.counterexample is not None
     assert expected <= {v["invariant"] for v in res.counterexample.violations}
     assert res.counterexample.reach == "live"
+
+
+def test_an_endpoint_client_with_n_2_reads_one_chunk_per_choice() -> None:
+    """vLLM's stream generators send each choice of a RequestOutput as its own SSE chunk
+    (openai/completion/serving.py completion_stream_generator): the endpoint client's outputs
+    hold one choice each, and only the last choice's finish ends the stream."""
+    from racesim.engine_model.events import ClientOutput
+
+    r = run_scenario(_scenario({"endpoint": "completions", "n": 2, "max_tokens": 3}), "buggy")
+    outs = [ev.detail for ev in r.trace if isinstance(ev.detail, ClientOutput)]
+    assert all(len({t[0] for t in o.tokens}) == 1 for o in outs)
+    assert [o.finish for o in outs if o.finish] == ["length"]
+    assert sum(len(o.tokens) for o in outs) == 6

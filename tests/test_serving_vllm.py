@@ -164,3 +164,21 @@ def test_the_scale_out_endpoint_and_routers_are_vllms_own() -> None:
                                                                       "generate-tokens-X"])]
     assert "no-leak" not in r.violated
     assert [(q.id, q.finish_reason) for q in r.requests] == [("X", "abort"), ("Y", "abort")]
+
+
+def test_n_2_through_an_endpoint_reads_one_chunk_per_choice_on_both_frontends(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """vLLM's stream generators send one SSE chunk per choice, so a client that hangs up after
+    4 tokens can do so between the two choices of one step; the model's endpoint client reads
+    the same chunks (engine_model/client.py ``_chunks``). Perturbed runs agree (without the
+    per-choice reads, runs 4 and 7 of this search differed in the tokens received)."""
+    from racesim.conform import conform
+    from racesim.conform.frontend import SIDES
+
+    monkeypatch.delenv(ENV)
+    scen = _scenario({"n": 2, "max_tokens": 20, "abort_at": 0.05},
+                     {"id": "Z", "n": 2, "max_tokens": 20, "endpoint": "generate-tokens",
+                      "disconnect_after_tokens": 4})
+    res = conform([scen], [("internal-id", {})], budget=8, workers=1, engines=SIDES,
+                  out_dir=tmp_path)
+    assert res.runs == 8 and not res.mismatches
