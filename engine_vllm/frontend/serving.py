@@ -27,11 +27,15 @@ import json
 from typing import Any
 
 from racesim.engine_model.events.api import ApiRequest, ApiRouterAbort
-from racesim.engine_model.events.client import ClientAbort, ClientDisconnect, ClientOutput, \
-    ClientSend
+from racesim.engine_model.events.client import (
+    ClientAbort,
+    ClientDisconnect,
+    ClientOutput,
+    ClientSend,
+)
 from racesim.engine_model.messages import FinishReason
-from racesim.engine_vllm.frontend.asyncllm import CALLER
 from racesim.engine_vllm.frontend import endpoints
+from racesim.engine_vllm.frontend.asyncllm import CALLER
 from racesim.engine_vllm.frontend.clients import RealClient
 
 __all__ = ["ServingClient", "unsupported"]
