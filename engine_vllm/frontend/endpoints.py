@@ -31,7 +31,7 @@ import uuid as _uuid
 from functools import cache
 from typing import Any
 
-__all__ = ["ENDPOINTS", "serving_of", "parse_body", "http_request", "router_abort"]
+__all__ = ["ENDPOINTS", "serving_of", "parse_body", "http_request", "router", "router_abort"]
 
 #: endpoint -> (serving module, class, protocol module, request class, method)
 ENDPOINTS: dict[str, tuple[str, str, str, str, str]] = {
@@ -151,9 +151,15 @@ def http_request(path: str, headers: dict[str, str], body: Any = None, llm: Any 
     return _common().Request(scope, receive)
 
 
-async def router_abort(endpoint: str, llm: Any, request_ids: list[str]) -> None:
-    """``POST /abort_requests {"request_ids": [...]}`` through vLLM's own router handler."""
+def router(endpoint: str) -> Any:
+    """The release's ``/abort_requests`` handler for ``endpoint``'s router. 0.20.0 has no RL
+    router (its one ``/abort_requests`` is the disagg router's, defined only for
+    ``--tokens-only``, serve/disagg/api_router.py:82-83): ImportError there."""
     mod, handler = ROUTERS[endpoint]
-    call = getattr(importlib.import_module(mod), handler)
-    await call(http_request("/abort_requests", {"content-type": "application/json"},
-                            {"request_ids": request_ids}, llm))
+    return getattr(importlib.import_module(mod), handler)
+
+
+async def router_abort(handler: Any, llm: Any, request_ids: list[str]) -> None:
+    """``POST /abort_requests {"request_ids": [...]}`` through vLLM's own router ``handler``."""
+    await handler(http_request("/abort_requests", {"content-type": "application/json"},
+                               {"request_ids": request_ids}, llm))

