@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
-"""Re-measure why vLLM's chat and Responses endpoints cannot run in racesim's World (no tokenizer:
-``skip_tokenizer_init``), on the installed release.
+"""Re-measure, on the installed release, what vLLM's own OpenAI serving layer does in racesim's
+World (no tokenizer: ``skip_tokenizer_init``), on vLLM's own frontend:
 
-Inside one run of vLLM's own frontend (an API server's real AsyncLLM on racesim's loop), it
-builds the release's ``OpenAIServingChat`` and ``OpenAIServingResponses`` as ``vllm serve``
-builds them (vLLM serve's default flags), sends each one request (one user message; the
-Responses request in background mode with the store on, as racesim's ``endpoint = "responses"``
-is) and prints what vLLM answered: the exception or error response, and the innermost frame of
-vLLM's code it came from. Completions with a token-ID prompt run (tests/test_serving_vllm.py).
+1. the completions endpoint (``OpenAIServingCompletion``, a token-ID prompt): the ID it hands
+   ``AsyncLLM.generate`` for ``X-Request-Id: X``, a body ``request_id`` Y and neither, and the
+   ID the engine then sees, as shipped;
+2. two API servers given the same ``X-Request-Id`` with request-ID randomization disabled
+   (completions-shared-request-id under ``buggy``, #27711): what the engine does;
+3. chat and the Responses API: it builds the release's ``OpenAIServingChat`` and
+   ``OpenAIServingResponses`` as ``vllm serve`` builds them (its default flags), sends each one
+   request (one user message; the Responses request in background mode with the store on, as
+   racesim's ``endpoint = "responses"`` is) and prints what vLLM answered: the exception or error
+   response, and the innermost frame of vLLM's code it came from.
 
-    .venv/bin/python scripts/probe-serving-tokenizer.py            # the installed release
-    .venv-0.20.0/bin/python scripts/probe-serving-tokenizer.py 0.20
+    .venv/bin/python scripts/probe-serving.py                 # the installed release (0.33)
+    .venv-0.20.0/bin/python scripts/probe-serving.py 0.20
+
+On 0.20 the model's API layer (0.33 only) is let through for the probe's scenarios.
 """
 
 from __future__ import annotations
@@ -90,25 +96,52 @@ async def _probe(fe: Any) -> list[str]:
     return out
 
 
+def _ids(profile: str) -> list[str]:
+    """Parts 1 and 2: what vLLM's serving layer names, and what two servers sharing a header
+    do to the engine."""
+    from racesim.engine_model.events import ApiRequest, FeAdd
+    from racesim.runner import run_scenario
+    from racesim.scenarios import load_scenario
+    from racesim.scenarios.loader import scenario_from_dict
+
+    base = {"at": 0.0, "prompt_tokens": 4, "max_tokens": 4, "endpoint": "completions"}
+    scen = scenario_from_dict({"name": "probe-ids", "engine": {"vllm": profile}, "request": [
+        {**base, "id": "X", "id_via": "header"}, {**base, "id": "Y", "id_via": "body"},
+        {**base, "id": "Z", "id_via": "none"}]})
+    r = run_scenario(scen, "internal-id", engine="vllm")
+    served = [(e.request, e.detail.served) for e in r.trace if isinstance(e.detail, ApiRequest)]
+    adds = [e.request for e in r.trace if isinstance(e.detail, FeAdd)]
+    lines = [f"completions ({via}): AsyncLLM.generate gets {s!r}, the engine sees {a!r}"
+             for (_c, s), a, via in zip(served, adds, ("X-Request-Id: X", "body request_id Y",
+                                                       "neither"), strict=True)]
+    shared = load_scenario("completions-shared-request-id").with_vllm(profile)
+    b = run_scenario(shared, "buggy", engine="vllm")
+    named = sorted({e.detail.served for e in b.trace if isinstance(e.detail, ApiRequest)})
+    lines.append(f"two API servers, X-Request-Id: bench-0, randomization off: both name "
+                 f"{named}; violated {list(b.violated)}"
+                 + (f": {b.violations[0].detail}" if b.violations else ""))
+    return lines
+
+
 def main() -> int:
     from racesim.engine_vllm.frontend import serving
     from racesim.runner import run_scenario
     from racesim.scenarios.loader import scenario_from_dict
 
     profile = sys.argv[1] if len(sys.argv) > 1 else "0.33"
-    lines: list[str] = []
+    if profile != "0.33":  # the model's API layer is 0.33's: let the probe's requests pass
+        from racesim.engine_model import versions
+
+        p = versions.get_profile(profile)
+        object.__setattr__(p, "features", p.features | {"api-layer"})
+    os.environ["RACESIM_VLLM_FRONTEND"] = "asyncllm"
+    lines = _ids(profile)
 
     async def run(self: Any) -> None:
         lines.extend(await _probe(self.fe))
         self._terminate("length")
 
     serving.ServingClient._run = run  # type: ignore[method-assign]
-    if profile != "0.33":  # the model's API layer is 0.33's: let the probe's one request pass
-        from racesim.engine_model import versions
-
-        p = versions.get_profile(profile)
-        object.__setattr__(p, "features", p.features | {"api-layer"})
-    os.environ["RACESIM_VLLM_FRONTEND"] = "asyncllm"
     scen = scenario_from_dict({"name": "probe", "engine": {"vllm": profile}, "request": [
         {"id": "X", "at": 0.0, "prompt_tokens": 4, "max_tokens": 4,
          "endpoint": "completions"}]})
