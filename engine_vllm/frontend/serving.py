@@ -42,10 +42,10 @@ __all__ = ["ServingClient", "unsupported"]
 
 #: why the other endpoints do not run on vLLM's frontend (docs/backends.md)
 _WHY = {
-    "chat": "the OpenAI serving layer's chat endpoint (rendering messages needs a tokenizer: "
-            "0.33.0 renderers/base.py:217-221)",
-    "responses": "the OpenAI serving layer's Responses API (it asks for the tokenizer: 0.33.0 "
-                 "entrypoints/openai/responses/serving.py:422)",
+    "chat": "the OpenAI serving layer's chat endpoint (it asserts a tokenizer: 0.33.0 "
+            "entrypoints/openai/chat_completion/serving.py:309; scripts/probe-serving.py)",
+    "responses": "the OpenAI serving layer's Responses API (rendering asks for the tokenizer: "
+                 "0.33.0 renderers/base.py:217-221 from openai/responses/serving.py:307)",
 }
 
 
