@@ -3,13 +3,13 @@ once per process, and the objects a run builds from them.
 
 Importing vLLM takes seconds, so it happens on the first run of a process and is reused; so is
 the ``VllmConfig`` of each engine shape (``ModelConfig`` inspects the model in a subprocess the
-first time, then reads ``VLLM_CACHE_ROOT``, one folder per release: :func:`_cache_root`) and what vLLM derives from files that do not change
-during a process: the model's generation config and the plugin entry points (:func:`run_caches`).
-Once vLLM is imported its module objects are frozen out of the cyclic garbage collector's sight
-(``gc.freeze``): they live as long as the process, and a full collection would walk them all. A
-run builds only what holds request state: a fresh ``Scheduler`` (with its ``KVCacheManager``) per
-engine. The model is a folder holding one tiny
-OPT ``config.json`` (no weights, no tokenizer); tokens come from the fake executor.
+first time, then reads ``VLLM_CACHE_ROOT``, one folder per release: :func:`_cache_root`) and what
+vLLM derives from files that do not change during a process: the model's generation config and
+the plugin entry points (:func:`run_caches`). Once vLLM is imported its module objects are
+frozen out of the cyclic garbage collector's sight (``gc.freeze``): they live as long as the
+process, and a full collection would walk them all. A run builds only what holds request state:
+a fresh ``Scheduler`` (with its ``KVCacheManager``) per engine. The model is a folder holding one
+tiny OPT ``config.json`` (no weights, no tokenizer); tokens come from the fake executor.
 
 Determinism: every ``Request`` gets a simulated ``arrival_time`` (never ``time.time()``), block
 hashes use sha256 (``init_none_hash``), and ``random_uuid`` in ``InputProcessor.assign_request_id``
