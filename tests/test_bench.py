@@ -89,6 +89,10 @@ def test_print_bench_renders_tables(doc: dict) -> None:
     out = buf.getvalue()
     for text in ("racesim bench", "overhead_ratio", "abort-storm", "hypothesis", "growth"):
         assert text in out
+    if doc["vllm_schedules_per_s"] is not None:
+        for text in ("vllm_frontend_schedules_per_s", "vllm_harness_share", "importing vLLM",
+                     "racesim run abort-reuse --engine vllm"):
+            assert text in out
 
 
 def test_storm_workload_is_an_abort_storm() -> None:
