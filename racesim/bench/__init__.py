@@ -49,10 +49,14 @@ returns:
     importable (``vllm.unavailable``; :mod:`racesim.bench.vllm`).
 ``vllm_frontend_schedules_per_s``
     the same as ``--engine vllm`` runs it by default, with vLLM's own frontend (target 50 per
-    core; ``vllm.frontend_import_s`` its one-time import, ``vllm.frontend_ran`` "vllm").
-``vllm_harness_share``
-    the share of that vllm-backend explore's time spent outside vLLM's own calls (target at
-    most 0.30; None without vLLM; :mod:`racesim.bench.vllm`).
+    core; ``vllm.frontend_ran`` "vllm").
+``vllm_import_s``
+    what importing vLLM takes in a fresh process (``vllm.first_run_s``: the first run after
+    it); ``vllm.run_command_s`` and ``vllm.run_import_share``: one ``racesim run abort-reuse
+    --engine vllm`` in a fresh process and the share of it spent importing vLLM.
+``vllm_harness_share``, ``vllm_frontend_harness_share``
+    the share of those vllm-backend explores' CPU time spent outside vLLM's own code, sampled
+    (target at most 0.30; None without vLLM; :mod:`racesim.bench.share`).
 ``build``, ``compiled``
     whether the simulation's hot modules run compiled (mypyc, the default install) or as
     Python source (``RACESIM_PURE=1``, or no compiler at install time), and why.

@@ -48,11 +48,21 @@ def print_bench(console: Any, doc: dict[str, Any]) -> None:
                         f"{vllm['vllm_schedules_per_s']:,}", f">= {vllm['target_per_core']:g}",
                         mark(vllm["vllm_schedules_per_s"] >= vllm["target_per_core"]))
         summary.add_row("  the model, same explore", f"{vllm['model_schedules_per_s']:,}", "", "")
-        share = vllm.get("harness_share")
-        if share is not None:
-            summary.add_row("vllm_harness_share (time outside vLLM's calls)", f"{share:.0%}",
-                            f"<= {vllm['harness_target']:.0%}",
-                            mark(share <= vllm["harness_target"]))
+        fe = vllm["frontend_schedules_per_s"]
+        summary.add_row("vllm_frontend_schedules_per_s (vLLM's own AsyncLLM too)", f"{fe:,}",
+                        f">= {vllm['frontend_target_per_core']:g}",
+                        mark(fe >= vllm["frontend_target_per_core"]))
+        for label, key in (("vllm_harness_share (time outside vLLM's code)", "harness_share"),
+                           ("  with vLLM's own frontend", "frontend_harness_share")):
+            share = vllm.get(key)
+            if share is not None:
+                summary.add_row(label, f"{share:.0%} ± {vllm[key + '_stderr']:.0%}",
+                                f"<= {vllm['harness_target']:.0%}",
+                                mark(share <= vllm["harness_target"]))
+        summary.add_row("importing vLLM (s)", f"{vllm['import_s']:g}", "", "")
+        summary.add_row(f"racesim run {vllm['scenario']} --engine vllm (s)",
+                        f"{vllm['run_command_s']:g} ({vllm['run_import_share']:.0%} import)",
+                        "", "")
     elif vllm:
         summary.add_row("vllm_schedules_per_s", "unavailable", "", "")
     console.print(summary)
