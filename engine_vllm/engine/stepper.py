@@ -317,18 +317,22 @@ class Stepper:
     def step(self) -> Generator[simpy.Event, Any, bool]:
         """``_process_engine_step`` without its spin: returns whether a traced batch was
         submitted or applied."""
-        core = self.core
         self._progressed = False
         child = greenlet(self._run)
+        event = self._switch(child)
+        while not child.dead:
+            yield event
+            event = self._switch(child)
+        return self._progressed
+
+    def _switch(self, child: greenlet) -> Any:
+        """Run the step until it waits for an event (returned) or ends."""
+        core = self.core
         try:
-            event = child.switch()
-            while not child.dead:
-                yield event
-                event = child.switch()
+            return child.switch()
         except core._fatal:
             raise
         except Exception as exc:  # vLLM's step itself raised: EngineCoreProc dies of it
             core.kv.sync()
             raised = vllm_raise(exc)
             raise core._fatal(raised.message, raised.where) from None
-        return self._progressed
