@@ -1,4 +1,5 @@
-"""vLLM's own ``EngineCore.step`` / ``step_with_batch_queue`` and ``post_step``, run in a greenlet.
+"""vLLM's own ``EngineCore.step`` / ``step_with_batch_queue``, ``_process_aborts_queue`` and
+``post_step``, run in a greenlet.
 
 The step is the release's code, called on a facade: an ``EngineCore`` made with
 ``object.__new__`` that holds only what those methods read (the real Scheduler, a batch queue
@@ -15,6 +16,11 @@ returns a future done when the GPU queue reaches the batch (``EngineShell._on_gp
 that event and switches back. The Scheduler's ``schedule`` and ``update_from_output`` are
 wrapped as instance attributes, so vLLM's step calls racesim's bookkeeping (trace events, the
 block-table shadow, the ``engine.step:update_from_output`` await point) around the real ones.
+A batch with nothing to compute, no finished IDs and no transfer results is untraced: vLLM's
+step still runs the runner and ``update_from_output`` on it, but it emits no SchedStep, passes
+no await point and carries no transfer results (so schedules and traces stay those of the
+steps that do something). ``abort_requests`` is replaced on the facade: it aborts the ABORTs
+``_process_aborts_queue`` took one at a time, with their ground truth (racesim's finishes).
 ``_process_engine_step`` itself is not run: it is the step, the output queue and ``post_step``
 (0.20.0 core.py:1205-1222), with a ``time.sleep(0.001)`` spin this loop has no use for.
 """
