@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 __all__ = ["EngineConfig", "IpcConfig", "FrontendConfig", "PDConfig", "RequestSpec", "Workload",
-           "TOPOLOGIES"]
+           "TOPOLOGIES", "batch_queue_depth"]
 
 TOPOLOGIES = ("single", "pd")
 
@@ -73,6 +73,10 @@ class EngineConfig:
     #: draft-model-free method vLLM allows with async scheduling); None: no speculative
     #: decoding. Runs on the vllm backend only (the model refuses it).
     num_speculative_tokens: int | None = None
+    #: ``--pipeline-parallel-size``: its only effect here is the depth of EngineCore's batch
+    #: queue, the executor's ``max_concurrent_batches`` (:func:`batch_queue_depth`); the stages
+    #: themselves are not modelled (one GPU queue). None: 1.
+    pipeline_parallel_size: int | None = None
 
     def __post_init__(self) -> None:
         _float_times(self, "step_time", "preprocess_time", "pause_at", "resume_at",
@@ -83,6 +87,17 @@ class EngineConfig:
         """The number of data-parallel engine cores (1 without data parallelism)."""
         return self.data_parallel_size or 1
 
+
+def batch_queue_depth(config: EngineConfig) -> int:
+    """How many batches EngineCore keeps in flight: the executor's ``max_concurrent_batches``
+    (MultiprocExecutor: 0.20.0 multiproc_executor.py:475-478, ``2 if pp_size <= 1 and
+    async_scheduling else pp_size``; 0.10.1.1-0.14.0 give 2 under async scheduling, else
+    pp_size, and refuse the two together, as 0.33.0's V1 runner does: versions.profile_gap).
+    More than 1 is ``step_with_batch_queue``."""
+    pp = config.pipeline_parallel_size or 1
+    if pp <= 1:
+        return 2 if config.async_scheduling else 1
+    return pp
 
 @dataclass(frozen=True, slots=True)
 class IpcConfig:

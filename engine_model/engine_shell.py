@@ -18,7 +18,7 @@ from typing import Any
 
 import simpy
 
-from racesim.engine_model.config import EngineConfig
+from racesim.engine_model.config import EngineConfig, batch_queue_depth
 from racesim.engine_model.events.engine import EngineFatalEvent, EngineFault, EngineResume
 from racesim.engine_model.fatal import EngineFatal
 from racesim.engine_model.ipc import Channel
@@ -79,7 +79,7 @@ class EngineShell:
         # vLLM 0.33 core.py:1650-1666: an idle busy loop discards aborts_queue (every ABORT is
         # also in input_queue).
         self._idle_clears_aborts = profile.idle_clears_aborts
-        self._max_batches = 2 if config.async_scheduling else 1
+        self._max_batches = batch_queue_depth(config)
         self._fatal = fatal
         self._inbox: deque[Any] = deque()
         self._input_wakeup: simpy.Event | None = None

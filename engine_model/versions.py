@@ -134,11 +134,27 @@ def model_gap(workload: Workload) -> str | None:
     return None
 
 
+#: The releases whose config refuses async scheduling with pipeline parallelism, and where.
+#: 0.20 allows it (its batch queue is then pp_size deep); 0.8 and 0.9 have no async
+#: scheduling in vLLM (the model's profiles may run it: their queue is pp_size deep).
+_PP_ASYNC_REFUSED = {
+    "0.10": "0.10.1.1 engine/arg_utils.py:1216-1218",
+    "0.11": "0.11.0 engine/arg_utils.py:1295-1297",
+    "0.14": "0.14.0 config/vllm.py:564-567",
+    "0.33": "0.33.0 config/vllm.py:1665-1666, 1676-1680: not supported by the V1 model runner",
+}
+
+
 def profile_gap(workload: Workload) -> str | None:
     """Why ``workload`` cannot run on its profile (an engine feature the profile does not
     model), or None."""
     profile = get_profile(workload.engine.vllm)
     engine = workload.engine
+    if (engine.pipeline_parallel_size or 1) > 1 and profile.name in _PP_ASYNC_REFUSED and (
+            profile.async_scheduling if engine.async_scheduling is None
+            else engine.async_scheduling):
+        return (f"engine.pipeline_parallel_size > 1 with async scheduling: vLLM "
+                f"{profile.name} refuses it ({_PP_ASYNC_REFUSED[profile.name]})")
     used = []
     if engine.dp_size > 1:
         used.append(("dp", "engine.data_parallel_size > 1"))

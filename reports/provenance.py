@@ -38,6 +38,7 @@ COMPONENTS: dict[str, dict[str, str]] = {
         "sockets": "simulated sockets (ZMQ)",
         "dp-client": "model DP client and coordinator",
         "engine-loop": "model EngineCore busy loop",
+        "engine-step": "model EngineCore step",
         "scheduler": "model Scheduler",
         "kv-cache": "model KV cache manager",
         "runner": "fake executor (no model runner)",
@@ -52,6 +53,7 @@ COMPONENTS: dict[str, dict[str, str]] = {
         "sockets": "simulated sockets (ZMQ)",
         "dp-client": "model DP client and coordinator",
         "engine-loop": "model EngineCore busy loop",
+        "engine-step": "vllm",
         "scheduler": "vllm",
         "kv-cache": "vllm",
         "runner": "vllm",
@@ -71,6 +73,10 @@ VLLM_CODE: dict[str, str] = {
                  "handler around the serving call is simulated",
     "output-processor": "OutputProcessor, ParentRequest (v1/engine/output_processor.py)",
     "request-ids": "InputProcessor.assign_request_id (from 0.14; as given before)",
+    "engine-step": "EngineCore.step / step_with_batch_queue (the release's own choice), "
+                   "_process_aborts_queue and post_step (v1/engine/core.py) on an EngineCore "
+                   "holding only what they read; the executor's GPU timing simulated "
+                   "(engine_vllm/engine/stepper.py)",
     "scheduler": "Scheduler / AsyncScheduler (v1/core/sched/)",
     "kv-cache": "KVCacheManager, BlockPool (v1/core/)",
     "runner": "the release's own CPUModelRunner built without weights (0.10.1.1-0.33; 0.9.2 "
@@ -84,7 +90,7 @@ VLLM_CODE: dict[str, str] = {
 
 #: The components whose state each invariant reads to decide a violation.
 READS: dict[str, tuple[str, ...]] = {
-    "engine-alive": ("engine-loop", "scheduler", "kv-cache"),
+    "engine-alive": ("engine-loop", "engine-step", "scheduler", "kv-cache"),
     "unique-live-id": ("scheduler",),
     "frontend-covers-engine": ("output-processor", "scheduler"),
     "kv-ownership": ("kv-cache",),

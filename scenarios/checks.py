@@ -47,6 +47,7 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
        for k in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
                  "num_speculative_tokens")},
     "frontend.output_chunk_size": (1, False), "engine.data_parallel_size": (1, False),
+    "engine.pipeline_parallel_size": (1, False),
     **{f"request.{k}": (1, False) for k in ("prompt_tokens", "max_tokens", "n", "eos_at",
                                             "stop_string_at", "disconnect_after_tokens",
                                             "chunk_tokens")},

@@ -26,6 +26,7 @@ MAXIMUM: dict[str, int] = {
     "engine.max_num_batched_tokens": 2**24,
     "engine.data_parallel_size": 32,
     "engine.num_speculative_tokens": 16,  # drafts per step (vLLM sizes buffers by it)
+    "engine.pipeline_parallel_size": 16,  # batches in flight (the batch queue's depth)
     "frontend.output_chunk_size": 2**20,
     "request.prompt_tokens": 2**20,
     "request.max_tokens": 2**16,

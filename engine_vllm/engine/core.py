@@ -2,18 +2,17 @@
 
 The simulated parts are the model's: the process shell (racesim.engine_model.engine_shell: the
 input thread, ``engine.input:preprocess``, the busy loop that applies inputs between steps, the
-eager ``aborts_queue``, the GPU timing, ``engine.step:execute``, and death) and
-``engine.step:update_from_output``. At each call site the real object is called instead of the
-model's, in the order of ``EngineCore.step`` / ``step_with_batch_queue``
-(vllm/v1/engine/core.py:667-800): schedule -> execute -> ``_process_aborts_queue`` ->
-``update_from_output``. The executor (racesim.engine_vllm.engine.executor) steps vLLM's own model
-runner; its sampled tokens carry their incarnation through ``Vocabulary``. An exception from
-vLLM's code is what kills EngineCoreProc (core.py:1582-1587): the engine dies.
+eager ``aborts_queue``, the GPU timing, ``engine.step:execute``, and death). Each step is the
+release's own ``EngineCore.step`` / ``step_with_batch_queue`` with ``_process_aborts_queue`` and
+``post_step`` (racesim.engine_vllm.engine.stepper), which call the Scheduler's ``schedule`` and
+``update_from_output`` through this core's bookkeeping (the trace, the block-table shadow,
+``engine.step:update_from_output``). The executor (racesim.engine_vllm.engine.executor) steps
+vLLM's own model runner; its sampled tokens carry their incarnation through ``Vocabulary``. An
+exception from vLLM's code is what kills EngineCoreProc (core.py:1582-1587): the engine dies.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Generator
 from typing import Any
 
@@ -30,6 +29,7 @@ from racesim.engine_vllm import _vllm
 from racesim.engine_vllm.connectors import new_transport, pd
 from racesim.engine_vllm.engine import finishes, sessions
 from racesim.engine_vllm.engine.executor import Executor
+from racesim.engine_vllm.engine.stepper import Stepper
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
 from racesim.engine_vllm.connectors.nixl import NixlFabric, NixlTransport
 from racesim.engine_vllm.oracle import vllm_raise
@@ -91,15 +91,9 @@ class VllmEngineCore(EngineShell):
         #: execute_model / sample_tokens: vLLM's own model runner (0.11+), or the model's
         self.runner = Executor(self, shape, bool(config.async_scheduling),
                                "runner-duplicate-row" in profile.features)
-        #: 0.11-0.20 step_with_batch_queue returns early only while the oldest batch is not
-        #: done (0.20.0 core.py:500-507); 0.33 dropped that test (core.py:764-769)
-        self._wait_unless_done = (0, 11) <= self.v.api.key < (0, 33)
-        #: 0.10's step_with_batch_queue (core.py:319-346) schedules only while the queue is not
-        #: full, returns after submitting, and executes no batch without tokens: that output's
-        #: finished_req_ids never reach the runner (#15043 took the rule out of step() only)
-        self._old_queue = self.v.api.key < (0, 11) and self._max_batches > 1
         self.coordinator: Any = None  # DP: told after each step (the model's DPCoordinator)
-        self._batch_queue: deque[tuple[simpy.Event, Any, int]] = deque()
+        #: what the last update_from_output finished and scheduled, until its outputs are sent
+        self._pending: tuple[dict[str, int], dict[str, Any], bool] | None = None
         self._step_no = 0
         #: before 0.14 schedule() does not list its preemptions: diff the running queue
         self._snapshot_running = not self.v.api.lists_preemptions
@@ -119,6 +113,8 @@ class VllmEngineCore(EngineShell):
 
         if (j := journal.active()) is not None:
             j.attach(self, shape, dp)
+        # vLLM's own step, over the Scheduler's methods as the journal (if any) wrapped them
+        self.stepper = Stepper(self, _vllm._config(shape)[0], self._max_batches)
         self.start()
 
     # -- ground truth ---------------------------------------------------------------------------
@@ -156,7 +152,7 @@ class VllmEngineCore(EngineShell):
         finishes.reject(self, rid, inc, client, why)
 
     def _has_work(self) -> bool:
-        return bool(self.sched.has_requests() or self._batch_queue)
+        return bool(self.sched.has_requests() or self.stepper.in_flight())
 
     def call(self, fn: Any, *args: Any) -> Any:
         try:
@@ -205,58 +201,17 @@ class VllmEngineCore(EngineShell):
     def _drain_batches(self) -> list[int]:
         """``_drain_batch_queue`` (engine_core_sentinel.py:109-140): without a KV connector
         nothing of a batch in flight reaches the Scheduler."""
-        steps = [step for _future, _so, step in self._batch_queue]
-        self._batch_queue.clear()
-        return steps
+        return self.stepper.drain()
 
     # -- steps ----------------------------------------------------------------------------------
 
     def _step(self) -> Generator[simpy.Event, Any, bool]:
-        """One pass of step / step_with_batch_queue. Returns whether anything ran."""
-        sched = self.sched
-        queue = self._batch_queue
-        old = self._old_queue
-        if sched.has_requests() and not (old and len(queue) >= self._max_batches):
-            transport = self.transport
-            if transport is not None:
-                transport.before_schedule()
-            running = list(sched.running) if self._snapshot_running else []
-            so = self.call(sched.schedule)
-            self._step_no += 1
-            self._synced_schedule(so, running)
-            executed = so.total_num_scheduled_tokens > 0
-            if transport is not None:
-                # execute_model starts this step's loads, with or without a forward pass
-                self.call(transport.start_load_kv, so.kv_connector_metadata)
-            if executed or not old and (so.finished_req_ids or (
-                    transport is not None and transport.has_results())):
-                self._record_step(so)
-                queue.append((self._submit(so, executed), so, self._step_no))
-                if executed and (old or len(queue) < self._max_batches and not (
-                        self._wait_unless_done and queue[0][0].processed)):
-                    return True  # async: do not block on the step in flight
-            elif not queue:
-                return False
-        elif not queue:
-            return False
-        future, so, step = queue.popleft()
-        if not future.processed:
-            yield future
-        mro = self.runner.result(future.value)
-        if self.transport is not None:
-            # the worker's get_transfer_results at the end of execute_model
-            mro.kv_connector_output = self.call(self.transport.transfer_results, self.v)
-        if self.aborts_queue:
-            self._process_aborts_queue()  # core.py: just before update_from_output
-        ev = self.world.sleep("engine.step:update_from_output", 0.0, self.c_core)
-        if ev is not None:
-            yield ev
-        self._update(so, mro, step)
-        if not self.config.async_scheduling and so.total_num_scheduled_tokens:
-            # EngineCore.post_step (0.20 core.py:433-441): synchronous, the scheduler takes the
-            # runner's drafts after each executed step (async: the runner keeps them)
-            self.runner.take_drafts()
-        return True
+        """One pass of the release's own step / step_with_batch_queue (stepper.py)."""
+        return (yield from self.stepper.step())
+
+    def gpu_idle(self) -> bool:
+        """No batch is on the GPU queue now."""
+        return self._gpu_free_at <= self.world.now
 
     def _synced_schedule(self, so: Any, running: list[Any]) -> None:
         """The block tables and preemptions of one ``schedule()``: a new table's leading blocks
@@ -279,19 +234,16 @@ class VllmEngineCore(EngineShell):
                 self.world.emit(self.c_sched, rid, self.inc_of(req),
                                 SchedPreempt(stale if stale else None))
 
-    def _record_step(self, so: Any) -> None:
+    def _record_step(self, so: Any, step: int) -> None:
         requests = self.sched.requests
         batch = [[rid, self.inc_of(requests.get(rid)), n]
                  for rid, n in so.num_scheduled_tokens.items()]
         self.world.emit(self.c_sched, None, 0,
-                        SchedStep(self._step_no, batch, sorted(so.finished_req_ids)))
+                        SchedStep(step, batch, sorted(so.finished_req_ids)))
 
-    def _submit(self, so: Any, executes: bool) -> simpy.Event:
-        """execute_model(non_block=True): the runner computes the step's output now; it is
-        ready when the GPU queue reaches this step."""
-        return self._on_gpu(self.runner.execute(so, self._step_no), executes)
-
-    def _update(self, so: Any, mro: Any, step: int) -> None:
+    def _update(self, so: Any, mro: Any, step: int | None) -> Any:
+        """The real ``update_from_output`` (vLLM's step calls this through the stepper's
+        wrapper), traced; its outputs are sent once the step returns them (:meth:`_send`)."""
         requests = self.sched.requests
         objects = {rid: requests.get(rid) for rid in so.num_scheduled_tokens}
         before = {rid: (len(r.output_token_ids) if r is not None else 0)
@@ -305,7 +257,7 @@ class VllmEngineCore(EngineShell):
             watch = {rid: r for rid, r in requests.items()
                      if rid not in objects and not r.is_finished()}
             was_finished = {rid: r.is_finished() for rid, r in objects.items() if r is not None}
-        outs = self.call(self.sched.update_from_output, so, mro)
+        outs = self.call(self.stepper.real_update, so, mro)
         by_session = sessions.session_outputs(objects, outs) if self._sessions else {}
         vocab = self.vocab
         applied = []
@@ -333,6 +285,16 @@ class VllmEngineCore(EngineShell):
             self.kv.sync({**released, **finished})
         if objects:
             self.world.emit(self.c_sched, None, 0, SchedUpdate(step, applied))
+        self._pending = (finished, objects, step is not None)
+        return outs
+
+    def _send(self, outs: Any) -> None:
+        """``_process_engine_step`` puts the step's outputs on the output queue: the frontend's
+        channel, incarnations beside them."""
+        if self._pending is None:
+            return
+        finished, objects, traced = self._pending
+        self._pending = None
         for client in sorted(outs or {}):
             real = outs[client]
             channel = self.output_channels.get(client)
@@ -348,7 +310,7 @@ class VllmEngineCore(EngineShell):
                          outputs=[[e.output.request_id, e.inc, len(e.output.new_token_ids),
                                    _reason(e.output.finish_reason)] for e in envelopes],
                          finished=done or None)
-        if self.coordinator is not None:
+        if traced and self.coordinator is not None:
             self.coordinator.note_change()
 
     # -- P/D (racesim.engine_vllm.connectors.nixl drives these) -------------------------------

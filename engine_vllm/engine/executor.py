@@ -69,15 +69,16 @@ class Executor:
         assert self.fake is not None
         return self.fake.live_ids()
 
-    def execute(self, so: Any, step: int) -> Any:
-        """The step's ModelRunnerOutput (or the release's async output object)."""
+    def execute(self, so: Any, step: int) -> tuple[Any, bool]:
+        """The step's ModelRunnerOutput (or the release's async output object), and whether
+        the runner's ``execute_model`` deferred it to ``sample_tokens`` (0.14+)."""
         core = self.core
         if self.real is not None:
-            out = core.call(self.real.execute, so)
+            out, deferred = core.call(self.real.execute, so)
             self._check(so, step)
             if out is self._empty:
                 out = copy.copy(out)  # a P/D transport sets kv_connector_output on it
-            return out
+            return out, deferred
         assert self.fake is not None
         try:
             sampled = self.fake.execute_model(self._fake_input(so, step))
@@ -89,7 +90,7 @@ class Executor:
             core.v.ModelRunnerOutput, req_ids=req_ids,
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=[[vocab.encode(sampled[r])] if r in sampled else []
-                               for r in req_ids])
+                               for r in req_ids]), False
 
     def _check(self, so: Any, step: int) -> None:
         """runner-books and input-integrity over this step's books (recorded when wrong)."""
@@ -106,16 +107,6 @@ class Executor:
             for rid, bad in input_errors(self.real, core.sched, core.inc_of, so).items():
                 core.world.emit(component, rid, core.inc_of(requests.get(rid)),
                                 RunnerInput(step, bad))
-
-    def take_drafts(self) -> None:
-        """``take_draft_token_ids`` into ``Scheduler.update_draft_token_ids`` (speculative
-        decoding only)."""
-        if self.real is None or self.real.verifier is None:
-            return
-        core = self.core
-        drafts = core.call(self.real.runner.take_draft_token_ids)
-        if drafts is not None:
-            core.call(core.sched.update_draft_token_ids, drafts)
 
     @staticmethod
     def result(out: Any) -> Any:

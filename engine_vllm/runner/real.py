@@ -137,18 +137,20 @@ class RealRunner:
 
     # -- the executor's calls -------------------------------------------------------------------
 
-    def execute(self, so: Any) -> Any:
+    def execute(self, so: Any) -> tuple[Any, bool]:
         """``execute_model`` then ``sample_tokens``: the step's ModelRunnerOutput, or the
-        release's async output object under async scheduling (``get_output()`` later)."""
+        release's async output object under async scheduling (``get_output()`` later), and
+        whether ``execute_model`` left the sampling to ``sample_tokens`` (returned None)."""
         runner = self.runner
         with shims.no_cuda(), (spec.no_pinned_memory() if self.verifier is not None
                                else contextlib.nullcontext()):
             self._so = so
             out = runner.execute_model(so)
             self.note_new(so)
-            if out is None:
+            deferred = out is None
+            if deferred:
                 out = runner.sample_tokens(None)
-        return out
+        return out, deferred
 
     def note_new(self, so: Any) -> None:
         """The runner's state objects of the requests this step brought in (new, resumed or a
