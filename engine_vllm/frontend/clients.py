@@ -140,9 +140,15 @@ class RealClient:
             tb = cause.__traceback__
             while tb is not None and tb.tb_next is not None:
                 tb = tb.tb_next
-            if tb is not None and "/engine_vllm/frontend/" in tb.tb_frame.f_code.co_filename:
+            where = tb.tb_frame.f_code.co_filename if tb is not None else ""
+            if "/engine_vllm/frontend/" in where:
                 self.fe.system.crashes.append(self.error)  # racesim's bug, not vLLM's answer
-            self._terminate(FinishReason.ERROR)
+            # OutputProcessor.add_request's ValueError("Request id ... already running.")
+            # (0.10.1.1 v1/engine/output_processor.py:333-335, 0.14.0 :466-468) refuses the
+            # request before it reaches the engine: the client was rejected, as on the model
+            rejected = isinstance(cause, ValueError) and where.endswith(
+                "v1/engine/output_processor.py")
+            self._terminate(FinishReason.REJECTED if rejected else FinishReason.ERROR)
         if not self.done:
             # generate() ended on vLLM's STREAM_FINISHED sentinel, which it does not yield
             # (async_llm.py generate): the stream ended with no finish reason

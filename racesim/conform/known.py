@@ -57,6 +57,18 @@ KNOWN: tuple[KnownMismatch, ...] = (
         "model's 0.14 and 0.20 profiles do not reach that assert (the corpus's #42492 model "
         "cell says so too); vLLM 0.33 and the model agree. vLLM wins: the model's placeholder "
         "count under a re-used ID is to be corrected."),
+    KnownMismatch(
+        "abort-storm", "buggy", ("tokens:*", "finish_reason:*", "received:*"),
+        "On vLLM 0.10.1.1 and 0.11.0's own code (`conform --vllm 0.10` / `0.11`), a re-sent ID "
+        "whose old request still has its row in the runner's persistent batch kills the engine "
+        "in both, but not at the same step: the model's 0.10/0.11 profiles die at once in "
+        "`_prepare_inputs` (the `ValueError` of 0.10.1.1 `v1/worker/gpu_model_runner.py:718`), "
+        "while vLLM's own runner can step the two rows first, feeding one the other's tokens "
+        "(`input-integrity`), and die later, e.g. of `IndexError` in `update_from_output` "
+        "(0.10.1.1 `v1/core/sched/scheduler.py:788`). The clients' token counts up to the death "
+        "differ; both sides report the same invariants. vLLM wins: the model's rule that the "
+        "second row dies at once is to be narrowed.",
+        after_engine_death=True),
 )
 
 
