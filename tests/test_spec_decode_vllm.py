@@ -10,6 +10,7 @@ one: tests/conftest.py ``ANY_RELEASE``): skipped locally without vLLM, a failure
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -143,12 +144,20 @@ def test_acceptance_is_the_runs_seeded_choice(vllm_backend: Any,
     assert other.violations == ()
 
 
+def _two_batches(scen: Any) -> Any:
+    """``scen`` without its pipeline parallelism: two batches in flight (async scheduling)."""
+    w = scen.workload
+    return replace(scen, workload=replace(w, engine=replace(w.engine,
+                                                            pipeline_parallel_size=None)))
+
+
 @pytest.mark.vllm
-def test_the_30142_entry_preempts_with_a_speculative_step_in_flight(
+def test_the_30142_workload_preempts_with_a_speculative_step_in_flight(
         vllm_backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The entry reaches what PRs #47900 and #48245 describe: vLLM's own ``_preempt_request``
-    under KV pressure, on a request whose decode step with K drafts (1 + K placeholders) has
-    not returned yet."""
+    """The entry's workload reaches what PRs #47900 and #48245 describe with two batches in
+    flight already: vLLM's own ``_preempt_request`` under KV pressure, on a request whose
+    decode step with K drafts (1 + K placeholders) has not returned yet; that step drains
+    before the request resumes, and nothing breaks."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     in_flight: list[int] = []
@@ -159,10 +168,44 @@ def test_the_30142_entry_preempts_with_a_speculative_step_in_flight(
         orig(self, request, *args, **kwargs)
 
     monkeypatch.setattr(Scheduler, "_preempt_request", spy)
-    res = run_scenario(_runs_here(load_scenario("30142-preempt-async-inflight")), "buggy",
-                       engine="vllm")
+    res = run_scenario(_runs_here(_two_batches(load_scenario("30142-preempt-async-inflight"))),
+                       "buggy", engine="vllm")
     assert res.violations == ()
     assert in_flight and max(in_flight) >= 1 + K
+
+
+@pytest.mark.vllm
+def test_the_30142_entry_resumes_a_request_with_a_stale_step_in_flight(
+        vllm_backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three batches in flight (the entry's pipeline_parallel_size = 3). 0.20.0: a request is
+    preempted with two steps in flight and resumed before the second returns; its
+    ``num_output_tokens`` then counts that step's placeholders (scheduler.py:1102-1104), and
+    vLLM's own runner rebuilds its output tokens from prompt tokens (input-integrity). 0.33.0's
+    V1 runner refuses async scheduling with pipeline parallelism, and so does racesim."""
+    scen = _runs_here(load_scenario("30142-preempt-async-inflight"))
+    if installed_profile() == "0.33":
+        assert "refuses" in (why_not_run(scen.workload, "vllm") or "")
+        with pytest.raises(InputError, match="pipeline_parallel_size"):
+            run_scenario(scen, "buggy", engine="vllm")
+        return
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    stale_at_resume: list[int] = []
+    orig = Scheduler._make_cached_request_data
+
+    def spy(self: Any, running: Any, resumed: Any, *args: Any) -> Any:
+        stale_at_resume.extend(r.num_output_placeholders for r in resumed)
+        return orig(self, running, resumed, *args)
+
+    monkeypatch.setattr(Scheduler, "_make_cached_request_data", spy)
+    res = run_scenario(scen, "buggy", engine="vllm")
+    assert res.violations and {v.invariant for v in res.violations} == {"input-integrity"}
+    assert "position 20 is token" in res.violations[0].detail  # B's first output position
+    assert max(stale_at_resume) == 1 + K
+    # with two batches in flight every resumed request's steps have drained
+    stale_at_resume.clear()
+    assert run_scenario(_two_batches(scen), "buggy", engine="vllm").violations == ()
+    assert stale_at_resume and max(stale_at_resume) == 0
 
 
 @pytest.mark.vllm
