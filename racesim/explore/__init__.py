@@ -355,7 +355,8 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
                           vllm_tree=res.spec.backend.tree_record(),
                           vllm_release=res.spec.backend.release or ""
                           if res.spec.backend.has_tree else "",
-                          frontend=res.frontend[0] if res.spec.backend.is_vllm else "")
+                          frontend=res.frontend[0] if res.spec.backend.is_vllm else "",
+                          runner=res.spec.backend.runner or "")
 
 
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:
