@@ -294,6 +294,8 @@ def _exploration_key(spec: RunSpec, strategy: str, reach: str, budget: int,
             "vllm": spec.scenario.vllm, "engine": spec.engine, "policy": spec.policy,
             "ids": spec.id_scheme,
             **({"vllm_tree": spec.backend.tree_record()} if spec.backend.has_tree else {}),
+            # the model's runner is another trace: its file never stands for vLLM's runner's
+            **({"runner": spec.backend.runner} if spec.backend.runner else {}),
             "options": dict(sorted(spec.option_dict.items())), "seed": spec.seed,
             "skip": list(spec.skip), "strategy": strategy, "reach": reach, "budget": budget,
             "time_limit": time_limit}
