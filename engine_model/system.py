@@ -92,6 +92,9 @@ class RunResult:
     #: ("" when vLLM's ran, or the user asked for the model's).
     frontend: str = "model"
     frontend_note: str = ""
+    #: "model" when the vllm backend stepped racesim's model of the runner because the user
+    #: asked for it (``RACESIM_VLLM_RUNNER=model``); "" otherwise
+    runner: str = ""
 
     def reach(self, violation: Violation | None = None) -> Reach:
         """Live or latent: judged from the delays taken up to the violation (all of them when

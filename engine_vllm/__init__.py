@@ -18,7 +18,8 @@ __all__ = ["run_workload", "unsupported_reason", "model_only_reason", "SUPPORTED
 def run_workload(*args: Any, frontend: str = "model", **kwargs: Any) -> RunResult:
     """``racesim.engine_model.run_workload`` on vLLM's own classes (same arguments), with
     vLLM's own AsyncLLM as the frontend when ``frontend`` is "asyncllm" (the choice is the
-    runner's: ``racesim.engine_vllm.frontend.select.choose``)."""
+    runner's: ``racesim.engine_vllm.frontend.select.choose``) and the model's model runner
+    when ``runner`` is "model" (``RACESIM_VLLM_RUNNER``, ``engine_vllm/runner/kind.py``)."""
     if frontend == "asyncllm":
         from racesim.engine_vllm.frontend.system import run_workload as real
 

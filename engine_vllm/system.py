@@ -34,7 +34,7 @@ from racesim.engine_vllm.connectors.nixl import NixlFabric, install_clock
 from racesim.engine_vllm.engine.views import PromptTokens, Vocabulary
 from racesim.sim.points import DelayPlan
 
-__all__ = ["VllmSystem", "run_workload"]
+__all__ = ["VllmSystem", "run_workload", "on_runner"]
 
 
 class _RealIds:
@@ -61,6 +61,10 @@ class _RealIds:
 
 class VllmSystem(System):
     """``System`` with a ``VllmEngineCore``: vLLM's Scheduler and KV cache manager."""
+
+    #: the runner the user asked for (``RACESIM_VLLM_RUNNER``): None, or "model"
+    #: (:func:`on_runner`'s subclass)
+    runner: str | None = None
 
     def __init__(self, world: Any, workload: Workload, policy: Any, profile: Any) -> None:
         if getattr(policy, "suffix_hex", 0) == 8:
@@ -97,7 +101,8 @@ class VllmSystem(System):
         wl = self.workload
         return VllmEngineCore(self.world, index, name, wl.engine, self.policy, self.profile,
                               max_model_len=self._max_model_len(), vocab=self.vocab,
-                              dp=wl.topology != "pd" and wl.engine.dp_size > 1)
+                              dp=wl.topology != "pd" and wl.engine.dp_size > 1,
+                              runner=self.runner)
 
     def new_pd_engine(self, index: int, role: str) -> Any:
         """A P/D engine whose Scheduler runs vLLM's own NixlConnector (kv_producer on the
@@ -111,7 +116,8 @@ class VllmSystem(System):
                                 max_model_len=self._max_model_len(), vocab=self.vocab,
                                 pd=(role, self.fabric, int(pd.hold_timeout),
                                     pd.transfer_time if role == "decode" or
-                                    pd.connector in ("nixl-push", "mooncake") else 0.0))
+                                    pd.connector in ("nixl-push", "mooncake") else 0.0),
+                                runner=self.runner)
         # one prompt is the same tokens on P and D, as a real client's prompt is on both legs
         # (a reproducer tells the legs of one client apart by them)
         engine._prompts = self.prompts
@@ -130,16 +136,32 @@ class VllmSystem(System):
         return waiting, running, float(sched.get_kv_cache_usage())
 
 
+_ON_MODEL_RUNNER: dict[type, type] = {}
+
+
+def on_runner(cls: type[VllmSystem], runner: str | None) -> type[VllmSystem]:
+    """``cls``, or its subclass whose engines step the model's runner (``runner`` "model")."""
+    if runner is None:
+        return cls
+    sub = _ON_MODEL_RUNNER.get(cls)
+    if sub is None:
+        sub = _ON_MODEL_RUNNER[cls] = type(f"{cls.__name__}OnModelRunner", (cls,),
+                                           {"runner": runner, "__module__": cls.__module__})
+    return sub
+
+
 def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
                  plan: DelayPlan | None = None, skip: Iterable[str] = (),
-                 retain_trace: bool = True, hash_trace: bool = True) -> RunResult:
-    """``racesim.engine_model.run_workload`` on vLLM's own engine classes."""
+                 retain_trace: bool = True, hash_trace: bool = True,
+                 runner: str | None = None) -> RunResult:
+    """``racesim.engine_model.run_workload`` on vLLM's own engine classes (``runner`` "model":
+    on the model's runner, RACESIM_VLLM_RUNNER)."""
     from racesim.engine_vllm.connectors.mooncake_loop import finish_loops
 
     try:
         with _vllm.run_caches():
             return _run_model(workload, policy, seed=seed, plan=plan, skip=skip,
                               retain_trace=retain_trace, hash_trace=hash_trace,
-                              system_cls=VllmSystem, engine="vllm")
+                              system_cls=on_runner(VllmSystem, runner), engine="vllm")
     finally:
         finish_loops()  # MooncakeConnector's listener and sender tasks wait for ever

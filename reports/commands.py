@@ -28,10 +28,12 @@ def replay_command(path: str, policy: str = "", engine: str = "model",
 def run_command(scenario: str, policy: str, options: Mapping[str, str], seed: int,
                 schedule: Sequence[Decision], skip: Iterable[str] = (),
                 vllm: str | None = None, engine: str = "model", ids: str | None = None,
-                backend_args: Sequence[str] = (), frontend: str | None = None) -> str:
+                backend_args: Sequence[str] = (), frontend: str | None = None,
+                runner: str | None = None) -> str:
     """The one ``racesim run`` command that reproduces a run (its schedule as exact delays).
     ``frontend``: the ``RACESIM_VLLM_FRONTEND`` the run was asked with (``Backend.frontend``),
-    which decides whose frontend runs on the vllm backend, so the command sets it too."""
+    which decides whose frontend runs on the vllm backend, so the command sets it too; and so
+    ``runner``, the ``RACESIM_VLLM_RUNNER`` it was asked with (``Backend.runner``)."""
     words = ["racesim", "run", scenario, "-p", policy]
     if vllm:
         words += ["--vllm", vllm]
@@ -49,4 +51,5 @@ def run_command(scenario: str, policy: str, options: Mapping[str, str], seed: in
     for s in skip:
         words += ["--skip", s]
     env = f"RACESIM_VLLM_FRONTEND={frontend} " if frontend and engine == "vllm" else ""
+    env += f"RACESIM_VLLM_RUNNER={runner} " if runner and engine == "vllm" else ""
     return env + " ".join(shlex.quote(w) for w in words)

@@ -108,24 +108,31 @@ READS: dict[str, tuple[str, ...]] = {
     "input-integrity": ("runner",),
 }
 
+#: Why the vllm backend's runner was racesim's model of it (engine_vllm/runner/kind.py's ENV).
+MODEL_RUNNER_REASON = "RACESIM_VLLM_RUNNER=model"
+
 #: Said wherever a trace hash is shown.
 TRACE_HASH_MEANING = ("the SHA-256 of the run's simulated events: the same schedule replays to "
                       "the same hash; it is not a fingerprint of vLLM's code (see "
                       "vllm_fingerprint)")
 
 
-def components(engine: str, topology: str = "", frontend: str = "model") -> dict[str, str]:
+def components(engine: str, topology: str = "", frontend: str = "model",
+               runner: str = "") -> dict[str, str]:
     """Each component and what ran it on ``engine``: "vllm" or the simulated part's name. On
     the vllm backend P/D runs vLLM's NixlConnector scheduler side, and when ``frontend`` is
     "vllm" (the run's ``RunResult.frontend``) the frontend is vLLM's own AsyncLLM (the sockets
     between it and the engine stay simulated) and the API layer vLLM's own serving class (a
-    request with an endpoint it does not run makes the run take the model's frontend)."""
+    request with an endpoint it does not run makes the run take the model's frontend). When
+    ``runner`` is "model" (``RunResult.runner``) the runner is racesim's model of it, as asked."""
     table = dict(COMPONENTS.get(engine, COMPONENTS["model"]))
     if engine == "vllm" and topology == "pd":
         table["connector"] = "vllm"
     if engine == "vllm" and frontend == "vllm":
         table["frontend"] = "vllm"
         table["api-layer"] = "vllm"
+    if engine == "vllm" and runner == "model":
+        table["runner"] = f"racesim's model of the runner (fake executor): {MODEL_RUNNER_REASON}"
     return table
 
 
@@ -134,11 +141,11 @@ def _is_vllm(impl: str) -> bool:
 
 
 def provenance(violation: Mapping[str, Any], engine: str, release: str = "",
-               topology: str = "", frontend: str = "model") -> dict[str, Any]:
+               topology: str = "", frontend: str = "model", runner: str = "") -> dict[str, Any]:
     """What decided ``violation`` (a violation dict): ``by`` is "vllm-exception",
     "vllm-state", "simulated" (every part it reads is simulated) or "mixed"; ``vllm`` and
     ``simulated`` list the parts of each kind; ``text`` says it in one line."""
-    table = components(engine, topology, frontend)
+    table = components(engine, topology, frontend, runner)
     on = f"vLLM {release}" if release else "vLLM"
     where = violation.get("vllm_where")
     if where:
@@ -184,26 +191,29 @@ def _topology_kind(result: RunResult) -> str:
 def violation_provenance(result: RunResult, violation: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`provenance` of one of ``result``'s violations (a dict)."""
     return provenance(violation, result.engine, _release(result), _topology_kind(result),
-                      result.frontend)
+                      result.frontend, result.runner)
 
 
 def run_components(result: RunResult) -> dict[str, Any]:
     """Which components of ``result``'s run were vLLM's code and which were simulated, the
     fingerprint of the vLLM code that ran (None on the model), and what the trace hash means."""
     return components_doc(result.engine, _topology_kind(result), result.frontend,
-                          result.frontend_note)
+                          result.frontend_note, result.runner)
 
 
 def components_doc(engine: str, topology: str = "", frontend: str = "model",
-                   frontend_note: str = "") -> dict[str, Any]:
+                   frontend_note: str = "", runner: str = "") -> dict[str, Any]:
     """:func:`run_components` for a backend and topology (an exploration's, a matrix's).
     ``frontend_note``: why the model's frontend ran on the vllm backend, where vLLM's own is
     the default (``model_frontend_because``; None when vLLM's ran or the user asked for the
-    model's)."""
-    table = components(engine, topology, frontend)
+    model's). ``runner`` "model": the model's runner ran as asked (``model_runner_because``
+    names the switch; absent otherwise)."""
+    table = components(engine, topology, frontend, runner)
     return {"vllm_code": sorted(c for c, i in table.items() if i == "vllm"),
             "simulated": {c: i for c, i in table.items() if i != "vllm"},
             **({"model_frontend_because": frontend_note or None} if engine == "vllm" else {}),
+            **({"model_runner_because": MODEL_RUNNER_REASON}
+               if engine == "vllm" and runner == "model" else {}),
             "vllm_fingerprint": vllm_fingerprint() if engine == "vllm" else None,
             "trace_hash_meaning": TRACE_HASH_MEANING}
 

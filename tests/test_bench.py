@@ -90,7 +90,8 @@ def test_print_bench_renders_tables(doc: dict) -> None:
     for text in ("racesim bench", "overhead_ratio", "abort-storm", "hypothesis", "growth"):
         assert text in out
     if doc["vllm_schedules_per_s"] is not None:
-        for text in ("vllm_frontend_schedules_per_s", "vllm_harness_share", "importing vLLM",
+        for text in ("vllm_frontend_schedules_per_s", "vllm_frontend_model_runner_schedules_per_s",
+                     "vllm_harness_share", "importing vLLM",
                      "racesim run abort-reuse --engine vllm"):
             assert text in out
 
@@ -124,6 +125,13 @@ def test_the_vllm_figure_is_measured_or_says_why_not(doc: dict) -> None:
         assert vllm["model_schedules_per_s"] > 0 and vllm["runs"] == 8
         assert doc["vllm_frontend_schedules_per_s"] == vllm["frontend_schedules_per_s"] > 0
         assert vllm["frontend_ran"] == "vllm" and vllm["frontend_import_s"] > 0
+        assert doc["vllm_frontend_model_runner_schedules_per_s"] \
+            == vllm["frontend_model_runner_schedules_per_s"] > 0
+        assert vllm["frontend_model_runner_ran"] == "vllm"
+        for side in ("frontend_", "frontend_model_runner_"):
+            cpu = vllm[side + "samples_cpu_s"]
+            assert len(cpu) == len(vllm[side + "samples_s"])
+            assert vllm[side + "cpu_schedules_per_s"] > 0
         assert doc["vllm_import_s"] == vllm["import_s"] > 0 and vllm["first_run_s"] > 0
         for side in ("", "frontend_"):
             share = vllm[side + "harness_share"]
@@ -149,6 +157,7 @@ def test_without_vllm_the_figure_is_unavailable_not_an_error(
     section = bench_vllm.measure_vllm(8, 1, lambda _msg: None)
     assert section["vllm_schedules_per_s"] is None
     assert section["frontend_schedules_per_s"] is None
+    assert section["frontend_model_runner_schedules_per_s"] is None
     assert section["unavailable"] == "vLLM is not installed"
 
 

@@ -65,7 +65,8 @@ class VllmEngineCore(EngineShell):
     def __init__(self, world: World, index: int, name: str, config: EngineConfig,
                  policy: Any, profile: VllmProfile, *, max_model_len: int,
                  vocab: Vocabulary | None = None, dp: bool = False,
-                 pd: tuple[str, NixlFabric, int, float] | None = None) -> None:
+                 pd: tuple[str, NixlFabric, int, float] | None = None,
+                 runner: str | None = None) -> None:
         super().__init__(world, index, name, config, profile, _Fatal)
         self.policy = policy
         self.v = _vllm.vllm()
@@ -88,9 +89,11 @@ class VllmEngineCore(EngineShell):
         self._prompts = PromptTokens()
         self.scheduler = SchedulerView(self.sched, self.inc_of)
         self.vocab = vocab if vocab is not None else Vocabulary()  # DP: the ranks share one
-        #: execute_model / sample_tokens: vLLM's own model runner (0.11+), or the model's
+        #: execute_model / sample_tokens: vLLM's own model runner (0.10.1.1+), or the model's
+        #: (before 0.10, or asked for: ``runner`` "model", RACESIM_VLLM_RUNNER)
         self.runner = Executor(self, shape, bool(config.async_scheduling),
-                               "runner-duplicate-row" in profile.features)
+                               "runner-duplicate-row" in profile.features, runner,
+                               profile.features)
         self.coordinator: Any = None  # DP: told after each step (the model's DPCoordinator)
         #: what the last update_from_output finished and scheduled, until its outputs are sent
         self._pending: tuple[dict[str, int], dict[str, Any], bool] | None = None

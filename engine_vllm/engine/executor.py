@@ -4,7 +4,10 @@ From 0.10.1.1 on the runner is vLLM's own
 (racesim.engine_vllm.runner.RealRunner: the release's ``CPUModelRunner``, stepped through its
 real ``execute_model`` and, from 0.14, ``sample_tokens``, what ``UniProcExecutor`` calls,
 v1/executor/uniproc_executor.py). 0.9.2 still steps the model's fake runner
-(racesim.engine_model.runner); ``runner_kind`` (racesim.engine_vllm.runner.kind) says which ran.
+(racesim.engine_model.runner), and so does every release when the user asked for the model's
+runner (``RACESIM_VLLM_RUNNER=model``); ``runner_kind`` (racesim.engine_vllm.runner.kind) says
+which ran. The model's runner keeps no books of vLLM's runner: runner-books and input-integrity
+are not checked over it (as on 0.9.2).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 from racesim.engine_model.events.runner import RunnerBooks, RunnerInput
 from racesim.engine_model.fatal import EngineFatal
-from racesim.engine_model.runner import ModelRunner
+from racesim.engine_model.runner import ModelRunner, carry_of
 from racesim.engine_model.scheduler import NewRequestData, SchedulerOutput
 
 from racesim.engine_vllm.runner.books import input_errors, runner_books
@@ -27,12 +30,13 @@ class Executor:
     """One engine's executor over the real runner, or the model's fake one."""
 
     def __init__(self, core: Any, shape: Any, async_scheduling: bool,
-                 duplicate_rows_die: bool = False) -> None:
+                 duplicate_rows_die: bool = False, wanted: str | None = None,
+                 features: frozenset[str] = frozenset()) -> None:
         self.core = core
         self.real: Any = None
         self.fake: ModelRunner | None = None
         v = core.v
-        if runner_kind(v.api.key).startswith("vllm"):
+        if runner_kind(v.api.key, wanted).startswith("vllm"):
             from racesim.engine_vllm import _vllm
             from racesim.engine_vllm.runner import RealRunner
 
@@ -48,8 +52,13 @@ class Executor:
                 accept = lambda n: rng.randint(0, n)  # noqa: E731
             self.real = RealRunner(v, vc, core.sched.kv_cache_config, core.vocab, self._truth,
                                    accept)
+        elif wanted == "model":
+            # asked for: the release's runner as the model engine models it (its batch rows
+            # and token carry-over, engine_model/engine_core.py)
+            self.fake = ModelRunner(core.world, f"{core.name}.runner", async_scheduling,
+                                    duplicate_rows_die, carry_of(features))
         else:
-            # the model's runner where vLLM's is not run (before 0.11): its batch rows too
+            # the model's runner where vLLM's is not run (before 0.10): its batch rows too
             self.fake = ModelRunner(core.world, f"{core.name}.runner", async_scheduling,
                                     duplicate_rows_die)
 

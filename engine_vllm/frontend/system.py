@@ -28,7 +28,7 @@ from racesim.engine_vllm.frontend import build
 from racesim.engine_vllm.frontend.asyncllm import RealFrontend
 from racesim.engine_vllm.frontend.clients import RealClient
 from racesim.engine_vllm.frontend.loop import SimLoop
-from racesim.engine_vllm.system import VllmSystem
+from racesim.engine_vllm.system import VllmSystem, on_runner
 from racesim.sim.points import DelayPlan
 
 __all__ = ["RealFrontendSystem", "run_workload", "unsupported"]
@@ -207,7 +207,8 @@ _LAST = _Last()
 
 def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
                  plan: DelayPlan | None = None, skip: Iterable[str] = (),
-                 retain_trace: bool = True, hash_trace: bool = True) -> RunResult:
+                 retain_trace: bool = True, hash_trace: bool = True,
+                 runner: str | None = None) -> RunResult:
     """``racesim.engine_model.run_workload`` with vLLM's own frontend and engine classes.
     The cyclic garbage collector is off during the run, so a collection cannot move an
     abort (an abandoned ``generate()`` aborts when it is finalized)."""
@@ -218,7 +219,8 @@ def run_workload(workload: Workload, policy: LifecyclePolicy, *, seed: int = 0,
         with _vllm.run_caches():
             return _run_model(workload, policy, seed=seed, plan=plan, skip=skip,
                               retain_trace=retain_trace, hash_trace=hash_trace,
-                              system_cls=RealFrontendSystem, engine="vllm")
+                              system_cls=on_runner(RealFrontendSystem, runner),
+                              engine="vllm")
     finally:
         system, _LAST.system = _LAST.system, None
         if system is not None:

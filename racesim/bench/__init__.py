@@ -50,6 +50,10 @@ returns:
 ``vllm_frontend_schedules_per_s``
     the same as ``--engine vllm`` runs it by default, with vLLM's own frontend (target 50 per
     core; ``vllm.frontend_ran`` "vllm").
+``vllm_frontend_model_runner_schedules_per_s``
+    the same with vLLM's own frontend over racesim's model of the runner
+    (``RACESIM_VLLM_RUNNER=model``); ``vllm.frontend_cpu_schedules_per_s`` and
+    ``vllm.frontend_model_runner_cpu_schedules_per_s`` are both per CPU second (median).
 ``vllm_import_s``
     what importing vLLM takes in a fresh process (``vllm.first_run_s``: the first run after
     it); ``vllm.run_command_s`` and ``vllm.run_import_share``: one ``racesim run abort-reuse

@@ -48,10 +48,14 @@ def print_bench(console: Any, doc: dict[str, Any]) -> None:
                         f"{vllm['vllm_schedules_per_s']:,}", f">= {vllm['target_per_core']:g}",
                         mark(vllm["vllm_schedules_per_s"] >= vllm["target_per_core"]))
         summary.add_row("  the model, same explore", f"{vllm['model_schedules_per_s']:,}", "", "")
-        fe = vllm["frontend_schedules_per_s"]
-        summary.add_row("vllm_frontend_schedules_per_s (vLLM's own AsyncLLM too)", f"{fe:,}",
-                        f">= {vllm['frontend_target_per_core']:g}",
-                        mark(fe >= vllm["frontend_target_per_core"]))
+        target = vllm["frontend_target_per_core"]
+        for label, key in (("vllm_frontend_schedules_per_s (vLLM's own AsyncLLM too)",
+                            "frontend_"),
+                           ("vllm_frontend_model_runner_schedules_per_s (vLLM's own AsyncLLM, "
+                            "the model's runner)", "frontend_model_runner_")):
+            fe, cpu = vllm[key + "schedules_per_s"], vllm[key + "cpu_schedules_per_s"]
+            summary.add_row(label, f"{fe:,} ({cpu:,} per CPU s)", f">= {target:g}",
+                            mark(cpu >= target))
         for label, key in (("vllm_harness_share (time outside vLLM's code)", "harness_share"),
                            ("  with vLLM's own frontend", "frontend_harness_share")):
             share = vllm.get(key)

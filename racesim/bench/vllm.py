@@ -19,6 +19,11 @@ vLLM's engine and model runner (``RACESIM_VLLM_FRONTEND=model``).
 it by default, with vLLM's own frontend as well (its AsyncLLM on the World's loop), in a fresh
 process with its own ``frontend_import_s`` (target ``FRONTEND_TARGET`` per core);
 ``frontend_ran`` says whose frontend that run had ("vllm").
+``frontend_model_runner_schedules_per_s`` is that explore again with vLLM's own frontend over
+racesim's model of the runner (``RACESIM_VLLM_RUNNER=model``: what a frontend change needs),
+in a fresh process too; both are also given as schedules per CPU second, the median of the
+``repeats`` samples (``frontend_cpu_schedules_per_s``,
+``frontend_model_runner_cpu_schedules_per_s``): what one core does, whatever else runs.
 
 ``harness_share`` (model frontend) and ``frontend_harness_share`` (vLLM's own) are the share of
 such an explore's time spent outside vLLM's own code (the simulation, racesim's stand-ins,
@@ -68,13 +73,18 @@ def _unavailable() -> str | None:
 
 def _set_frontend(on_vllm: int) -> str:
     """The backend of ``on_vllm`` (0 the model, 1 vLLM's engine with the model's frontend, 2
-    the default: vLLM's own frontend as well), its frontend chosen in this process."""
+    the default: vLLM's own frontend as well, 3 vLLM's own frontend over the model's runner),
+    its frontend and runner chosen in this process."""
     import os
 
     if on_vllm == 1:
         os.environ["RACESIM_VLLM_FRONTEND"] = "model"
     else:
         os.environ.pop("RACESIM_VLLM_FRONTEND", None)
+    if on_vllm == 3:
+        os.environ["RACESIM_VLLM_RUNNER"] = "model"
+    else:
+        os.environ.pop("RACESIM_VLLM_RUNNER", None)
     return "vllm" if on_vllm else "model"
 
 
@@ -110,10 +120,17 @@ def _explore_child(budget: int, on_vllm: int) -> dict[str, Any]:
             "frontend": res.frontend[0]}
 
 
-def _frontend_child(budget: int) -> dict[str, Any]:
+def _frontend_child(budget: int, model_runner: int = 0) -> dict[str, Any]:
     """``_explore_child`` on vLLM as it runs by default: vLLM's own frontend (this fresh
-    process only)."""
-    return _explore_child(budget, 2)
+    process only); over the model's runner when ``model_runner`` is 1 (arguments cross the
+    process boundary as integers)."""
+    return _explore_child(budget, 3 if model_runner else 2)
+
+
+def _cpu_rate(samples: list[dict[str, Any]]) -> float:
+    """Schedules per CPU second, the median sample's."""
+    rates = sorted(r["runs"] / r["cpu_s"] for r in samples)
+    return round(rates[len(rates) // 2], 1)
 
 
 def _share_child(budget: int, on_vllm: int) -> dict[str, Any]:
@@ -165,17 +182,22 @@ def measure_vllm(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
     if why is not None:
         return {**out, "vllm_schedules_per_s": None, "model_schedules_per_s": None,
                 "harness_share": None, "frontend_schedules_per_s": None,
+                "frontend_model_runner_schedules_per_s": None,
                 "frontend_harness_share": None}
     real: list[dict[str, Any]] = []
     model: list[dict[str, Any]] = []
     frontend: list[dict[str, Any]] = []
-    for i in range(repeats):  # the three alternate, so a slow spell of the machine hits all
+    fake: list[dict[str, Any]] = []
+    for i in range(repeats):  # the four alternate, so a slow spell of the machine hits all
         progress(f"vllm backend: {VLLM_SCENARIO} ({i + 1}/{repeats})")
         real.append(in_fresh_process(__name__, "_explore_child", budget, 1))
         progress(f"model at {VLLM_PROFILE}: {VLLM_SCENARIO} ({i + 1}/{repeats})")
         model.append(in_fresh_process(__name__, "_explore_child", budget, 0))
         progress(f"vLLM's own frontend: {VLLM_SCENARIO} ({i + 1}/{repeats})")
         frontend.append(in_fresh_process(__name__, "_frontend_child", budget))
+        progress(f"vLLM's own frontend, the model's runner: {VLLM_SCENARIO} "
+                 f"({i + 1}/{repeats})")
+        fake.append(in_fresh_process(__name__, "_frontend_child", budget, 1))
     small = max(8, budget // 4)
     progress(f"vllm backend: where the time goes ({VLLM_SCENARIO}, sampled)")
     share = in_fresh_process(__name__, "_share_child", small, 1)
@@ -184,6 +206,7 @@ def measure_vllm(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
     best = min(real, key=lambda r: r["seconds"])
     best_model = min(model, key=lambda r: r["seconds"])
     best_fe = min(frontend, key=lambda r: r["seconds"])
+    best_fake = min(fake, key=lambda r: r["seconds"])
     return {**out,
             "vllm_schedules_per_s": round(best["runs"] / best["seconds"], 1),
             "model_schedules_per_s": round(best_model["runs"] / best_model["seconds"], 1),
@@ -197,6 +220,13 @@ def measure_vllm(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
             "frontend_target_per_core": FRONTEND_TARGET,
             "frontend_samples_s": [round(r["seconds"], 3) for r in frontend],
             "frontend_samples_cpu_s": [round(r["cpu_s"], 3) for r in frontend],
+            "frontend_cpu_schedules_per_s": _cpu_rate(frontend),
+            "frontend_model_runner_schedules_per_s":
+                round(best_fake["runs"] / best_fake["seconds"], 1),
+            "frontend_model_runner_cpu_schedules_per_s": _cpu_rate(fake),
+            "frontend_model_runner_ran": best_fake["frontend"],
+            "frontend_model_runner_samples_s": [round(r["seconds"], 3) for r in fake],
+            "frontend_model_runner_samples_cpu_s": [round(r["cpu_s"], 3) for r in fake],
             "harness_target": HARNESS_TARGET,
             "harness_runs": small,
             "harness_share": share["harness_share"],
@@ -220,6 +250,8 @@ def vllm_figures(budget: int, repeats: int, progress: Any) -> dict[str, Any]:
     section = measure_vllm(budget, repeats, progress)
     return {"vllm_schedules_per_s": section["vllm_schedules_per_s"],
             "vllm_frontend_schedules_per_s": section["frontend_schedules_per_s"],
+            "vllm_frontend_model_runner_schedules_per_s":
+                section["frontend_model_runner_schedules_per_s"],
             "vllm_harness_share": section["harness_share"],
             "vllm_frontend_harness_share": section["frontend_harness_share"],
             "vllm_import_s": section.get("import_s"), "vllm": section}

@@ -33,7 +33,8 @@ def engine_option(default: str = "model") -> Decorator:
                         help=f"Backend: 'model' (racesim's model of vLLM) or 'vllm' (vLLM's own "
                              f"engine classes, of the installed vLLM, and its own AsyncLLM "
                              f"frontend where it runs; RACESIM_VLLM_FRONTEND=model keeps the "
-                             f"model's; see README) [default: {default}].")
+                             f"model's, RACESIM_VLLM_RUNNER=model steps racesim's model of the "
+                             f"runner; see README) [default: {default}].")
 
 
 def ids_option(f: Callable[..., Any]) -> Callable[..., Any]:

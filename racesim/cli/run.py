@@ -72,7 +72,7 @@ def run_cmd(scenario: str, policy: str, policy_opts: Sequence[str], seed: int,
     command = run_command(scenario, policy, spec.option_dict, seed, result.schedule, skip,
                           vllm=result.vllm, engine=result.engine, ids=spec.ids,
                           backend_args=backend.cli_args() if backend.has_tree else (),
-                          frontend=backend.frontend)
+                          frontend=backend.frontend, runner=backend.runner)
     warnings = [*unreached_warnings("[delays]", spec.scenario.delays, result.occurrences),
                 *(unreached_warnings("[witness]", spec.scenario.witness, result.occurrences)
                   if witness else ()),
@@ -162,6 +162,9 @@ def replay_cmd(counterexample: str, vllm: str | None, allow_import: bool,
         # found on the model's frontend over vLLM's engine: replay it there (its schedule may
         # name only points vLLM's own frontend passes too, and would run there by default)
         backend = dataclasses.replace(backend, frontend="model")
+    if backend.is_vllm and backend.runner is None and cx.runner == "model":
+        # found on the model's runner (RACESIM_VLLM_RUNNER=model): its trace is that runner's
+        backend = dataclasses.replace(backend, runner="model")
     spec = RunSpec(cx.scenario.with_vllm(vllm), cx.policy, tuple(cx.options.items()), cx.seed,
                    cx.skip, backend, cx.ids)
     result = spec.run(schedule=cx.schedule)

@@ -42,6 +42,7 @@ from racesim.engine_model import RunResult
 from racesim.engine_model.checker import check_invariant_names
 from racesim.engine_model.policies import policy_spec
 from racesim.engine_model.versions import model_gap
+from racesim.runner.backend import refuse_model_runner
 from racesim.runner.engines import check_engine
 from racesim.explore.parallel import executor, ordered_map
 from racesim.runner import import_from_cwd, run_scenario, vllm_frontend
@@ -237,6 +238,9 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
     if budget < 1:
         raise InputError(f"--budget must be >= 1, got {budget}")
     skip = tuple(sorted(check_invariant_names(tuple(skip))))
+    if _uses_vllm(engines):
+        refuse_model_runner("racesim conform", "compares the model with vLLM's own code, "
+                            "its runner included")
     for scen in scenarios:
         check_comparable(scen)
     for name, opts in policies:

@@ -25,6 +25,7 @@ from typing import Any
 from racesim.corpus import remote
 from racesim.corpus.remote import BadOutput, ReleaseFailed, parse_answer, run_release
 from racesim.engine_model.versions import PROFILES
+from racesim.runner.backend import refuse_model_runner
 from racesim.runner.engines import SUPPORTED_VLLM, installed_vllm, why_not_run
 from racesim.runner.engines import profile_of_release as engines_profile_of_release
 from racesim.explore import ExploreResult, explore
@@ -289,6 +290,8 @@ def run_corpus(entries: Sequence[Scenario], *, opts: CorpusOptions, venvs: Path 
     is asked to do; it must be one the entries name). Ctrl-C stops it: what finished is kept,
     ``interrupted`` is true and nothing more starts. A venv that printed something other than
     a corpus document is skipped and named in ``bad_venvs`` (the command then exits 2)."""
+    refuse_model_runner("racesim corpus", "reproduces vLLM's bugs on vLLM's own code, its "
+                        "runner included (#29355 and #23440 are the runner's)")
     started = time.monotonic()
     here = installed_vllm()
     docs = [_entry_doc(s) for s in entries]

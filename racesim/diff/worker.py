@@ -105,7 +105,7 @@ def _record(req: dict[str, Any]) -> dict[str, Any]:
                         r.reach().reach if r.violations else None, engine=backend.engine,
                         vllm_release=backend.release or "",
                         vllm_tree=backend.tree_record(),
-                        frontend=r.frontend if backend.is_vllm else "")
+                        frontend=r.frontend if backend.is_vllm else "", runner=r.runner)
     path = write_counterexample(Path(req["path"]), cx)
     return {"path": str(path), **_summary(spec, r)}
 

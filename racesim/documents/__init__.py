@@ -126,6 +126,10 @@ class Counterexample:
     #: Replay runs a "model" file on the model's frontend again (unless RACESIM_VLLM_FRONTEND
     #: says otherwise).
     frontend: str = ""
+    #: "model" when the vllm backend stepped racesim's model of the runner
+    #: (``RACESIM_VLLM_RUNNER=model``, ``RunResult.runner``); "" otherwise. Replay runs such a
+    #: file on the model's runner again.
+    runner: str = ""
 
     @property
     def vllm(self) -> str:
@@ -155,6 +159,7 @@ class Counterexample:
             "vllm_fingerprint": _fingerprint(self.engine),
             **({"vllm_tree": dict(self.vllm_tree)} if self.vllm_tree else {}),
             **({"frontend": self.frontend} if self.frontend else {}),
+            **({"runner": self.runner} if self.runner else {}),
         }
 
 
@@ -224,7 +229,8 @@ def _replaceable(path: Path, ours: Callable[[Any], bool]) -> bool:
 COUNTEREXAMPLE_KEYS = frozenset({
     "format", "racesim_version", "vllm", "engine", "vllm_release", "reach", "scenario",
     "policy", "policy_options", "seed", "schedule", "skip", "violations", "trace_hash",
-    "shrunk_from", "found_by", "ids", "vllm_fingerprint", "vllm_tree", "frontend"})
+    "shrunk_from", "found_by", "ids", "vllm_fingerprint", "vllm_tree", "frontend",
+    "runner"})
 
 
 def _need(data: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], src: str) -> Any:
@@ -352,12 +358,16 @@ def read_counterexample(path: str) -> Counterexample:
     frontend = data.get("frontend", "")
     if frontend not in ("", "model", "vllm"):
         raise InputError(f"{src}: 'frontend' must be model or vllm (got {frontend!r})")
+    runner = data.get("runner", "")
+    if runner not in ("", "model"):
+        raise InputError(f"{src}: 'runner' must be model when given (got {runner!r})")
     return Counterexample(scenario, policy, options, seed, schedule, tuple(skip),
                           tuple(v for v in violations if isinstance(v, dict)), trace_hash,
                           shrunk if isinstance(shrunk, int) and not isinstance(shrunk, bool)
                           else None, found_by, reach if reach in ("live", "latent") else None,
                           version if isinstance(version, str) else "", engine,
-                          release if isinstance(release, str) else "", ids, tree, frontend)
+                          release if isinstance(release, str) else "", ids, tree, frontend,
+                          runner)
 
 
 def _fingerprint(engine: str) -> str | None:

@@ -294,6 +294,8 @@ def _exploration_key(spec: RunSpec, strategy: str, reach: str, budget: int,
             "vllm": spec.scenario.vllm, "engine": spec.engine, "policy": spec.policy,
             "ids": spec.id_scheme,
             **({"vllm_tree": spec.backend.tree_record()} if spec.backend.has_tree else {}),
+            # the model's runner is another trace: its file never stands for vLLM's runner's
+            **({"runner": spec.backend.runner} if spec.backend.runner else {}),
             "options": dict(sorted(spec.option_dict.items())), "seed": spec.seed,
             "skip": list(spec.skip), "strategy": strategy, "reach": reach, "budget": budget,
             "time_limit": time_limit}
@@ -355,7 +357,8 @@ def _counterexample(res: ExploreResult, scenario: Scenario, run: RunResult | Run
                           vllm_tree=res.spec.backend.tree_record(),
                           vllm_release=res.spec.backend.release or ""
                           if res.spec.backend.has_tree else "",
-                          frontend=res.frontend[0] if res.spec.backend.is_vllm else "")
+                          frontend=res.frontend[0] if res.spec.backend.is_vllm else "",
+                          runner=res.spec.backend.runner or "")
 
 
 def _save(res: ExploreResult, s: RunSummary, shrunk_from: int | None, out_dir: Path) -> None:

@@ -201,7 +201,7 @@ class ExploreResult:
             "warnings": list(self.warnings),
             "error": self.error,
             "components": components_doc(self.engine, self.scenario.workload.topology,
-                                         *self.frontend),
+                                         *self.frontend, self.spec.backend.runner or ""),
         }
 
 

@@ -310,7 +310,8 @@ class RaceSim:
                               result.schedule, spec.skip, tuple(violation_dicts(result)),
                               result.trace_hash, None, {"pytest": self._test},
                               engine=spec.engine, ids=spec.id_scheme,
-                              frontend=result.frontend if spec.backend.is_vllm else "")
+                              frontend=result.frontend if spec.backend.is_vllm else "",
+                              runner=result.runner)
 
     def _command(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> str | None:
         from racesim.runner import replay_command, run_command
@@ -321,7 +322,8 @@ class RaceSim:
         if replay_name is not None:
             return run_command(replay_name, spec.policy, spec.option_dict, result.seed,
                                result.schedule, spec.skip, vllm=result.vllm, engine=spec.engine,
-                               ids=spec.ids, frontend=spec.backend.frontend)
+                               ids=spec.ids, frontend=spec.backend.frontend,
+                               runner=spec.backend.runner)
         return None
 
     def _explain(self, spec: RunSpec, replay_name: str | None, result: RunResult) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from racesim.engine_model import POLICIES, RunResult, load_policy, run_workload
 from racesim.engine_model.checker import check_invariant_names
+from racesim.engine_model.invariants import RUNNER_INVARIANTS
 from racesim.engine_model.points import POINTS, UnknownPointError
 from racesim.engine_model.policies import LifecyclePolicy, id_scheme, policy_spec, with_ids
 from racesim.runner.backend import MODEL, Backend, as_backend, from_record, resolve_backend
@@ -142,6 +143,10 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
 
         if (why := why_not_run(scenario.workload, "vllm")) is not None:
             raise InputError(f"{scenario.name}: {why}")
+        if backend.runner == "model" and scenario.workload.engine.num_speculative_tokens:
+            raise InputError(f"{scenario.name}: RACESIM_VLLM_RUNNER=model: the model's runner "
+                             f"has no speculative decoding (engine.num_speculative_tokens); "
+                             f"unset it to run vLLM's own runner")
         backend.activate()  # a tree's vLLM, imported in this process before the run
         release = SUPPORTED_VLLM.get(backend.base or "") if backend.has_tree \
             else installed_vllm()
@@ -152,7 +157,11 @@ def run_scenario(scenario: Scenario, policy: str, *, options: Mapping[str, str] 
                                        own_ids=scheme == id_scheme(type(loaded), None),
                                        points=points)
         result = run(scenario.workload, hooks, seed=seed, plan=plan, skip=skip_set,
-                     retain_trace=retain_trace, hash_trace=hash_trace, frontend=frontend)
+                     retain_trace=retain_trace, hash_trace=hash_trace, frontend=frontend,
+                     **({"runner": backend.runner} if backend.runner else {}))
+        if backend.runner == "model":  # the model's runner keeps no books of vLLM's to check
+            result = replace(result, runner="model", evaluated=tuple(
+                n for n in result.evaluated if n not in RUNNER_INVARIANTS))
         return replace(result, frontend="vllm" if frontend == "asyncllm" else "model",
                        frontend_note=note or "")
     except UnknownPointError as exc:  # a user policy's misspelled point: name the policy

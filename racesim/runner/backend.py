@@ -32,7 +32,7 @@ from racesim.runner.engines import ENGINES, SUPPORTED_VLLM
 from racesim.sim.errors import InputError
 
 __all__ = ["Backend", "MODEL", "resolve_backend", "as_backend", "nearest_profile", "from_record",
-           "warn_stderr"]
+           "warn_stderr", "refuse_model_runner"]
 
 Warn = Callable[[str], None]
 
@@ -50,7 +50,9 @@ class Backend:
     whose compiled parts (and, with ``patch``, whose Python code) run. None on the model.
     ``frontend`` is the frontend the user asked for (``RACESIM_VLLM_FRONTEND``, read here once):
     None, vLLM's own AsyncLLM wherever it runs and the model's elsewhere; "model"; or
-    "asyncllm", vLLM's own or exit 2 (``engine_vllm/frontend/select.py``)."""
+    "asyncllm", vLLM's own or exit 2 (``engine_vllm/frontend/select.py``). ``runner`` is the
+    model runner asked for (``RACESIM_VLLM_RUNNER``, read here once): None, vLLM's own where it
+    runs; or "model", racesim's model of it (``engine_vllm/runner/kind.py``)."""
 
     engine: str = "model"
     release: str | None = None
@@ -60,6 +62,7 @@ class Backend:
     sha256: str | None = None
     installed: str | None = None
     frontend: str | None = None
+    runner: str | None = None
 
     @property
     def is_vllm(self) -> bool:
@@ -219,7 +222,7 @@ def resolve_backend(engine: str | None = None, *, src: str | None = None,
             return MODEL
         release = engines.installed_vllm()
         return Backend("vllm", release, engines.profile_of_release(release or ""),
-                       installed=release, frontend=_frontend())
+                       installed=release, frontend=_frontend(), runner=_runner())
     installed = engines.installed_vllm()
     if installed is None or engines.profile_of_release(installed) is None:
         raise InputError(f"{tree_opt} runs over the installed vLLM's compiled parts, but "
@@ -235,7 +238,7 @@ def resolve_backend(engine: str | None = None, *, src: str | None = None,
         profile = engines.profile_of_release(installed)
         chosen = _base_option(base) if base is not None else profile
         return Backend("vllm", installed, chosen, None, str(path), digest, installed,
-                       _frontend())
+                       _frontend(), _runner())
     root = vllm_tree.check_src(src or "")
     version = vllm_tree.tree_version(root)
     if base is not None:
@@ -258,7 +261,7 @@ def resolve_backend(engine: str | None = None, *, src: str | None = None,
                  f"as vLLM {near} (API generation and await-point widths of "
                  f"{SUPPORTED_VLLM[near]}); --vllm-base VERSION overrides")
     return Backend("vllm", version or installed, chosen, str(root), None,
-                   vllm_tree.tree_hash(root), installed, _frontend())
+                   vllm_tree.tree_hash(root), installed, _frontend(), _runner())
 
 
 def as_backend(engine: str | Backend) -> Backend:
@@ -268,7 +271,8 @@ def as_backend(engine: str | Backend) -> Backend:
         return engine
     if engine not in ENGINES:
         raise InputError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
-    return MODEL if engine == "model" else Backend("vllm", frontend=_frontend())
+    return MODEL if engine == "model" else Backend("vllm", frontend=_frontend(),
+                                                   runner=_runner())
 
 
 def _frontend() -> str | None:
@@ -276,6 +280,20 @@ def _frontend() -> str | None:
     from racesim.engine_vllm.frontend.select import requested
 
     return requested()
+
+
+def _runner() -> str | None:
+    """The model runner asked for in the environment (the one place racesim reads it)."""
+    from racesim.engine_vllm.runner.kind import requested
+
+    return requested()
+
+
+def refuse_model_runner(command: str, why: str) -> None:
+    """One InputError line when ``RACESIM_VLLM_RUNNER=model`` is set for ``command``, which
+    keeps vLLM's own runner (``why``)."""
+    if _runner() == "model":
+        raise InputError(f"RACESIM_VLLM_RUNNER=model: {command} {why}; unset it")
 
 
 def from_record(tree: Mapping[str, Any], where: str) -> Backend:
