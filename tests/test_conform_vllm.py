@@ -72,16 +72,18 @@ def test_the_model_agrees_with_vllm_on_every_bundled_scenario(
 def test_conform_by_default_compares_the_model_with_vllms_own_frontend(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """As conform runs by default: the vllm side has vLLM's own frontend where it runs (only
-    the points both sides pass are perturbed) and the model's elsewhere (router-abort-all
-    needs the serving layer); no unlisted mismatch. Every bundled scenario agrees this way
+    the points both sides pass are perturbed) and the model's elsewhere (api-bare-id-abort's
+    chat endpoint needs a tokenizer); no unlisted mismatch. Every bundled scenario agrees this way
     too (docs/conform.md, measured at --budget 10); a handful keeps CI short."""
     monkeypatch.delenv("RACESIM_VLLM_FRONTEND", raising=False)
-    names = ("abort-reuse", "abort-storm", "streaming-input-session", "router-abort-all")
+    names = ("abort-reuse", "abort-storm", "streaming-input-session", "router-abort-all",
+             "api-bare-id-abort")
     scens = [load_scenario(n).with_vllm("0.33") for n in names]
     res = conform(scens, [lifecycle("0.33"), ("buggy", {})], budget=DEFAULT_BUDGET, workers=1)
     sides = {(c["scenario"], c["policy"]): c.get("frontends") for c in res.cells}
     assert sides[("abort-reuse", "buggy")] == ["model", "vllm"]
-    assert sides[("router-abort-all", "buggy")] == ["model", "model"]  # the serving layer
+    assert sides[("router-abort-all", "buggy")] == ["model", "vllm"]  # vLLM's serving layer
+    assert sides[("api-bare-id-abort", "buggy")] == ["model", "model"]  # chat: no tokenizer
     assert [m.document() for m in res.unlisted] == []
 
 

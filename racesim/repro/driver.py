@@ -33,7 +33,8 @@ class Replay:
         self.scheds: dict[str, Any] = {}
         self.workers: dict[str, Any] = {}
         self.outputs: dict[tuple[str, int], Any] = {}
-        self.results: dict[str, Any] = {}
+        #: engine -> the worker's transfer results not yet taken by an update, oldest first
+        self.results: dict[str, list[Any]] = {}
         self.writes: list[tuple[str, str, str]] = []  # (P engine, P request, D request)
         self.now = 0.0
         self.engine = ""
@@ -192,8 +193,10 @@ class Replay:
                     req_id_to_index={r: j for j, r in enumerate(e["mro"]["req_ids"])},
                     sampled_token_ids=e["mro"]["sampled_token_ids"])
                 kvo = e["kvo"]
-                if w is not None:
-                    got = self.results.pop(e["e"])
+                if w is not None and kvo is not None:
+                    # the results the worker gave when this batch's execution ended (a batch
+                    # that carried none, e.g. nothing to compute, has none to take)
+                    got = self.results[e["e"]].pop(0)
                     self.same(i, e, kvo, got)
                     mro.kv_connector_output = got
                 elif kvo is not None:
@@ -207,11 +210,11 @@ class Replay:
                 w.start_load_kv(self.outputs[(e["e"], e["step"])].kv_connector_metadata)
             elif op == "transfer_results":
                 got = w.get_transfer_results()
-                self.results[e["e"]] = KVConnectorOutput(
+                self.results.setdefault(e["e"], []).append(KVConnectorOutput(
                     finished_sending=got.finished_sending or None,
                     finished_recving=got.finished_recving or None,
                     failed_recving=got.failed_recving,
-                    invalid_block_ids=w.get_block_ids_with_load_errors())
+                    invalid_block_ids=w.get_block_ids_with_load_errors()))
             elif op == "writer_pass":
                 seen = len(self.writes)
                 w._push_writer_loop()  # one pass
