@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from racesim.engine_model.config import Workload
+from racesim.engine_model.config import EngineConfig, Workload
 from racesim.engine_model.points import POINTS
 from racesim.engine_model.profile_tables import WRITTEN_OUT
 from racesim.engine_model.profile_types import Behaviour, VllmProfile
@@ -145,14 +145,25 @@ _PP_ASYNC_REFUSED = {
 }
 
 
+def _async_scheduling(profile: VllmProfile, engine: EngineConfig) -> bool:
+    """The scenario's async scheduling, or its release's default: where the release refuses it
+    with pipeline parallelism, an unset one is turned off with a warning and the engine runs
+    (0.14.0 config/vllm.py:587-595, 0.33.0 config/vllm.py:1710-1716); only an explicit one is
+    refused (profile_gap)."""
+    if engine.async_scheduling is not None:
+        return engine.async_scheduling
+    if (engine.pipeline_parallel_size or 1) > 1 and profile.name in _PP_ASYNC_REFUSED:
+        return False
+    return profile.async_scheduling
+
+
 def profile_gap(workload: Workload) -> str | None:
     """Why ``workload`` cannot run on its profile (an engine feature the profile does not
     model), or None."""
     profile = get_profile(workload.engine.vllm)
     engine = workload.engine
     if (engine.pipeline_parallel_size or 1) > 1 and profile.name in _PP_ASYNC_REFUSED and (
-            profile.async_scheduling if engine.async_scheduling is None
-            else engine.async_scheduling):
+            _async_scheduling(profile, engine)):
         return (f"engine.pipeline_parallel_size > 1 with async scheduling: vLLM "
                 f"{profile.name} refuses it ({_PP_ASYNC_REFUSED[profile.name]})")
     used = []
@@ -211,8 +222,7 @@ def resolve_workload(workload: Workload) -> tuple[Workload, VllmProfile]:
     engine = workload.engine
     engine = replace(
         engine, vllm=profile.name,
-        async_scheduling=(profile.async_scheduling if engine.async_scheduling is None
-                          else engine.async_scheduling),
+        async_scheduling=_async_scheduling(profile, engine),
         eager_aborts=profile.eager_aborts if engine.eager_aborts is None else engine.eager_aborts,
         prefix_caching=(profile.prefix_caching if engine.prefix_caching is None
                         else engine.prefix_caching))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from types import TracebackType
 
-__all__ = ["VllmRaise", "vllm_raise"]
+__all__ = ["VllmRaise", "vllm_raise", "raised_by_racesim"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +60,20 @@ def vllm_raise(exc: BaseException) -> VllmRaise:
     rel = filename[len(_vllm_root()):].replace(os.sep, "/")
     return VllmRaise(f"{type(exc).__name__}: {text}" if text else type(exc).__name__,
                      f"{rel}:{line}")
+
+
+def raised_by_racesim(exc: BaseException) -> bool:
+    """Whether racesim's own code raised ``exc``: of the traceback's frames that are vLLM's or
+    racesim's, the innermost is racesim's. vLLM's code calls back into racesim (the wrappers
+    around the Scheduler, the executor), so a racesim bug there must not pass for vLLM's."""
+    root = _vllm_root()
+    last = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_filename.startswith(root):
+            last = "vllm"
+        elif str(frame.f_globals.get("__name__", "")).startswith("racesim."):
+            last = "racesim"
+        tb = tb.tb_next
+    return last == "racesim"

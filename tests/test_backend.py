@@ -218,3 +218,14 @@ def test_the_printed_run_command_carries_the_frontend_asked_for(
     monkeypatch.delenv("RACESIM_VLLM_FRONTEND")
     _code, out, _err = cli(capsys, "run", "abort-reuse", "-p", "buggy", "--engine", "vllm")
     assert "reproduce: racesim run abort-reuse" in out, out
+
+
+def test_the_vllm_backend_without_greenlet_is_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's step runs in a greenlet: a venv installed before it was pinned gets the install
+    command, not an ImportError traceback (checked before vLLM is imported)."""
+    monkeypatch.setitem(sys.modules, "greenlet", None)
+    monkeypatch.chdir(tmp_path)
+    code, _out, err = cli(capsys, "run", "abort-reuse", "--engine", "vllm")
+    one_line_error(code, err, "greenlet", "install-vllm-cpu")

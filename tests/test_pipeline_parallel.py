@@ -35,3 +35,19 @@ def test_async_scheduling_with_pipeline_parallelism_is_refused_where_vllm_refuse
     sync = replace(piped, engine=replace(piped.engine, async_scheduling=False))
     assert profile_gap(sync) is None
     assert profile_gap(w) is None
+
+
+@pytest.mark.parametrize(("profile", "async_"), [("0.14", False), ("0.33", False),
+                                                 ("0.20", True)])
+def test_unset_async_scheduling_with_pipeline_parallelism_follows_the_release(
+        profile: str, async_: bool) -> None:
+    """Unset, 0.14 and 0.33 turn async scheduling off beside pipeline parallelism and run
+    (0.14.0 config/vllm.py:587-595, 0.33.0 :1710-1716); 0.20 keeps its default, on."""
+    from racesim.engine_model.versions import resolve_workload
+
+    scen = load_scenario("abort-reuse").with_vllm(profile)
+    w = scen.workload
+    unset = replace(w, engine=replace(w.engine, pipeline_parallel_size=2, async_scheduling=None))
+    assert profile_gap(unset) is None
+    resolved, _profile = resolve_workload(unset)
+    assert resolved.engine.async_scheduling is async_

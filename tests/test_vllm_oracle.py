@@ -70,3 +70,17 @@ def test_explore_writes_the_file_line_into_the_counterexample(vllm_backend: obje
     wheres = [v.get("vllm_where") for v in data["violations"] if v["invariant"] ==
               "engine-alive"]
     assert wheres and wheres[0].startswith("v1/core/sched/scheduler.py:")
+
+
+def test_a_racesim_bug_inside_vllms_step_is_a_crash_not_an_engine_death(
+        vllm_backend: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's own step calls racesim's wrappers (engine_vllm/engine/stepper.py): an exception
+    raised there is racesim's, so it must not become an engine death blamed on a vLLM line."""
+    from racesim.engine_vllm.engine.core import VllmEngineCore
+
+    def broken(self: object, so: object, step: int) -> None:
+        raise KeyError("racesim-bookkeeping-bug")
+
+    monkeypatch.setattr(VllmEngineCore, "_record_step", broken)
+    with pytest.raises(KeyError, match="racesim-bookkeeping-bug"):
+        run_scenario(load_scenario("abort-reuse"), "buggy", engine="vllm")

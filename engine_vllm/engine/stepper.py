@@ -36,7 +36,7 @@ import simpy
 from greenlet import getcurrent, greenlet
 
 from racesim.engine_model.messages import AbortMessage
-from racesim.engine_vllm.oracle import vllm_raise
+from racesim.engine_vllm.oracle import raised_by_racesim, vllm_raise
 
 __all__ = ["Stepper"]
 
@@ -339,6 +339,8 @@ class Stepper:
         except core._fatal:
             raise
         except Exception as exc:  # vLLM's step itself raised: EngineCoreProc dies of it
+            if raised_by_racesim(exc):
+                raise  # racesim's bookkeeping inside the step: a crash, not vLLM's verdict
             core.kv.sync()
             raised = vllm_raise(exc)
             raise core._fatal(raised.message, raised.where) from None

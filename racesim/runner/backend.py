@@ -112,6 +112,8 @@ class Backend:
     def check(self, profile: str) -> None:
         """Refuse, in one line, a backend that cannot run a scenario of vLLM profile
         ``profile`` (the model runs any)."""
+        if self.is_vllm:
+            engines.check_greenlet()
         if not self.has_tree:
             engines.check_engine(self.engine, profile)
             return

