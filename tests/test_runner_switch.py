@@ -134,3 +134,6 @@ def test_a_file_found_on_the_model_runner_records_it_and_replays_there(
     doc = json.loads(out)
     assert doc["trace_hash"] == r.trace_hash
     assert doc["components"]["model_runner_because"] == f"{ENV}=model"
+    # repro writes a script for vLLM's own classes: it refuses the model's runner in one line
+    code, _out, err = cli(capsys, "repro", str(path), "--out", str(tmp_path / "r.py"))
+    one_line_error(code, err, "RACESIM_VLLM_RUNNER=model")

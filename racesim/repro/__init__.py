@@ -80,6 +80,10 @@ def make_repro(path: str) -> Repro:
         raise InputError(f"{path}: repro needs a counterexample found on vLLM's own classes "
                          f"(engine 'vllm'); this one ran on racesim's model, a simulated part "
                          f"(explore or replay it with --engine vllm)")
+    if cx.runner == "model":
+        raise InputError(f"{path}: it ran racesim's model of the runner "
+                         f"(RACESIM_VLLM_RUNNER=model), a simulated part; explore or replay it "
+                         f"on vLLM's own runner (the variable unset) for a repro")
     w = cx.scenario.workload
     if w.topology == "pd" and w.pd.connector == "mooncake":
         raise InputError(f"{path}: it depends on simulated parts, MooncakeConnector's "
