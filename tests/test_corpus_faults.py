@@ -48,6 +48,21 @@ def _answer(status: str = "found") -> str:
     return f"cat <<'EOF'\n{json.dumps(doc)}\nEOF\n"
 
 
+def _terminal_env() -> dict[str, str]:
+    """The environment a user's shell gives racesim: without what vLLM, imported into this
+    test process by earlier tests, put into os.environ (LD_PRELOAD, VLLM_*, torch's)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("VLLM_", "LD_PRELOAD", "TORCH", "AITER_", "NUMEXPR_",
+                                 "LOCAL_WORLD_SIZE", "TRITON_", "TILELANG_", "PYTORCH_"))}
+
+
+def _terminal_signals() -> None:
+    """Ctrl-C as a terminal delivers it: SIGINT at its default, not blocked, whatever this
+    test process inherited or set up (the child starts from here)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 def test_ctrl_c_stops_the_corpus_with_exit_130(tmp_path: Path) -> None:
     """D1: SIGINT stops the exploration running, nothing more starts (the fixed side's
     100,000 model runs would take minutes), exit 130, and the document says what finished."""
@@ -55,7 +70,7 @@ def test_ctrl_c_stops_the_corpus_with_exit_130(tmp_path: Path) -> None:
     proc = subprocess.Popen([*_PY, "corpus", str(path), "--json", "--model-budget", "100000",
                              "--venvs", str(tmp_path / "none"), "--out", str(tmp_path / "o")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path)
+                            cwd=tmp_path, env=_terminal_env(), preexec_fn=_terminal_signals)
     time.sleep(6.0)  # past the imports, into the buggy side's model exploration
     proc.send_signal(signal.SIGINT)
     try:
@@ -64,7 +79,7 @@ def test_ctrl_c_stops_the_corpus_with_exit_130(tmp_path: Path) -> None:
         proc.kill()
         proc.communicate()
         pytest.fail("corpus ran on for a minute after Ctrl-C")
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, (err, out[-2000:])
     assert "interrupted" in err and "Traceback" not in err
     doc = json.loads(out)
     assert doc["interrupted"] is True
