@@ -92,7 +92,8 @@ class RealClient:
                 await asyncio.sleep(self.spec.chunk_interval)
             yield v.StreamingInput(self._prompt())
 
-    async def _run(self) -> None:
+    async def _arrive(self) -> None:
+        """The client's arrival: its start time, the ``client.send`` await point, its send."""
         world = self.world
         spec = self.spec
         loop = self.fe.loop
@@ -104,6 +105,11 @@ class RealClient:
         world.emit(self.name, spec.id, 0, ClientSend(self.uid, spec.frontend, spec.n,
                                                      spec.prompt_tokens, spec.max_tokens,
                                                      spec.prompt))
+
+    async def _run(self) -> None:
+        await self._arrive()
+        world = self.world
+        spec = self.spec
         llm = self.fe.llm
         decode = self.vocab.decode
         CALLER.set(self)

@@ -31,7 +31,6 @@ from racesim.engine_model.events.client import (
     ClientAbort,
     ClientDisconnect,
     ClientOutput,
-    ClientSend,
 )
 from racesim.engine_model.messages import FinishReason
 from racesim.engine_vllm.frontend import endpoints
@@ -139,17 +138,9 @@ class ServingClient(RealClient):
         return body
 
     async def _run(self) -> None:
+        await self._arrive()
         world = self.world
         spec = self.spec
-        loop = self.fe.loop
-        if spec.at > loop.time():
-            await asyncio.sleep(spec.at - loop.time())
-        delay = world.pause("client.send", 0.0, self.name)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        world.emit(self.name, spec.id, 0, ClientSend(self.uid, spec.frontend, spec.n,
-                                                     spec.prompt_tokens, spec.max_tokens,
-                                                     spec.prompt))
         CALLER.set(self)
         endpoint = str(spec.endpoint)
         try:
