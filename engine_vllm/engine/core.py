@@ -1,12 +1,13 @@
 """An EngineCore whose engine-side state is vLLM's own: its Scheduler and KVCacheManager.
 
 The simulated parts are the model's: the process shell (racesim.engine_model.engine_shell: the
-input thread, ``engine.input:preprocess``, the busy loop that applies inputs between steps, the
-eager ``aborts_queue``, the GPU timing, ``engine.step:execute``, and death). Each step is the
-release's own ``EngineCore.step`` / ``step_with_batch_queue`` with ``_process_aborts_queue`` and
-``post_step`` (racesim.engine_vllm.engine.stepper), which call the Scheduler's ``schedule`` and
-``update_from_output`` through this core's bookkeeping (the trace, the block-table shadow,
-``engine.step:update_from_output``). The executor (racesim.engine_vllm.engine.executor) steps
+input thread, ``engine.input:preprocess``, the eager ``aborts_queue``'s copies, the idle wait,
+the GPU timing, ``engine.step:execute``, and death). Each pass of the busy loop is the release's
+own ``_process_input_queue`` with ``_handle_client_request`` (racesim.engine_vllm.engine.inputs),
+then its ``EngineCore.step`` / ``step_with_batch_queue`` with ``_process_aborts_queue`` and
+``post_step`` (racesim.engine_vllm.engine.stepper), which call the Scheduler's ``add_request``,
+``schedule`` and ``update_from_output`` through this core's bookkeeping (the trace, the
+block-table shadow, ``engine.step:update_from_output``). The executor (racesim.engine_vllm.engine.executor) steps
 vLLM's own model runner; its sampled tokens carry their incarnation through ``Vocabulary``. An
 exception from vLLM's code is what kills EngineCoreProc (core.py:1582-1587): the engine dies.
 """
@@ -165,33 +166,19 @@ class VllmEngineCore(EngineShell):
             raised = vllm_raise(exc)
             raise _Fatal(raised.message, raised.where) from None
 
-    def _apply_input(self, kind: str, payload: Any) -> None:
-        if kind == "add":
-            if self.reject_new_requests and payload.request_id not in self.sched.requests:
-                # core.py:1796-1813: paused in "abort"/"wait" mode, a new ADD gets a
-                # retryable ERROR
-                finishes.reject(self, payload.request_id, self.inc_of(payload),
-                                payload.client_index, "engine-paused")
-                return
-            self._add(payload)
-            if payload.abort_immediately:
-                # core.py:558-562: added, then aborted at once
-                self._abort(AbortMessage((payload.request_id,), 0), "abort-immediately")
-        elif kind == "abort":
-            self._abort(payload, "abort")
-        else:
-            finishes.utility(self, payload)
-
     def _add(self, req: Any) -> None:
+        """``Scheduler.add_request`` as vLLM's ``EngineCore.add_request`` calls it (the stepper
+        puts this in its place), traced."""
         rid = req.request_id
         prev = self.sched.requests.get(rid)
+        add = self.stepper.real_add
         if prev is not None and self.v.api.streaming:
             # a session's streaming update, or the duplicate-ID assert (0.20+)
-            sessions.add_held(self, prev, req)
+            sessions.add_held(self, prev, req, add)
             return
         # before 0.20, add_request overwrites requests[id] with no check; the old object stays
         # in its queue (0.14.0 scheduler.py add_request)
-        self.call(self.sched.add_request, req)
+        self.call(add, req)
         self.world.emit(self.c_sched, rid, self.inc_of(req),
                         SchedAdd(self.inc_of(prev) if prev is not None else 0))
 
@@ -208,9 +195,11 @@ class VllmEngineCore(EngineShell):
 
     # -- steps ----------------------------------------------------------------------------------
 
-    def _step(self) -> Generator[simpy.Event, Any, bool]:
-        """One pass of the release's own step / step_with_batch_queue (stepper.py)."""
-        return (yield from self.stepper.step())
+    def _run_busy_loop(self) -> Generator[simpy.Event, Any, None]:
+        """``run_busy_loop``: passes of the release's own ``_process_input_queue`` and step
+        (stepper.py, inputs.py) until the engine dies."""
+        while self.dead is None:
+            yield from self.stepper.run_pass()
 
     def gpu_idle(self) -> bool:
         """No batch is on the GPU queue now."""

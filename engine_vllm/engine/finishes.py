@@ -32,7 +32,8 @@ from racesim.engine_model.events.pd import PdRelease
 from racesim.engine_model.messages import AbortMessage, UtilityMessage
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
 
-__all__ = ["abort", "abort_all", "send_finish_outputs", "reject", "utility", "reply_when_paused"]
+__all__ = ["abort", "abort_all", "send_finish_outputs", "send_outputs", "reject", "utility",
+           "reply_when_paused"]
 
 
 class VllmEngineCore(Protocol):
@@ -62,9 +63,20 @@ def send_finish_outputs(core: VllmEngineCore, finished: list[tuple[str, int]], c
     v = core.v
     outs = [v.EngineCoreOutput(rid, [], finish_reason=reason) for rid, _inc in finished]
     real = v.EngineCoreOutputs(finished_requests=[rid for rid, _inc in finished], outputs=outs)
-    envelopes = tuple(Envelope(o, inc) for o, (_rid, inc) in zip(outs, finished, strict=True))
-    channel.send(EngineCoreOutputs(core.index, envelopes, real), [rid for rid, _ in finished],
-                 outputs=[[rid, inc, 0, str(reason)] for rid, inc in finished])
+    send_outputs(core, client, real, [inc for _rid, inc in finished])
+
+
+def send_outputs(core: VllmEngineCore, client: int, real: Any, incs: list[int]) -> None:
+    """vLLM's ``EngineCoreOutputs`` of final outputs with no tokens, to ``client``, each
+    output's incarnation beside it."""
+    channel = core.output_channels.get(client)
+    if channel is None or not real.outputs:
+        return
+    envelopes = tuple(Envelope(o, inc) for o, inc in zip(real.outputs, incs, strict=True))
+    channel.send(EngineCoreOutputs(core.index, envelopes, real),
+                 [e.output.request_id for e in envelopes],
+                 outputs=[[e.output.request_id, e.inc, 0, str(e.output.finish_reason)]
+                          for e in envelopes])
 
 
 def reject(core: VllmEngineCore, rid: str, inc: int, client: int, why: str) -> None:
@@ -142,6 +154,7 @@ def reply_when_paused(core: Any, pausing: bool) -> None:
         return
     reply = calls.popleft()
     if pausing and core._has_work():
-        core.idle_callbacks.append(reply)
+        # vLLM's _notify_idle_state_callbacks passes the engine (0.33.0 core.py:1698-1701)
+        core.idle_callbacks.append(lambda _engine: reply())
     else:
         reply()

@@ -33,17 +33,17 @@ class _Core(Protocol):
     def call(self, fn: Any, *args: Any) -> Any: ...
 
 
-def add_held(core: _Core, held: Any, req: Any) -> None:
+def add_held(core: _Core, held: Any, req: Any, add: Any) -> None:
     """``Scheduler.add_request`` of an ID the scheduler holds (scheduler.py:2931-2945): a
     streaming update of a session, or, for any other request, the "duplicate request id"
-    assert (:2935-2936), which kills the engine."""
+    assert (:2935-2936), which kills the engine. ``add`` is the real ``add_request``."""
     rid = held.request_id
     inc = core.inc_of(held)
     waiting = held.status == core.v.RequestStatus.WAITING_FOR_STREAMING_REQ
     emit = core.world.emit
     if not waiting and held.streaming_queue is None:
         emit(core.c_sched, rid, core.inc_of(req), SchedDuplicate(inc))
-    core.call(core.sched.add_request, req)
+    core.call(add, req)
     if not waiting:
         emit(core.c_sched, rid, inc, SchedSession("queue" if req.resumable else "queue-end"))
     elif req.resumable:

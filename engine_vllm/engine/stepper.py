@@ -1,10 +1,11 @@
 """vLLM's own ``EngineCore.step`` / ``step_with_batch_queue``, ``_process_aborts_queue`` and
 ``post_step``, run in a greenlet.
 
-The step is the release's code, called on a facade: an ``EngineCore`` made with
+The step is the release's code, called on a facade: an ``EngineCoreProc`` made with
 ``object.__new__`` that holds only what those methods read (the real Scheduler, a batch queue
 built as the release's ``EngineCore.__init__`` builds it, the eager ``aborts_queue``, the
-executor below). Which one runs is the release's own choice (``step_fn``: the batch queue when
+executor below, and the input side of racesim.engine_vllm.engine.inputs: each pass of the busy
+loop runs the release's ``_process_input_queue`` before the step). Which one runs is the release's own choice (``step_fn``: the batch queue when
 the executor's ``max_concurrent_batches`` > 1, 0.20.0 core.py:188-215; on 0.33.0 the
 ``VllmConfig``'s, core.py:208-234, config/vllm.py:588-600), and so are its rules on when the
 runner is called and when the step blocks (0.10.1.1 core.py:297-346 "no batch without tokens",
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import queue
 from collections import deque
+from contextlib import nullcontext
 from collections.abc import Generator
 from typing import Any
 
@@ -36,6 +38,7 @@ import simpy
 from greenlet import getcurrent, greenlet
 
 from racesim.engine_model.messages import AbortMessage
+from racesim.engine_vllm.engine import inputs
 from racesim.engine_vllm.oracle import raised_by_racesim, vllm_raise
 
 __all__ = ["Stepper"]
@@ -157,6 +160,9 @@ class _AbortsFeed:
     def __init__(self, shell_queue: deque[AbortMessage]) -> None:
         self.shell_queue = shell_queue
         self.taken: list[AbortMessage] = []
+        #: an idle loop clears the queue under its mutex (0.14.0 core.py:984-986)
+        self.mutex = nullcontext()
+        self.queue = shell_queue
 
     def empty(self) -> bool:
         return not self.shell_queue
@@ -172,7 +178,7 @@ class Stepper:
     :meth:`step`."""
 
     def __init__(self, core: Any, vllm_config: Any, batch_queue_size: int) -> None:
-        from vllm.v1.engine.core import EngineCore
+        from vllm.v1.engine.core import EngineCoreProc
 
         self.core = core
         v = core.v
@@ -180,8 +186,11 @@ class Stepper:
         #: id(SchedulerOutput) -> (it, its step number, whether the step is traced)
         self._batch_no: dict[int, tuple[Any, int, bool]] = {}
         self._progressed = False
+        #: whether the last pass submitted or applied a traced batch (a pass that did not, and
+        #: took no input, is vLLM's spin: the loop waits for a wakeup instead)
+        self._last_progressed = True
         self._feed = _AbortsFeed(core.aborts_queue)
-        facade = object.__new__(EngineCore)
+        facade = object.__new__(EngineCoreProc)
         self.facade = facade
         self.executor = _Executor(self, batch_queue_size, key < (0, 11) and batch_queue_size > 1)
         d = facade.__dict__
@@ -206,13 +215,16 @@ class Stepper:
         d["is_pooling_model"] = False
         d["log_stats"] = False
         d["_weight_version"] = "default"  # 0.33.0 core.py:147
+        self.inputs = inputs.install(core, facade)
         self._step_fn = (facade.step if batch_queue_size <= 1 else facade.step_with_batch_queue)
         self._post_step = getattr(facade, "post_step", None)  # 0.11+
         sched = core.sched
         self.real_schedule = sched.schedule
         self.real_update = sched.update_from_output
+        self.real_add = sched.add_request
         sched.schedule = self._schedule
         sched.update_from_output = self._update_from_output
+        sched.add_request = core._add
 
     # -- the batch queue as the shell sees it ---------------------------------------------------
 
@@ -293,10 +305,13 @@ class Stepper:
         return batch
 
     def _abort_requests(self, request_ids: list[str]) -> None:
-        """``abort_requests`` of the IDs ``_process_aborts_queue`` took, one ABORT at a time
-        (``finish_requests`` iterates a set of its IDs, whose order would depend on
-        PYTHONHASHSEED)."""
+        """``abort_requests``, one ABORT at a time (``finish_requests`` iterates a set of its
+        IDs, whose order would depend on PYTHONHASHSEED): those ``_process_aborts_queue`` took,
+        or the one ``_handle_client_request`` is handling."""
         taken = self._feed.taken
+        if not taken:
+            self.core._abort(*inputs.abort_context(self.inputs, request_ids))
+            return
         self._feed.taken = []
         assert [rid for msg in taken for rid in msg.request_ids] == list(request_ids)
         for msg in taken:
@@ -315,21 +330,44 @@ class Stepper:
     # -- one pass of the busy loop --------------------------------------------------------------
 
     def _run(self) -> None:
+        """One pass of ``run_busy_loop``: vLLM's ``_process_input_queue``, then
+        ``_process_engine_step`` without its ``time.sleep(0.001)``. A pass that follows one that
+        did nothing, and finds no input, is where vLLM spins on ``step()``. With a traced batch
+        queued the spin goes on, as vLLM's does: the step queues empty batches until the queue
+        is full and then blocks on the oldest (0.33.0 core.py:725-769). With none, nothing
+        would change until a wakeup (a request it cannot schedule, a transfer still running):
+        the loop waits for one instead, and applies the eager ABORT copies that spin's next
+        step would have applied (0.33.0 core.py:690)."""
+        core = self.core
+        feed = self.inputs
+        process_input_queue = self.facade._process_input_queue
+        feed.reset()
+        process_input_queue()
+        if not (self._last_progressed or feed.taken or feed.blocked or self.in_flight()):
+            if core.aborts_queue and core._has_work():
+                core._process_aborts_queue()
+            getcurrent().parent.switch(inputs.IDLE)
+            process_input_queue()
+        self._progressed = False
         outputs, model_executed = self._step_fn()
-        self.core._send(outputs)
+        core._send(outputs)
         if self._post_step is not None:
             self._post_step(model_executed)
+        self._last_progressed = self._progressed
 
-    def step(self) -> Generator[simpy.Event, Any, bool]:
-        """``_process_engine_step`` without its spin: returns whether a traced batch was
-        submitted or applied."""
-        self._progressed = False
+    def run_pass(self) -> Generator[simpy.Event, Any, None]:
+        """Run :meth:`_run` in a greenlet; its waits are the busy loop's (a GPU event, or the
+        idle wait when vLLM blocks on its input queue)."""
         child = greenlet(self._run)
+        idle = inputs.IDLE
+        core = self.core
         event = self._switch(child)
         while not child.dead:
-            yield event
+            if event is idle:
+                yield from core._idle_wait()
+            else:
+                yield event
             event = self._switch(child)
-        return self._progressed
 
     def _switch(self, child: greenlet) -> Any:
         """Run the step until it waits for an event (returned) or ends."""
