@@ -52,7 +52,7 @@ COMPONENTS: dict[str, dict[str, str]] = {
         "request-ids": "vllm",
         "sockets": "simulated sockets (ZMQ)",
         "dp-client": "model DP client and coordinator",
-        "engine-loop": "model EngineCore busy loop",
+        "engine-loop": "vllm",
         "engine-step": "vllm",
         "scheduler": "vllm",
         "kv-cache": "vllm",
@@ -73,6 +73,10 @@ VLLM_CODE: dict[str, str] = {
                  "handler around the serving call is simulated",
     "output-processor": "OutputProcessor, ParentRequest (v1/engine/output_processor.py)",
     "request-ids": "InputProcessor.assign_request_id (from 0.14; as given before)",
+    "engine-loop": "EngineCoreProc._process_input_queue and _handle_client_request "
+                   "(v1/engine/core.py): when the busy loop blocks on its input queue and "
+                   "what each input does; the input thread's decoding and preprocessing, the "
+                   "idle wait and the spin's timing simulated (engine_vllm/engine/inputs.py)",
     "engine-step": "EngineCore.step / step_with_batch_queue (the release's own choice), "
                    "_process_aborts_queue and post_step (v1/engine/core.py) on an EngineCore "
                    "holding only what they read; the executor's GPU timing simulated "
@@ -82,7 +86,8 @@ VLLM_CODE: dict[str, str] = {
     "runner": "the release's own CPUModelRunner built without weights (0.10.1.1-0.33; 0.9.2 "
               "runs the fake executor: engine_vllm/runner/kind.py), fed the real "
               "SchedulerOutput; token values, and under speculative decoding how many drafts "
-              "are accepted, from the fake network",
+              "are accepted, from the fake network; 0.33's GPU default, Model Runner V2 "
+              "(config/vllm.py:731-760), needs Triton and is not run",
     "connector": "NixlConnector's scheduler side and worker bookkeeping (pull mode 0.10-0.33, "
                  "push mode 0.33), MooncakeConnector's scheduler side and worker sender and "
                  "receiver code (0.33), simulated transport",
