@@ -12,12 +12,13 @@ and user policies cannot be expressed on the real classes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from racesim.engine_model.config import Workload
 
 __all__ = ["SUPPORTED_POLICIES", "unsupported_reason", "model_only_reason",
-           "release_gap"]
+           "release_gap", "env_choice"]
 
 #: policy -> the ``suffix_hex`` values the real ``assign_request_id`` can give.
 SUPPORTED_POLICIES: dict[str, tuple[str, ...]] = {"shipped": (), "buggy": (),
@@ -100,3 +101,16 @@ def model_only_reason(workload: Workload) -> str | None:
         return (f"pd.connector = {workload.pd.connector!r} is model-only on the vllm backend, "
                 f"which wires in NIXL's pull and push modes and MooncakeConnector")
     return None
+
+
+def env_choice(env: str, choices: tuple[str, ...], unset: str) -> str | None:
+    """The value of the switch ``env`` (None when unset); anything but ``choices`` is one
+    line naming the variable, what it may be, and what ``unset`` means."""
+    from racesim.sim.errors import InputError
+
+    value = os.environ.get(env, "")
+    if not value:
+        return None
+    if value not in choices:
+        raise InputError(f"{env}={value!r}: expected {' or '.join(choices)} (unset: {unset})")
+    return value

@@ -10,7 +10,6 @@ or exit 2 naming why not). Each run then picks with :func:`choose` (docs/backend
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 
 __all__ = ["ENV", "CHOICES", "REAL_FRONTEND", "LIFECYCLES", "MODEL_POINTS", "requested",
@@ -35,15 +34,9 @@ _DEFAULT_OPTIONS: dict[str, dict[str, str]] = {"buggy": {}, "internal-id": {"suf
 
 def requested() -> str | None:
     """The frontend the user asked for: None (the default), "model" or "asyncllm"."""
-    from racesim.sim.errors import InputError
+    from racesim.engine_vllm.support import env_choice
 
-    value = os.environ.get(ENV, "")
-    if not value:
-        return None
-    if value not in CHOICES:
-        raise InputError(f"{ENV}={value!r}: expected one of {', '.join(CHOICES)} "
-                         f"(unset: vLLM's own frontend where it runs)")
-    return value
+    return env_choice(ENV, CHOICES, "vLLM's own frontend where it runs")
 
 
 def real_unsupported(workload: object, policy: str, release: str | None = None) -> str | None:

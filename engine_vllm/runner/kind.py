@@ -9,8 +9,6 @@ frontend change without vLLM's runner in every step; conform and corpus keep vLL
 
 from __future__ import annotations
 
-import os
-
 __all__ = ["ENV", "CHOICES", "runner_kind", "requested", "RUNNER_NOTE", "MODEL_REASON"]
 
 ENV = "RACESIM_VLLM_RUNNER"
@@ -28,15 +26,9 @@ RUNNER_NOTE = {
 
 def requested() -> str | None:
     """The runner the user asked for: None (the default) or "model"."""
-    from racesim.sim.errors import InputError
+    from racesim.engine_vllm.support import env_choice
 
-    value = os.environ.get(ENV, "")
-    if not value:
-        return None
-    if value not in CHOICES:
-        raise InputError(f"{ENV}={value!r}: expected {' or '.join(CHOICES)} "
-                         f"(unset: vLLM's own runner where it runs)")
-    return value
+    return env_choice(ENV, CHOICES, "vLLM's own runner where it runs")
 
 
 def runner_kind(key: tuple[int, ...], wanted: str | None = None) -> str:
