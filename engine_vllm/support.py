@@ -65,6 +65,13 @@ def release_gap(workload: Workload, release: str | None) -> str | None:
         return (f"engine.num_speculative_tokens runs on the vllm backend with vLLM 0.20 and "
                 f"0.33, not {release} (no ngram_gpu drafter: v1/spec_decode/ngram_proposer_gpu.py "
                 f"came after it)")
+    eager = workload.engine.eager_aborts
+    if release is not None and eager is not None and eager != (release_key(release) >= (0, 14)):
+        # the release's own step reads aborts_queue or does not (0.14.0 v1/engine/core.py:211,
+        # 527-533; 0.11.0 has none): an override of that is not vLLM's code
+        return (f"engine.eager_aborts = {eager} cannot run on the vllm backend with vLLM "
+                f"{release}: its EngineCore {'has no' if eager else 'has an'} aborts_queue "
+                f"(it came in 0.14)")
     if release is not None and release_key(release) < (0, 10) \
             and workload.engine.async_scheduling:
         return (f"engine.async_scheduling cannot run on the vllm backend with vLLM {release}: "

@@ -131,3 +131,25 @@ def test_each_input_is_applied_by_the_releases_own_handle_client_request(
     res = _run()
     assert not [e for e in res.trace if e.kind == "sched.add" and str(e.request).startswith("Y")]
     assert "no-hang" in res.violated
+
+
+@pytest.mark.parametrize(("release", "eager", "refused"), [
+    ("0.11.0", True, "has no aborts_queue"), ("0.10.1.1", False, None), ("0.14.0", None, None),
+    ("0.33.0", False, "has an aborts_queue"), ("0.20.0", True, None)])
+def test_an_eager_aborts_override_runs_only_where_the_release_agrees(
+        release: str, eager: bool | None, refused: str | None) -> None:
+    """The release's own step reads ``aborts_queue`` (0.14+) or has none: an
+    ``EngineConfig.eager_aborts`` override against it is one line, not a silent model."""
+    import dataclasses
+
+    from racesim.engine_vllm.support import release_gap
+    from racesim.scenarios import load_scenario
+
+    workload = load_scenario("abort-reuse").workload
+    workload = dataclasses.replace(
+        workload, engine=dataclasses.replace(workload.engine, eager_aborts=eager))
+    gap = release_gap(workload, release)
+    if refused is None:
+        assert gap is None
+    else:
+        assert gap is not None and refused in gap and release in gap
