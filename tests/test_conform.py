@@ -148,6 +148,15 @@ def test_a_listed_mismatch_is_known_and_an_entry_must_cover_every_difference() -
     assert explain("abort-storm", "buggy", after, [dead], engine_died=True) == "after death"
 
 
+def test_a_listed_mismatch_scoped_to_releases_explains_only_their_runs() -> None:
+    entry = KnownMismatch("abort-storm", "buggy", ("tokens:*",), "0.10's runner",
+                          releases=("0.10", "0.11"))
+    diffs = ["tokens:client1 (X) 3 != 4"]
+    assert explain("abort-storm", "buggy", diffs, [entry], release="0.11") == "0.10's runner"
+    assert explain("abort-storm", "buggy", diffs, [entry], release="0.33") is None
+    assert "(vLLM 0.10, 0.11 only)" in markdown_table([entry])
+
+
 def test_the_conform_doc_shows_the_known_mismatch_table() -> None:
     text = CONFORM_DOC.read_text(encoding="utf-8")
     block = text.split("<!-- table: known-mismatches -->\n", 1)[1].split("\n\n", 1)[0]

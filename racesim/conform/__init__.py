@@ -230,7 +230,7 @@ def conform(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, Mapping
     ``on_cell(done, total, cell)`` is called as each (scenario, policy) cell starts (``cell``
     None; ``done`` cells finished of ``total``) and when it ends (its document).
 
-    ``known(scenario, policy, differences, engine_died=)`` gives a listed mismatch's cause
+    ``known(scenario, policy, differences, engine_died=, release=)`` gives a listed mismatch's cause
     (default: the table in :mod:`racesim.conform.known`)."""
     if strategy not in STRATEGIES:
         raise InputError(f"--strategy {strategy!r}: conform draws schedules with "
@@ -318,7 +318,8 @@ def _cell(result: ConformResult, scen: Scenario, policy: str, options: dict[str,
             result.agreeing_runs += 1
         else:
             cause = known(scen.name, policy, diffs,
-                          engine_died=bool(a.dead_engines and b.dead_engines))
+                          engine_died=bool(a.dead_engines and b.dead_engines),
+                          release=scen.vllm)
             m = Mismatch(scen.name, policy, options, scen.vllm, seed, i, schedule, (a, b),
                          tuple(diffs), cause)
             if out_dir is not None:

@@ -75,11 +75,12 @@ def shared_occurrences(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, 
 
 
 def explain_frontend(scenario: str, policy: str, differences: Any, *,
-                     engine_died: bool = False) -> str | None:
+                     engine_died: bool = False, release: str = "") -> str | None:
     """A listed frontend difference's cause (the table ``KNOWN_FRONTEND``), or None."""
     from racesim.conform.known import explain
 
-    return explain(scenario, policy, differences, KNOWN_FRONTEND, engine_died=engine_died)
+    return explain(scenario, policy, differences, KNOWN_FRONTEND, engine_died=engine_died,
+                   release=release)
 
 
 def default_policies(release: str | None) -> list[tuple[str, dict[str, str]]]:

@@ -26,11 +26,14 @@ class KnownMismatch:
     cause: str  # why the backends differ, citing vLLM 0.33's source (file:line)
     #: only in runs where an engine died on both backends
     after_engine_death: bool = False
+    #: the profiles (``--vllm``) whose runs it explains; empty: every release
+    releases: tuple[str, ...] = ()
 
     def covers(self, scenario: str, policy: str, keys: Sequence[str],
-               engine_died: bool = False) -> bool:
+               engine_died: bool = False, release: str = "") -> bool:
         return (fnmatchcase(scenario, self.scenario) and fnmatchcase(policy, self.policy)
                 and (engine_died or not self.after_engine_death)
+                and (not self.releases or release in self.releases)
                 and all(any(fnmatchcase(k, p) for p in self.differences) for k in keys))
 
 
@@ -56,7 +59,8 @@ KNOWN: tuple[KnownMismatch, ...] = (
         "against the re-sent X, which reserved no placeholder for it (#42492's assert). The "
         "model's 0.14 and 0.20 profiles do not reach that assert (the corpus's #42492 model "
         "cell says so too); vLLM 0.33 and the model agree. vLLM wins: the model's placeholder "
-        "count under a re-used ID is to be corrected."),
+        "count under a re-used ID is to be corrected.",
+        releases=("0.14", "0.20")),
     KnownMismatch(
         "abort-storm", "buggy", ("tokens:*", "finish_reason:*", "received:*"),
         "On vLLM 0.10.1.1 and 0.11.0's own code (`conform --vllm 0.10` / `0.11`), a re-sent ID "
@@ -68,7 +72,7 @@ KNOWN: tuple[KnownMismatch, ...] = (
         "(0.10.1.1 `v1/core/sched/scheduler.py:788`). The clients' token counts up to the death "
         "differ; both sides report the same invariants. vLLM wins: the model's rule that the "
         "second row dies at once is to be narrowed.",
-        after_engine_death=True),
+        after_engine_death=True, releases=("0.10", "0.11")),
 )
 
 
@@ -78,12 +82,13 @@ def key_of(difference: str) -> str:
 
 def explain(scenario: str, policy: str, differences: Sequence[str],
             known: Sequence[KnownMismatch] | None = None, *,
-            engine_died: bool = False) -> str | None:
+            engine_died: bool = False, release: str = "") -> str | None:
     """The cause of a listed mismatch, or None when no entry explains all its differences
-    (``engine_died``: an engine died in the run on both backends)."""
+    (``engine_died``: an engine died in the run on both backends; ``release``: the run's
+    profile)."""
     keys = [key_of(d) for d in differences]
     for entry in KNOWN if known is None else known:
-        if entry.covers(scenario, policy, keys, engine_died):
+        if entry.covers(scenario, policy, keys, engine_died, release):
             return entry.cause
     return None
 
@@ -94,8 +99,9 @@ def markdown_table(known: Sequence[KnownMismatch] | None = None) -> str:
     lines = ["| scenario | policy | differences | cause |", "| --- | --- | --- | --- |"]
     for e in known:
         when = " after an engine died" if e.after_engine_death else ""
+        where = f" (vLLM {', '.join(e.releases)} only)" if e.releases else ""
         lines.append(f"| {e.scenario} | {e.policy} | {', '.join(f'`{d}`' for d in e.differences)}"
-                     f"{when} | {e.cause} |")
+                     f"{when}{where} | {e.cause} |")
     if not known:
         lines.append("| (none) | | | the model and vLLM 0.33 agree on every schedule tried |")
     return "\n".join(lines)
