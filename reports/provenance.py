@@ -52,7 +52,9 @@ COMPONENTS: dict[str, dict[str, str]] = {
         "request-ids": "vllm",
         "sockets": "simulated sockets (ZMQ)",
         "dp-client": "model DP client and coordinator",
-        "engine-loop": "vllm",
+        "engine-loop": "racesim's run_busy_loop (its waits, the spin, one ABORT at a time, the "
+                       "pause model) around vLLM's own _process_input_queue and "
+                       "_handle_client_request",
         "engine-step": "vllm",
         "scheduler": "vllm",
         "kv-cache": "vllm",
@@ -73,10 +75,6 @@ VLLM_CODE: dict[str, str] = {
                  "handler around the serving call is simulated",
     "output-processor": "OutputProcessor, ParentRequest (v1/engine/output_processor.py)",
     "request-ids": "InputProcessor.assign_request_id (from 0.14; as given before)",
-    "engine-loop": "EngineCoreProc._process_input_queue and _handle_client_request "
-                   "(v1/engine/core.py): when the busy loop blocks on its input queue and "
-                   "what each input does; the input thread's decoding and preprocessing, the "
-                   "idle wait and the spin's timing simulated (engine_vllm/engine/inputs.py)",
     "engine-step": "EngineCore.step / step_with_batch_queue (the release's own choice), "
                    "_process_aborts_queue and post_step (v1/engine/core.py) on an EngineCore "
                    "holding only what they read; the executor's GPU timing simulated "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _hash_seeds import hashes_per_seed
@@ -83,4 +84,26 @@ def test_a_racesim_bug_inside_vllms_step_is_a_crash_not_an_engine_death(
 
     monkeypatch.setattr(VllmEngineCore, "_record_step", broken)
     with pytest.raises(KeyError, match="racesim-bookkeeping-bug"):
+        run_scenario(load_scenario("abort-reuse"), "buggy", engine="vllm")
+
+
+def test_a_vllm_path_reading_what_the_facade_lacks_is_racesims_gap_not_vllms_verdict(
+        vllm_backend: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's own busy loop runs on a facade EngineCoreProc holding only what racesim feeds:
+    vLLM code reaching an attribute it was not given (here: a patched _handle_client_request
+    asking for the executor's supported tasks, as add_request does for a pooling request) is
+    racesim's gap, raised as such, not an engine death at a vLLM line."""
+    from vllm.v1.engine.core import EngineCoreProc
+
+    from racesim.engine_vllm.oracle import StandInGap
+
+    real = EngineCoreProc._handle_client_request
+
+    def asks(self: Any, request_type: Any, request: Any) -> None:
+        assert hasattr(self, "scheduler") and not hasattr(self, "no_such_attribute")
+        self.model_executor.supported_tasks  # noqa: B018 - the read is the test
+        real(self, request_type, request)
+
+    monkeypatch.setattr(EngineCoreProc, "_handle_client_request", asks)
+    with pytest.raises(StandInGap, match="supported_tasks"):
         run_scenario(load_scenario("abort-reuse"), "buggy", engine="vllm")

@@ -153,7 +153,10 @@ def reply_when_paused(core: Any, pausing: bool) -> None:
     if not calls:
         return
     reply = calls.popleft()
-    if pausing and core._has_work():
+    # the idle test of vLLM's _pause_complete (0.33.0 core.py:2239-2244): its own has_work()
+    facade = core.stepper.facade
+    busy = facade.has_work() if hasattr(type(facade), "has_work") else core._has_work()
+    if pausing and busy:
         # vLLM's _notify_idle_state_callbacks passes the engine (0.33.0 core.py:1698-1701)
         core.idle_callbacks.append(lambda _engine: reply())
     else:

@@ -19,12 +19,16 @@ input (an ABORT's incarnation, the ADD's request object), the Scheduler calls' t
 (stepper: one ABORT at a time, as ``finish_requests`` iterates a set), and a utility method's
 body: pause_generation / resume_scheduler are racesim's model on the real Scheduler's pause state
 (finishes.utility), dispatched by vLLM's code and answered by finishes.reply_when_paused, so
-vLLM's own ``UtilityOutput`` for them is not sent.
+vLLM's own ``UtilityOutput`` for them is not sent; an exception inside that model kills the
+engine, where vLLM's ``_invoke_utility_method`` would reply with a failure (no scenario reaches
+it). An attribute vLLM's code reads that the facade was not given is racesim's gap
+(oracle.StandInGap), never vLLM's verdict.
 """
 
 from __future__ import annotations
 
 import queue
+from functools import cache
 from typing import Any
 
 from greenlet import getcurrent
@@ -32,8 +36,9 @@ from greenlet import getcurrent
 from racesim.engine_model.events.engine import EngineReject
 from racesim.engine_model.messages import AbortMessage
 from racesim.engine_vllm.engine import finishes
+from racesim.engine_vllm.oracle import StandInGap
 
-__all__ = ["IDLE", "InputFeed", "OutputSink", "install"]
+__all__ = ["IDLE", "InputFeed", "OutputSink", "facade_class", "install", "abort_context"]
 
 #: what the step's greenlet switches out with when vLLM's loop blocks on an empty input queue
 IDLE = object()
@@ -50,6 +55,8 @@ class InputFeed:
 
         self.core = core
         self._types = EngineCoreRequestType
+        #: before 0.10 an ADD is queued bare, not with its DP wave (0.9.2 core.py:638-641)
+        self._bare_add = core.v.api.key < (0, 10)
         self.current: tuple[str, Any] | None = None
         #: inputs taken (and whether the loop blocked) since :meth:`reset`
         self.taken = 0
@@ -80,10 +87,11 @@ class InputFeed:
         self.taken += 1
         t = self._types
         if kind == "add":
-            return t.ADD, (payload, 0)
+            return t.ADD, (payload if self._bare_add else (payload, 0))
         if kind == "abort":
             return t.ABORT, list(payload.request_ids)
-        # a UTILITY request as process_input_sockets decodes it: (client, call_id, method, args)
+        # the shape of a decoded UTILITY request, (client, call_id, method, args), naming
+        # racesim's pause model; its reply is racesim's (finishes.reply_when_paused)
         return t.UTILITY, (0, 0, _UTILITY, (payload,))
 
 
@@ -145,6 +153,19 @@ class _Dispatch:
             self.error = exc
 
 
+@cache
+def facade_class() -> type:
+    """``EngineCoreProc`` as the stepper's facade: an attribute it was not given is a
+    :class:`StandInGap` (racesim's), not an AttributeError inside vLLM's code."""
+    from vllm.v1.engine.core import EngineCoreProc
+
+    class Facade(EngineCoreProc):  # type: ignore[misc,valid-type]
+        def __getattr__(self, name: str) -> Any:
+            raise StandInGap.of("EngineCoreProc", name)
+
+    return Facade
+
+
 def install(core: Any, facade: Any) -> InputFeed:
     """The busy loop's attributes on the facade (EngineCoreProc.__init__, 0.33.0
     core.py:1192-1229: not the engine of a DP group, running, blocking on its input queue)."""
@@ -166,6 +187,11 @@ def install(core: Any, facade: Any) -> InputFeed:
         pass
     d["_handle_client_request"] = dispatch.handle
     d[_UTILITY] = dispatch.utility
+    if core.v.api.key < (0, 10):
+        # 0.9.2's busy loop builds the Request in EngineCore.add_request (core.py:176-199:
+        # Request.from_engine_core_request); racesim's input thread built it already, the
+        # same way (_vllm.new_request), so the facade's add_request hands it to the Scheduler
+        d["add_request"] = lambda request: core.sched.add_request(request)
     return feed
 
 

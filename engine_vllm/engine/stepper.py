@@ -39,7 +39,7 @@ from greenlet import getcurrent, greenlet
 
 from racesim.engine_model.messages import AbortMessage
 from racesim.engine_vllm.engine import inputs
-from racesim.engine_vllm.oracle import raised_by_racesim, vllm_raise
+from racesim.engine_vllm.oracle import StandInGap, raised_by_racesim, vllm_raise
 
 __all__ = ["Stepper"]
 
@@ -144,6 +144,9 @@ class _Executor:
         future = _Future(batch, True)
         return future if non_block else future.result()
 
+    def __getattr__(self, name: str) -> Any:
+        raise StandInGap.of("executor", name)
+
     def take_draft_token_ids(self) -> Any:
         core = self.stepper.core
         real = core.runner.real
@@ -160,7 +163,7 @@ class _AbortsFeed:
     def __init__(self, shell_queue: deque[AbortMessage]) -> None:
         self.shell_queue = shell_queue
         self.taken: list[AbortMessage] = []
-        #: an idle loop clears the queue under its mutex (0.14.0 core.py:984-986)
+        #: an idle loop clears the queue under its mutex (0.14.0 core.py:969-970)
         self.mutex = nullcontext()
         self.queue = shell_queue
 
@@ -178,8 +181,6 @@ class Stepper:
     :meth:`step`."""
 
     def __init__(self, core: Any, vllm_config: Any, batch_queue_size: int) -> None:
-        from vllm.v1.engine.core import EngineCoreProc
-
         self.core = core
         v = core.v
         key = v.api.key
@@ -190,7 +191,7 @@ class Stepper:
         #: took no input, is vLLM's spin: the loop waits for a wakeup instead)
         self._last_progressed = True
         self._feed = _AbortsFeed(core.aborts_queue)
-        facade = object.__new__(EngineCoreProc)
+        facade = object.__new__(inputs.facade_class())
         self.facade = facade
         self.executor = _Executor(self, batch_queue_size, key < (0, 11) and batch_queue_size > 1)
         d = facade.__dict__
