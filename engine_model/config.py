@@ -56,6 +56,12 @@ class EngineConfig:
     pause_mode: str | None = None
     #: ``AsyncLLM.resume_generation`` at this time (None: never).
     resume_at: float | None = None
+    #: the pause's ``clear_cache`` argument: once the pause completes (the engine idle),
+    #: ``reset_prefix_cache(reset_running_requests=True)`` preempts every running request and
+    #: empties the prefix cache (0.33.0 v1/engine/core.py:930-953, 0.20.0 :629-632). vLLM's
+    #: default is True; None here is False, as racesim ran pauses before this key (the vllm
+    #: backend passes it to vLLM's own ``pause_generation``; the model refuses True).
+    pause_clear_cache: bool | None = None
     #: NIXL ``kv_load_failure_policy`` on the decode side: "fail" (vLLM's default) or
     #: "recompute". Only read when a request's remote KV read fails.
     kv_load_failure_policy: str | None = None

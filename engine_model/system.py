@@ -307,7 +307,8 @@ class System:
         config = self.workload.engine
         assert config.pause_at is not None
         yield env.timeout(config.pause_at)
-        self.frontends[0].pause_generation("pause_generation", config.pause_mode or "abort")
+        self.frontends[0].pause_generation("pause_generation", config.pause_mode or "abort",
+                                           bool(config.pause_clear_cache))
         if config.resume_at is not None:
             yield env.timeout(config.resume_at - env.now)
             self.frontends[0].pause_generation("resume_scheduler")

@@ -125,8 +125,10 @@ class RealFrontendSystem(VllmSystem):
                                                         if method == "pause_generation" else ""))
             await self._operator(call)
 
+        # clear_cache as the scenario says (its default, False, is not vLLM's: docs/scenarios.md)
         loop.create_task(at(float(config.pause_at), "pause_generation", lambda: fe.llm.
-                            pause_generation(mode=config.pause_mode or "abort")),
+                            pause_generation(mode=config.pause_mode or "abort",
+                                             clear_cache=bool(config.pause_clear_cache))),
                          name="trainer:pause_generation")
         if config.resume_at is not None:
             loop.create_task(at(float(config.resume_at), "resume_scheduler",

@@ -93,11 +93,9 @@ def check_backend(scenario: Scenario) -> None:
 def check_comparable(scenario: Scenario) -> None:
     """One InputError line when the model cannot run ``scenario`` at all, so there is nothing
     to compare (conform always runs the model's side)."""
-    if model_gap(scenario.workload) is not None:
+    if (gap := model_gap(scenario.workload)) is not None:
         raise InputError(f"{scenario.name}: conform compares the model with vLLM, and the "
-                         f"model does not run this scenario (engine.num_speculative_tokens: "
-                         f"no speculative decoding); racesim run or explore --engine vllm "
-                         f"runs it")
+                         f"model does not run this scenario ({gap})")
 
 
 def model_only(scenario: Scenario, policy: str, options: Mapping[str, str],
