@@ -141,6 +141,9 @@ def model_gap(workload: Workload) -> str | None:
         return ("engine.pause_clear_cache = true runs on the vllm backend only (the model's "
                 "pause neither preempts running requests nor empties the prefix cache); run "
                 "it with --engine vllm")
+    if workload.engine.reset_prefix_cache_at is not None:
+        return ("engine.reset_prefix_cache_at runs on the vllm backend only (the model has no "
+                "reset_prefix_cache); run it with --engine vllm")
     return None
 
 

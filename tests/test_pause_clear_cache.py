@@ -11,6 +11,7 @@ on 0.33.0 it is applied.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,33 @@ def test_without_clearing_nothing_is_preempted(tmp_path: Path) -> None:
     frees, preempts, updates = _post_resume(r)
     assert not preempts and all(t > 0.3 for t, _ in frees)
     assert len(updates[0]) == 2
+
+
+def test_the_model_refuses_a_prefix_cache_reset() -> None:
+    wl = load_scenario("46066-reset-running-spec-inflight").workload
+    wl = dataclasses.replace(wl, engine=dataclasses.replace(wl.engine,
+                                                            num_speculative_tokens=None))
+    gap = engines.why_not_run(wl, "model")
+    assert gap is not None and gap.startswith("engine.reset_prefix_cache_at runs on the vllm "
+                                              "backend only")
+    assert engines.why_not_run(wl, "vllm") is None
+
+
+@pytest.mark.vllm
+def test_the_corpus_entries_on_the_installed_release() -> None:
+    """#42043 and #46066 on the release installed here, with no delay (the corpus's run 0):
+    both bugs on 0.20.0, neither on 0.33.0."""
+    release = engines.installed_profile()
+    pause = run_scenario(load_scenario("42043-pause-keep-clear-cache").with_vllm(str(release)),
+                         "internal-id", engine="vllm")
+    reset = run_scenario(load_scenario("46066-reset-running-spec-inflight")
+                         .with_vllm(str(release)), "internal-id", engine="vllm")
+    if release == "0.20":
+        assert pause.violated == ("input-integrity",)
+        assert "output 0 is" in pause.violations[0].detail  # a prompt token at B's output 0
+        assert reset.violated == ("engine-alive",)
+        assert reset.violations[0].where == "v1/core/sched/async_scheduler.py:53"
+    else:
+        assert not pause.violated and not reset.violated
+        stale = [e.detail.stale for e in reset.trace if e.kind == "sched.preempt"]
+        assert stale[:2] == [3, 3]  # both preempted with a step of 1 + 2 tokens in flight

@@ -17,7 +17,8 @@ The pause state is the real Scheduler's (``set_pause_state``): what it keeps fro
 scheduled is vLLM's decision. A pause with ``clear_cache`` (``[engine] pause_clear_cache``)
 completes, at once or when the engine is next idle, with the real Scheduler's
 ``reset_prefix_cache(reset_running_requests=True)``: every running request preempted, the
-prefix cache emptied (:func:`clear_caches`). Not driven there: the multimodal and encoder
+prefix cache emptied (:func:`clear_caches`); so does a ``reset_prefix_cache`` call with
+``reset_running_requests=True`` (``[engine] reset_prefix_cache_at``), between two steps. Not driven there: the multimodal and encoder
 caches (no multimodal inputs here: nothing is in them) and 0.33's ``synchronize_device``.
 """
 
@@ -128,10 +129,18 @@ def utility(core: VllmEngineCore, msg: UtilityMessage) -> None:
     engine has no work, else from an idle-state callback; completing it clears the caches when
     asked (``_finish_pause``, 0.33 core.py:948-953; 0.20 :1560-1577) and then replies. Only
     0.33's ``pause_generation`` rejects new requests in "abort" mode (core.py:2225-2233); 0.20
-    queues them."""
+    queues them. A ``reset_prefix_cache`` call (``[engine] reset_prefix_cache_at``) is applied
+    where the busy loop finds it, between two steps, a batch possibly in flight, and answered
+    with its result."""
     v = core.v
     sched = core.sched
     core.world.emit(core.c_core, None, 0, EngineUtility(msg.method, msg.mode))
+    if msg.method == "reset_prefix_cache":
+        result = _reset(core, msg.clear_cache, False)
+        calls = core.__dict__.get("utility_replies")
+        if calls:
+            calls.popleft()(result)  # the call's answer is the reset's result
+        return
     if msg.method == "resume_scheduler":
         core.reject_new_requests = False
         sched.set_pause_state(v.PauseState.UNPAUSED)
@@ -168,21 +177,29 @@ def _rejects_while_paused(core: Any) -> bool:
 
 
 def clear_caches(core: Any) -> None:
-    """``_reset_caches`` on the real Scheduler: ``reset_prefix_cache(reset_running_requests=
-    True)`` preempts the running requests, last first (0.33 scheduler.py:3194-3210, 0.20
-    :1881-1902), then empties the prefix cache. 0.33 also resets the KV connector's cache and
-    raises when a reset fails (core.py:930-946); 0.20 resets the prefix cache only
-    (core.py:629-632). The freed blocks are synced; the preemptions traced (below)."""
-    sched = core.sched
-    running = list(sched.running)
-    incs = {req.request_id: core.inc_of(req) for req in running}
+    """``_reset_caches``: ``reset_prefix_cache(reset_running_requests=True)`` on the real
+    Scheduler, which preempts the running requests, last first (0.33 scheduler.py:3194-3210,
+    0.20 :1881-1902), then empties the prefix cache. 0.33 also resets the KV connector's cache
+    and raises when a reset fails (core.py:930-946); 0.20 resets the prefix cache only
+    (core.py:629-632)."""
     if hasattr(core.stepper.facade, "_finish_pause"):  # 0.33: _reset_caches(True, True)
-        if not core.call(sched.reset_prefix_cache, True, True):
+        if not _reset(core, True, True):
             # core.py:940-945: the engine dies of it (only a connector answering False to
             # reset_cache gets here; racesim's answer None, the base class's)
             raise core._fatal("RuntimeError: Failed to reset the KV connector cache.")
     else:
-        core.call(sched.reset_prefix_cache, True)
+        _reset(core, True, None)
+
+
+def _reset(core: Any, running_too: bool, connector: bool | None) -> Any:
+    """The real Scheduler's ``reset_prefix_cache`` (what ``EngineCore.reset_prefix_cache``
+    calls, 0.33 core.py:883-888, 0.20 :602-607; ``connector`` None: not passed), its freed
+    blocks synced and its preemptions traced."""
+    sched = core.sched
+    running = list(sched.running) if running_too else []
+    incs = {req.request_id: core.inc_of(req) for req in running}
+    args = (running_too,) if connector is None else (running_too, connector)
+    result = core.call(sched.reset_prefix_cache, *args)
     if not hasattr(sched, "reset_preempted_req_ids"):
         # 0.20's next schedule() lists only its own preemptions (scheduler.py:931); 0.33's
         # lists these too (reset_preempted_req_ids, scheduler.py:1733, 1843), and the engine's
@@ -191,6 +208,7 @@ def clear_caches(core: Any) -> None:
             core.world.emit(core.c_sched, req.request_id, incs[req.request_id],
                             SchedPreempt(None))
     core.kv.sync(incs)
+    return result
 
 
 def reply_when_paused(core: Any, pausing: bool) -> None:

@@ -49,6 +49,12 @@ def to_shell(engine: Any, request_type: Any, request: Any, truth: Any) -> Any:
             if method == "resume_scheduler":
                 return UtilityMessage(method)
             return UtilityMessage(method, str(args[0]), bool(args[1]) if len(args) > 1 else True)
+        if method == "reset_prefix_cache":
+            # AsyncLLM.reset_prefix_cache(reset_running_requests, reset_connector): answered
+            # with the reset's result once the busy loop applied it (finishes.utility)
+            replies = engine.__dict__.setdefault("utility_replies", deque())
+            replies.append(partial(_reply, engine, int(client), call_id))
+            return UtilityMessage(method, "", bool(args[0]) if args else False)
     return None
 
 
