@@ -56,6 +56,18 @@ class EngineConfig:
     pause_mode: str | None = None
     #: ``AsyncLLM.resume_generation`` at this time (None: never).
     resume_at: float | None = None
+    #: the pause's ``clear_cache`` argument: once the pause completes (the engine idle),
+    #: ``reset_prefix_cache(reset_running_requests=True)`` preempts every running request and
+    #: empties the prefix cache (0.33.0 v1/engine/core.py:930-953, 0.20.0 :629-632). vLLM's
+    #: default is True; None here is False, as racesim ran pauses before this key (the vllm
+    #: backend passes it to vLLM's own ``pause_generation``; the model refuses True).
+    pause_clear_cache: bool | None = None
+    #: ``AsyncLLM.reset_prefix_cache(reset_running_requests=True)`` awaited by API server 0's
+    #: caller at this time (the ``/reset_prefix_cache?reset_running_requests=true`` endpoint,
+    #: an RL framework around a weight update; None: never): the engine preempts every running
+    #: request between two steps, with a step possibly in flight (0.20.0 v1/engine/core.py:
+    #: 602-607, entrypoints/serve/cache/api_router.py:21-44). vllm backend only.
+    reset_prefix_cache_at: float | None = None
     #: NIXL ``kv_load_failure_policy`` on the decode side: "fail" (vLLM's default) or
     #: "recompute". Only read when a request's remote KV read fails.
     kv_load_failure_policy: str | None = None
@@ -80,7 +92,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _float_times(self, "step_time", "preprocess_time", "pause_at", "resume_at",
-                     "ft_retry_after", "connect_at")
+                     "ft_retry_after", "connect_at", "reset_prefix_cache_at")
 
     @property
     def dp_size(self) -> int:

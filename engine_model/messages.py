@@ -141,6 +141,8 @@ class UtilityMessage:
 
     method: str
     mode: str = ""
+    #: pause_generation's ``clear_cache`` (the vllm backend only: the model refuses it)
+    clear_cache: bool = False
 
     def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
         return reduce_by_fields(self)

@@ -9,8 +9,8 @@ its own name (one profile per supported release name, so a counterexample names 
 Names: a profile is named by its release's major.minor (``0.20``); ``--vllm`` and ``[engine]
 vllm`` also take the full release (``0.20.0``), see :data:`RELEASES`.
 
-Features the model follows for 0.33 only (data parallelism's client, pause_generation's
-PauseState, and for some releases the input thread's preprocess ERROR and the KV load failure
+Features the model follows for 0.33 only (data parallelism's client, and for some releases
+pause_generation's PauseState, the input thread's preprocess ERROR and the KV load failure
 policy) are left out of an older profile's ``features`` unless checked there, so a scenario
 that needs one is refused on that release in one line (exit 2), as a model-only refusal is.
 """
@@ -39,6 +39,11 @@ _NOT_MODELLED = Behaviour(
     "not modelled for this release (a scenario needing it is refused): data parallelism "
     "(its DP client and waves differ from 0.33's; unverified), pause_generation",
     "0.14.0 v1/engine/__init__.py:204 (START_DP_WAVE); 0.14.0 v1/engine/async_llm.py:565")
+
+_NOT_MODELLED_020 = Behaviour(
+    "not modelled for this release (a scenario needing it is refused): data parallelism "
+    "(its DP client and waves differ from 0.33's; unverified)",
+    "0.20.0 v1/engine/core.py:1675-1689 (start_wave)")
 
 _KV_IDLE_BLOCKS = Behaviour(
     "P/D: a request held for the decode side (or an aborted one waiting for its read) is in "
@@ -217,7 +222,7 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
         pd_hold="timeout", hold_timeout=480.0, free_order="append",
         features=frozenset({"preprocess-error", "kv-load-failure", "streaming-input",
                             "pd-abort-notify", "kv-idle-blocks",
-                            "runner-carry-drops-finished"}),
+                            "runner-carry-drops-finished", "pause", "pause-vllm-only"}),
         fan_out="per-child", pd_held_finishes=frozenset({"FINISHED_LENGTH_CAPPED"}),
         behaviours=(
             Behaviour("Scheduler.add_request asserts 'duplicate request id' for a held ID that "
@@ -242,6 +247,15 @@ def release_profiles(p033: VllmProfile) -> dict[str, VllmProfile]:
             _KV_IDLE_BLOCKS,
             Behaviour("kv_load_failure_policy defaults to 'fail'",
                       "0.20.0 config/kv_transfer.py:70"),
-            _NOT_MODELLED, _SAME_WIDTHS,
+            Behaviour("pause_generation is the engine's pause_scheduler: 'abort' finishes "
+                      "every request with an ABORT output, 'keep' freezes the queues "
+                      "(PAUSED_ALL); adds while paused are queued, not rejected (0.33 rejects "
+                      "them in 'abort' mode). Runs on the vllm backend only: the model's pause "
+                      "follows 0.33 (on pause-abort-reuse 0.20 applies the aborted X's "
+                      "in-flight output to the queued retry and dies on the placeholder "
+                      "assert; the model does not)",
+                      "0.20.0 v1/engine/async_llm.py:718-759, v1/engine/core.py:1542-1581; "
+                      "v1/core/sched/scheduler.py:372-374, 568, 1856-1866"),
+            _NOT_MODELLED_020, _SAME_WIDTHS,
         ))
     return {"0.9": p09, "0.10": p010, "0.11": p011, "0.14": p014, "0.20": p020}

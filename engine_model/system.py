@@ -191,6 +191,8 @@ class System:
                 self.api_servers[spec.frontend] if self.api_servers else None))
         if workload.engine.pause_at is not None:
             world.env.process(self._pause_and_resume())
+        if workload.engine.reset_prefix_cache_at is not None:  # vLLM's engine only (model_gap)
+            world.env.process(self._reset_prefix_cache(workload.engine.reset_prefix_cache_at))
         if workload.frontend.abort_all_at is not None and self.api_servers:
             world.env.process(self._router_abort_all(workload.frontend.abort_all_at))
         #: what each component is: the checker and the reports read this, never the names.
@@ -307,10 +309,16 @@ class System:
         config = self.workload.engine
         assert config.pause_at is not None
         yield env.timeout(config.pause_at)
-        self.frontends[0].pause_generation("pause_generation", config.pause_mode or "abort")
+        self.frontends[0].pause_generation("pause_generation", config.pause_mode or "abort",
+                                           bool(config.pause_clear_cache))
         if config.resume_at is not None:
             yield env.timeout(config.resume_at - env.now)
             self.frontends[0].pause_generation("resume_scheduler")
+
+    def _reset_prefix_cache(self, when: float) -> Generator[simpy.Event, Any, None]:
+        """API server 0 calls reset_prefix_cache(reset_running_requests=True)."""
+        yield self.world.env.timeout(when)
+        self.frontends[0].pause_generation("reset_prefix_cache", "", True)
 
     def _gate_inputs(self, connect_at: float) -> None:
         """Every engine starts listening at ``connect_at``: until then the API servers'

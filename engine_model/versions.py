@@ -125,12 +125,25 @@ _check_catalogue()
 
 
 def model_gap(workload: Workload) -> str | None:
-    """Why the model cannot run ``workload`` on any profile (one line), or None. The model has
-    no speculative decoding (no draft tokens, no rejections); the vllm backend runs vLLM's own
-    (racesim.engine_vllm.runner.spec)."""
+    """Why the model cannot run ``workload`` (one line), or None, where the vllm backend can.
+    The model has no speculative decoding (no draft tokens, no rejections; the vllm backend
+    runs vLLM's own, racesim.engine_vllm.runner.spec), no cache clearing at a pause, and
+    follows 0.33's pause only (0.20's runs on vLLM's own code)."""
+    if workload.engine.pause_at is not None and \
+            "pause-vllm-only" in get_profile(workload.engine.vllm).features:
+        return (f"engine.pause_at on profile {get_profile(workload.engine.vllm).name!r} runs on "
+                f"the vllm backend only (the model's pause follows 0.33's); run it with "
+                f"--engine vllm")
     if workload.engine.num_speculative_tokens:
         return ("engine.num_speculative_tokens runs on the vllm backend only (the model has no "
                 "speculative decoding); run it with --engine vllm")
+    if workload.engine.pause_clear_cache:
+        return ("engine.pause_clear_cache = true runs on the vllm backend only (the model's "
+                "pause neither preempts running requests nor empties the prefix cache); run "
+                "it with --engine vllm")
+    if workload.engine.reset_prefix_cache_at is not None:
+        return ("engine.reset_prefix_cache_at runs on the vllm backend only (the model has no "
+                "reset_prefix_cache); run it with --engine vllm")
     return None
 
 

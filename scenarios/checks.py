@@ -233,6 +233,9 @@ def check_consistent(workload: Workload) -> None:
                                          or engine.resume_at < engine.pause_at):
         raise Bad(("engine", "resume_at"), "needs engine.pause_at <= resume_at",
                   engine.resume_at)
+    if engine.pause_clear_cache is not None and engine.pause_at is None:
+        raise Bad(("engine", "pause_clear_cache"), "needs engine.pause_at",
+                  engine.pause_clear_cache)
     if engine.ft_retry_after is not None and not engine.fault_tolerance:
         raise Bad(("engine", "ft_retry_after"), "needs engine.fault_tolerance = true",
                   engine.ft_retry_after)

@@ -87,7 +87,8 @@ def vllm_missing() -> str | None:
 #: the test modules whose ``vllm`` tests run on any supported release (CI runs them in its
 #: older release's venv too, .ci/run); the others follow 0.33
 ANY_RELEASE = ("test_vllm_releases.py", "test_diff_frontend.py", "test_conform_frontend.py",
-               "test_spec_decode_vllm.py", "test_vllm_busy_loop.py")
+               "test_spec_decode_vllm.py", "test_vllm_busy_loop.py",
+               "test_pause_clear_cache.py")
 
 
 @pytest.fixture

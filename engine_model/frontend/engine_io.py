@@ -108,12 +108,12 @@ class EngineIO:
             ids = by_engine[engine]
             self._send(AbortMessage(tuple(ids), tag), ids, engine, tag=tag)
 
-    def pause_generation(self, method: str, mode: str = "") -> None:
+    def pause_generation(self, method: str, mode: str = "", clear_cache: bool = False) -> None:
         """pause_generation / resume_generation: a UTILITY call to every engine (all mode
-        handling is the engine's, async_llm.py:989-1028)."""
+        handling, and the cache clearing, is the engine's, async_llm.py:989-1028)."""
         self.world.emit(self.name, None, 0, FeUtility(method, mode))
         for engine in self.engines:
-            self._send(UtilityMessage(method, mode), ["*"], engine)
+            self._send(UtilityMessage(method, mode, clear_cache), ["*"], engine)
 
     def next_inc(self) -> int:
         """A fresh ground-truth number (the System's counter)."""

@@ -14,8 +14,12 @@ from the input thread) or that arrived while generation was paused in "abort" or
 ``finish_requests(None, FINISHED_ABORTED)`` and ``_send_abort_outputs``). Each is vLLM's own
 ``EngineCoreOutput`` with no tokens (``_send_finish_outputs_to_client``, core.py:2246-2258).
 The pause state is the real Scheduler's (``set_pause_state``): what it keeps from being
-scheduled is vLLM's decision. Not driven: ``_finish_pause``'s cache clearing once the pause
-completes (the model does not clear the prefix cache either).
+scheduled is vLLM's decision. A pause with ``clear_cache`` (``[engine] pause_clear_cache``)
+completes, at once or when the engine is next idle, with the real Scheduler's
+``reset_prefix_cache(reset_running_requests=True)``: every running request preempted, the
+prefix cache emptied (:func:`clear_caches`); so does a ``reset_prefix_cache`` call with
+``reset_running_requests=True`` (``[engine] reset_prefix_cache_at``), between two steps. Not driven there: the multimodal and encoder
+caches (no multimodal inputs here: nothing is in them) and 0.33's ``synchronize_device``.
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ from racesim.engine_model.events.engine import (
     EngineUtility,
     SchedAbortMiss,
     SchedFinish,
+    SchedPreempt,
 )
 from racesim.engine_model.events.pd import PdRelease
 from racesim.engine_model.messages import AbortMessage, UtilityMessage
 from racesim.engine_vllm.frontend import EngineCoreOutputs, Envelope
 
 __all__ = ["abort", "abort_all", "send_finish_outputs", "send_outputs", "reject", "utility",
-           "reply_when_paused"]
+           "reply_when_paused", "clear_caches", "when_idle"]
 
 
 class VllmEngineCore(Protocol):
@@ -114,23 +119,40 @@ def abort_all(core: VllmEngineCore, cause: str) -> None:
     aborted = core.call(sched.finish_requests, None, v.RequestStatus.FINISHED_ABORTED)
     incs = dict(held)
     by_client: dict[int, list[tuple[str, int]]] = {}
-    for req in aborted:
-        inc = incs.get(req.request_id, 0)
-        core.world.emit(core.c_sched, req.request_id, inc,
-                        SchedFinish("FINISHED_ABORTED", cause, 0))
-        by_client.setdefault(req.client_index, []).append((req.request_id, inc))
+    for item in aborted:
+        # 0.33 returns the Requests (scheduler.py:2964-2966), 0.20 (ID, client index) pairs
+        # (scheduler.py:1763-1776); _send_abort_outputs groups them by client either way
+        rid, client = item if isinstance(item, tuple) else (item.request_id, item.client_index)
+        inc = incs.get(rid, 0)
+        core.world.emit(core.c_sched, rid, inc, SchedFinish("FINISHED_ABORTED", cause, 0))
+        by_client.setdefault(client, []).append((rid, inc))
     core.kv.sync(incs)
     for client in sorted(by_client):
         send_finish_outputs(core, by_client[client], client, v.FinishReason.ABORT)
 
 
 def utility(core: VllmEngineCore, msg: UtilityMessage) -> None:
-    """pause_generation / resume_scheduler (core.py:2181-2237) on the real Scheduler, then the
-    call's reply when vLLM's own frontend awaits one (:func:`reply_when_paused`)."""
+    """pause_generation (0.33) / pause_scheduler (0.20) and resume_scheduler on the real
+    Scheduler, then the call's reply when vLLM's own frontend awaits one.
+
+    0.33 ``pause_scheduler`` (core.py:2181-2223) and 0.20's (core.py:1542-1581): abort mode
+    finishes everything, the pause state is set, and the pause completes at once when the
+    engine has no work, else from an idle-state callback; completing it clears the caches when
+    asked (``_finish_pause``, 0.33 core.py:948-953; 0.20 :1560-1577) and then replies. Only
+    0.33's ``pause_generation`` rejects new requests in "abort" mode (core.py:2225-2233); 0.20
+    queues them. A ``reset_prefix_cache`` call (``[engine] reset_prefix_cache_at``) is applied
+    where the busy loop finds it, between two steps, a batch possibly in flight, and answered
+    with its result."""
     v = core.v
     sched = core.sched
     core.world.emit(core.c_core, None, 0, EngineUtility(msg.method, msg.mode))
-    if msg.method != "pause_generation":
+    if msg.method == "reset_prefix_cache":
+        result = _reset(core, msg.clear_cache, False)
+        calls = core.__dict__.get("utility_replies")
+        if calls:
+            calls.popleft()(result)  # the call's answer is the reset's result
+        return
+    if msg.method == "resume_scheduler":
         core.reject_new_requests = False
         sched.set_pause_state(v.PauseState.UNPAUSED)
         reply_when_paused(core, False)
@@ -139,8 +161,62 @@ def utility(core: VllmEngineCore, msg: UtilityMessage) -> None:
         abort_all(core, "pause")
     sched.set_pause_state(v.PauseState.PAUSED_ALL if msg.mode == "keep"
                           else v.PauseState.PAUSED_NEW)
-    core.reject_new_requests = msg.mode != "keep"
-    reply_when_paused(core, True)
+    core.reject_new_requests = msg.mode != "keep" and _rejects_while_paused(core)
+    if not msg.clear_cache:
+        reply_when_paused(core, True)
+        return
+    calls = core.__dict__.get("utility_replies")
+    reply = calls.popleft() if calls else None
+
+    def finish_pause() -> None:
+        clear_caches(core)
+        if reply is not None:
+            reply()
+
+    when_idle(core, finish_pause)
+
+
+def _rejects_while_paused(core: Any) -> bool:
+    """Whether the release's EngineCoreProc rejects an ADD while paused in "abort"/"wait"
+    mode (0.33 ``_reject_add_while_paused``, core.py:1796-1813; 0.20.0 has no such check)."""
+    from vllm.v1.engine.core import EngineCoreProc
+
+    return hasattr(EngineCoreProc, "_reject_add_while_paused")
+
+
+def clear_caches(core: Any) -> None:
+    """``_reset_caches``: ``reset_prefix_cache(reset_running_requests=True)`` on the real
+    Scheduler, which preempts the running requests, last first (0.33 scheduler.py:3194-3210,
+    0.20 :1881-1902), then empties the prefix cache. 0.33 also resets the KV connector's cache
+    and raises when a reset fails (core.py:930-946); 0.20 resets the prefix cache only
+    (core.py:629-632)."""
+    if hasattr(core.stepper.facade, "_finish_pause"):  # 0.33: _reset_caches(True, True)
+        if not _reset(core, True, True):
+            # core.py:940-945: the engine dies of it (only a connector answering False to
+            # reset_cache gets here; racesim's answer None, the base class's)
+            raise core._fatal("RuntimeError: Failed to reset the KV connector cache.")
+    else:
+        _reset(core, True, None)
+
+
+def _reset(core: Any, running_too: bool, connector: bool | None) -> Any:
+    """The real Scheduler's ``reset_prefix_cache`` (what ``EngineCore.reset_prefix_cache``
+    calls, 0.33 core.py:883-888, 0.20 :602-607; ``connector`` None: not passed), its freed
+    blocks synced and its preemptions traced."""
+    sched = core.sched
+    running = list(sched.running) if running_too else []
+    incs = {req.request_id: core.inc_of(req) for req in running}
+    args = (running_too,) if connector is None else (running_too, connector)
+    result = core.call(sched.reset_prefix_cache, *args)
+    if not hasattr(sched, "reset_preempted_req_ids"):
+        # 0.20's next schedule() lists only its own preemptions (scheduler.py:931); 0.33's
+        # lists these too (reset_preempted_req_ids, scheduler.py:1733, 1843), and the engine's
+        # _synced_schedule records them from that list, as it does every preemption
+        for req in reversed(running):
+            core.world.emit(core.c_sched, req.request_id, incs[req.request_id],
+                            SchedPreempt(None))
+    core.kv.sync(incs)
+    return result
 
 
 def reply_when_paused(core: Any, pausing: bool) -> None:
@@ -153,11 +229,19 @@ def reply_when_paused(core: Any, pausing: bool) -> None:
     if not calls:
         return
     reply = calls.popleft()
-    # the idle test of vLLM's _pause_complete (0.33.0 core.py:2239-2244): its own has_work()
-    facade = core.stepper.facade
-    busy = facade.has_work() if hasattr(type(facade), "has_work") else core._has_work()
-    if pausing and busy:
-        # vLLM's _notify_idle_state_callbacks passes the engine (0.33.0 core.py:1698-1701)
-        core.idle_callbacks.append(lambda _engine: reply())
+    if pausing:
+        when_idle(core, reply)
     else:
         reply()
+
+
+def when_idle(core: Any, fn: Any) -> None:
+    """Run ``fn`` now if the engine has no work, else from vLLM's busy loop once it has none
+    (``pause_scheduler``'s idle-state callback, 0.33.0 core.py:2208-2223, 2239-2244, with vLLM's
+    own ``has_work()``; ``_notify_idle_state_callbacks`` passes the engine, :1698-1701)."""
+    facade = core.stepper.facade
+    busy = facade.has_work() if hasattr(type(facade), "has_work") else core._has_work()
+    if busy:
+        core.idle_callbacks.append(lambda _engine: fn())
+    else:
+        fn()

@@ -39,12 +39,22 @@ def to_shell(engine: Any, request_type: Any, request: Any, truth: Any) -> Any:
         if method == "get_supported_tasks":
             _reply(engine, int(client), call_id, ("generate",))
             return None
-        if method in ("pause_generation", "resume_scheduler"):
-            # 0.33's AsyncLLM.pause_generation / resume_generation (core_client.py:1353-1359):
-            # the busy loop applies it, and the reply follows (finishes.reply_when_paused)
+        if method in ("pause_generation", "pause_scheduler", "resume_scheduler"):
+            # AsyncLLM.pause_generation / resume_generation: 0.33 calls pause_generation
+            # (core_client.py:1353-1359), 0.20 pause_scheduler (core_client.py:1067-1070), each
+            # with (mode, clear_cache); the busy loop applies it, and the reply follows
+            # (finishes.reply_when_paused)
             replies = engine.__dict__.setdefault("utility_replies", deque())
             replies.append(partial(_reply, engine, int(client), call_id, None))
-            return UtilityMessage(method, str(args[0]) if method == "pause_generation" else "")
+            if method == "resume_scheduler":
+                return UtilityMessage(method)
+            return UtilityMessage(method, str(args[0]), bool(args[1]) if len(args) > 1 else True)
+        if method == "reset_prefix_cache":
+            # AsyncLLM.reset_prefix_cache(reset_running_requests, reset_connector): answered
+            # with the reset's result once the busy loop applied it (finishes.utility)
+            replies = engine.__dict__.setdefault("utility_replies", deque())
+            replies.append(partial(_reply, engine, int(client), call_id))
+            return UtilityMessage(method, "", bool(args[0]) if args else False)
     return None
 
 

@@ -104,6 +104,8 @@ class RealFrontendSystem(VllmSystem):
             for i, spec in enumerate(workload.requests)]
         if workload.engine.pause_at is not None:
             self._pause_and_resume(self.frontends[0])
+        if workload.engine.reset_prefix_cache_at is not None:
+            self._reset_prefix_cache(self.frontends[0], workload.engine.reset_prefix_cache_at)
         if workload.frontend.abort_all_at is not None:
             self._abort_all_at(self.frontends[0], float(workload.frontend.abort_all_at))
         for loop in self.loops:
@@ -125,12 +127,27 @@ class RealFrontendSystem(VllmSystem):
                                                         if method == "pause_generation" else ""))
             await self._operator(call)
 
+        # clear_cache as the scenario says (its default, False, is not vLLM's: docs/scenarios.md)
         loop.create_task(at(float(config.pause_at), "pause_generation", lambda: fe.llm.
-                            pause_generation(mode=config.pause_mode or "abort")),
+                            pause_generation(mode=config.pause_mode or "abort",
+                                             clear_cache=bool(config.pause_clear_cache))),
                          name="trainer:pause_generation")
         if config.resume_at is not None:
             loop.create_task(at(float(config.resume_at), "resume_scheduler",
                                 fe.llm.resume_generation), name="trainer:resume_generation")
+
+    def _reset_prefix_cache(self, fe: Any, when: float) -> None:
+        """A caller on API server 0 awaits vLLM's own ``AsyncLLM.reset_prefix_cache(
+        reset_running_requests=True)`` at ``when`` (0.20.0 async_llm.py:887-892, the
+        ``/reset_prefix_cache`` endpoint's call, entrypoints/serve/cache/api_router.py:21-44)."""
+        loop = fe.loop
+
+        async def at() -> None:
+            await asyncio.sleep(max(0.0, float(when) - loop.time()))
+            self.world.emit(fe.name, None, 0, FeUtility("reset_prefix_cache", ""))
+            await self._operator(lambda: fe.llm.reset_prefix_cache(reset_running_requests=True))
+
+        loop.create_task(at(), name="caller:reset_prefix_cache")
 
     async def _operator(self, call: Any) -> None:
         """An operator's call into vLLM: what vLLM raises is its answer (EngineDeadError once

@@ -16,7 +16,7 @@ from racesim.cli.support import parse_options as _options
 from racesim.conform import ENGINES, STRATEGIES, check_comparable, conform, lifecycle
 from racesim.conform.frontend import SIDES as FRONTEND_SIDES
 from racesim.conform.frontend import default_policies as frontend_policies
-from racesim.engine_model.versions import ALIASES, PROFILES, profile_gap
+from racesim.engine_model.versions import ALIASES, PROFILES, model_gap, profile_gap
 from racesim.cli.progress import ProgressBar
 from racesim.reports.text import printable
 from racesim.scenarios import bundled_names, load_scenario
@@ -76,14 +76,16 @@ def conform_cmd(scenarios: Sequence[str], vllm: str | None, policies: Sequence[s
         release = installed_vllm()
         kept = []
         for scen in scens:
-            gap = profile_gap(scen.workload) or release_gap(scen.workload, release)
+            gap = (profile_gap(scen.workload) or release_gap(scen.workload, release)
+                   or (None if frontends else model_gap(scen.workload)))  # the model's side
             if gap is None:
                 kept.append(scen)
             else:
                 click.echo(f"racesim: {scen.name}: {gap}; not conformed", err=True)
         scens = kept
     for scen in scens:  # before --out is made: bad input writes nothing
-        check_comparable(scen)
+        if not frontends:  # --frontend runs vLLM's engine on both sides
+            check_comparable(scen)
     options = _options(policy_opts)
     engines = FRONTEND_SIDES if frontends else ENGINES
     if frontends:
