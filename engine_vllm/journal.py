@@ -81,6 +81,13 @@ class Journal:
             name, "finish", ids=[ids] if isinstance(ids, str) else sorted(ids),
             status=status.name))
         self._wrap(sched, "update_from_output", lambda so, mro: self._update(name, so, mro))
+        # a pause's state and a cache reset with running requests (preemptions) change what
+        # later calls do: journaled so the replay makes them too
+        if hasattr(sched, "set_pause_state"):
+            self._wrap(sched, "set_pause_state",
+                       lambda state: self.record(name, "pause", state=state.name))
+        self._wrap(sched, "reset_prefix_cache", lambda *args: self.record(
+            name, "reset", args=[bool(a) for a in args]))
         transport = getattr(core, "transport", None)
         if transport is not None and hasattr(transport, "journal"):
             self.engines[name]["connector"] = {"kind": "nixl-push",

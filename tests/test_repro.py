@@ -82,3 +82,24 @@ def test_pull_mode_p_d_is_refused_naming_the_simulated_transport(
 def test_a_missing_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _out, err = cli(capsys, "repro", str(tmp_path / "none.json"))
     one_line_error(code, err, "no such counterexample file")
+
+
+@pytest.mark.parametrize(("entry", "ops"), [
+    ("46066-reset-running-spec-inflight", [("reset", [True, False])]),
+    ("42043-pause-keep-clear-cache", [("pause", "PAUSED_ALL"), ("reset", [True, True]),
+                                      ("pause", "UNPAUSED")])])
+def test_a_pause_and_a_cache_reset_are_journaled_for_the_replay(
+        entry: str, ops: list[tuple[str, object]]) -> None:
+    """A reset with running requests preempts them and a pause keeps the Scheduler from
+    scheduling: the journal records both, in order, so a repro script makes them too."""
+    from racesim.conform import lifecycle
+    from racesim.engine_vllm import journal
+    from racesim.runner import run_scenario
+
+    scen = load_scenario(entry).with_vllm("0.33")
+    policy, options = lifecycle("0.33")
+    with journal.recording() as j:
+        run_scenario(scen, policy, options=options, engine="vllm")
+    got = [(e["op"], e.get("args", e.get("state"))) for e in j.entries
+           if e["op"] in ("reset", "pause")]
+    assert got == ops

@@ -206,6 +206,12 @@ class Replay:
                         failed_recving=set(kvo["failed_recving"] or ()),
                         invalid_block_ids=set(kvo["invalid_block_ids"]))
                 sched.update_from_output(self.outputs[(e["e"], e["step"])], mro)
+            elif op == "pause":
+                from vllm.v1.core.sched.interface import PauseState
+
+                sched.set_pause_state(PauseState[e["state"]])
+            elif op == "reset":
+                sched.reset_prefix_cache(*e["args"])
             elif op == "start_load_kv":
                 w.start_load_kv(self.outputs[(e["e"], e["step"])].kv_connector_metadata)
             elif op == "transfer_results":
