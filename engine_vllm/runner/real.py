@@ -35,6 +35,21 @@ def query_starts(runner: Any) -> Any:
     return qsl.np if hasattr(qsl, "np") else runner.query_start_loc_np
 
 
+class _View:
+    """The numpy view of a CPU tensor, made again only when the tensor object changes."""
+
+    __slots__ = ("_tensor", "_array")
+
+    def __init__(self) -> None:
+        self._tensor: Any = None
+        self._array: Any = None
+
+    def of(self, tensor: Any) -> Any:
+        if tensor is not self._tensor:
+            self._tensor, self._array = tensor, tensor.numpy()
+        return self._array
+
+
 class _StubModel:
     """The model's place: logits of width 1 (the sampler seam picks the token). Called by
     ``execute_model`` itself before ``_model_forward`` existed (0.11 gpu_model_runner.py:2298)."""
@@ -132,6 +147,11 @@ class RealRunner:
         from vllm.v1.outputs import SamplerOutput
 
         self._sampler_output = SamplerOutput
+        import numpy
+
+        self._np = numpy
+        #: numpy views of the runner's input ids and positions (CPU tensors made once)
+        self._ids, self._positions = _View(), _View()
 
     # -- the executor's calls -------------------------------------------------------------------
 
@@ -182,6 +202,13 @@ class RealRunner:
                 del states[key]
         self._noted = so
 
+    def model_inputs(self) -> tuple[Any, Any, Any]:
+        """The batch rows' token offsets, input ids and positions the runner built (numpy)."""
+        runner = self.runner
+        return (query_starts(runner),
+                self._ids.of(getattr(runner.input_ids, "gpu", runner.input_ids)),
+                self._positions.of(getattr(runner.positions, "gpu", runner.positions)))
+
     def inc_of_state(self, state: Any) -> int:
         entry = self._states.get(id(state))
         return entry[1] if entry is not None and entry[0] is state else 0
@@ -201,16 +228,16 @@ class RealRunner:
         self.note_new(self._so)
         batch = runner.input_batch
         n = batch.num_reqs
-        last = query_starts(runner)[1:n + 1] - 1  # each row's last model input
         # a CpuGpuBuffer, or (0.33 positions) a tensor; on the CPU runner .gpu is the CPU one
-        ids = getattr(runner.input_ids, "gpu", runner.input_ids).numpy()[last].tolist()
-        positions = getattr(runner.positions, "gpu", runner.positions).numpy()[last].tolist()
+        qsl, ids, positions = self.model_inputs()
         requests = runner.requests
         answer = self._answer
         req_ids = batch.req_ids
-        out = [answer(requests.get(req_ids[i]), ids[i], positions[i]) for i in range(n)]
-        torch = self.torch
-        sampled = torch.tensor(out, dtype=torch.int32).reshape(n, 1)
+        out = []
+        for i in range(n):
+            last = qsl.item(i + 1) - 1  # the row's last model input
+            out.append(answer(requests.get(req_ids[i]), ids.item(last), positions.item(last)))
+        sampled = self.torch.from_numpy(self._np.array(out, dtype=self._np.int32).reshape(n, 1))
         return self._sampler_output(sampled_token_ids=sampled, logprobs_tensors=None)
 
     def _answer(self, state: Any, token_in: int, position: int) -> int:
