@@ -137,10 +137,16 @@ def init_distributed(vc: Any) -> None:
         parallel_state.ensure_model_parallel_initialized(1, 1)
 
 
+#: up to this many tokens a step's slot mapping is computed in Python, row by row (a decode
+#: step's one token per request); past it numpy's vectorised arithmetic is cheaper
+FEW_TOKENS = 16
+
+
 def cpu_slot_mapping(block_table: Any) -> Any:
-    """``BlockTable.compute_slot_mapping`` for one block table, on the CPU tensors' numpy views
-    (the kernel's arithmetic, with -1 past the batch's tokens; a handful of small tensors, for
-    which numpy's per-call cost is a fraction of torch's)."""
+    """``BlockTable.compute_slot_mapping`` for one block table, on the CPU tensors' numpy views:
+    the kernel's arithmetic ``block_table[row, pos // bs] * bs + pos % bs`` for each scheduled
+    token of each row, then -1 past the batch's tokens (a few small arrays, for which numpy's
+    per-call cost, or for a few tokens Python's, is a fraction of torch's)."""
     import numpy as np
 
     bs = block_table.block_size
@@ -155,10 +161,17 @@ def cpu_slot_mapping(block_table: Any) -> Any:
             cached[:] = [table, table.numpy(), out, out.numpy()]
         table_np, out_np = cached[1], cached[3]
         n = positions.shape[0]
-        qsl = query_start_loc.numpy()[:num_reqs + 1].astype(np.int64)
-        rows = np.repeat(rows_of[:num_reqs], qsl[1:] - qsl[:-1])
-        pos = positions.numpy()[:n].astype(np.int64, copy=False)
-        out_np[:n] = table_np[rows, pos // bs].astype(np.int64) * bs + pos % bs
+        if n <= FEW_TOKENS:
+            starts = query_start_loc[:num_reqs + 1].tolist()
+            pos = positions.tolist()
+            block = table_np.item
+            out_np[:n] = [block(row, p // bs) * bs + p % bs for row in range(num_reqs)
+                          for p in pos[starts[row]:starts[row + 1]]]
+        else:
+            qsl = query_start_loc.numpy()[:num_reqs + 1].astype(np.int64)
+            rows = np.repeat(rows_of[:num_reqs], qsl[1:] - qsl[:-1])
+            pos = positions.numpy()[:n].astype(np.int64, copy=False)
+            out_np[:n] = table_np[rows, pos // bs].astype(np.int64) * bs + pos % bs
         out_np[n:] = -1
 
     return compute
