@@ -189,3 +189,30 @@ def test_the_sampler_gives_each_sample_to_the_innermost_vllm_or_racesim_frame() 
     assert 0.25 < share["harness_share"] < 0.75
     assert set(share["areas"]) == {"vllm:v1.core", "racesim:other"}
     assert _area(sys._getframe()) == "racesim:other", "no racesim or vLLM frame: the harness's"
+
+
+def test_a_sample_at_a_racesim_function_s_entry_is_its_vllm_caller_s() -> None:
+    """vLLM's C work through an operator (no call in the bytecode: here a slice of a large
+    bytes object, as a tensor's ``a[idx]``) is interrupted, and CPython runs the handler only at
+    the entry of the racesim stand-in vLLM calls next: that sample is vLLM's, not the stand-in's
+    (which ran none of its code)."""
+    import sys
+    import types
+
+    from racesim.bench.share import sample_share
+
+    fake = types.ModuleType("vllm.v1.worker.fake")
+    exec("def busy(stub, n):\n"
+         "    blob = b'racesim!' * 100_000\n"
+         "    for _ in range(n):\n"
+         "        stub(blob[::-1])\n", fake.__dict__)
+    stand_in = types.ModuleType("racesim.engine_vllm.runner.fake")
+    exec("def stub(x):\n    return x\n", stand_in.__dict__)
+    sys.modules[fake.__name__] = fake
+    sys.modules[stand_in.__name__] = stand_in
+    try:
+        result, share = sample_share(lambda: fake.busy(stand_in.stub, 4000))
+    finally:
+        del sys.modules[fake.__name__], sys.modules[stand_in.__name__]
+    assert result is None and share["samples"] >= 40
+    assert share["harness_share"] < 0.1, share["areas"]

@@ -33,6 +33,7 @@ class Executor:
                  duplicate_rows_die: bool = False, wanted: str | None = None,
                  features: frozenset[str] = frozenset()) -> None:
         self.core = core
+        self._component = f"{core.name}.runner"
         self.real: Any = None
         self.fake: ModelRunner | None = None
         v = core.v
@@ -107,7 +108,7 @@ class Executor:
         trace = core.world.trace
         if not trace.reads(RunnerBooks.KIND):
             return
-        component = f"{core.name}.runner"
+        component = self._component
         problems = runner_books(self.real, core.sched, so, core.inc_of)
         if problems:
             core.world.emit(component, None, 0, RunnerBooks(step, problems))

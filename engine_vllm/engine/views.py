@@ -40,18 +40,33 @@ class Vocabulary:
     def __init__(self) -> None:
         self._codes: dict[tuple[int, int], int] = {}
         self._pairs: list[tuple[int, int]] = []
+        #: token id -> its Token, for the ids decoded so far (every step decodes the same few)
+        self._tokens: dict[int, Token] = {}
 
     def encode(self, token: Token) -> int:
-        key = (token.inc, token.ctx)
+        return self.code(token.inc, token.ctx, token.eos)
+
+    def code(self, inc: int, ctx: int, eos: bool) -> int:
+        """``encode(Token(inc, ctx, eos))`` without building the Token."""
+        key = (inc, ctx)
         code = self._codes.get(key)
         if code is None:
             code = self._codes[key] = len(self._pairs)
             self._pairs.append(key)
-        return self.BASE + 2 * code + (1 if token.eos else 0)
+        return self.BASE + 2 * code + (1 if eos else 0)
 
     def decode(self, token_id: int) -> Token:
-        inc, ctx = self._pairs[(token_id - self.BASE) // 2]
-        return Token(inc, ctx, token_id % 2 == 1)
+        token = self._tokens.get(token_id)
+        if token is None:
+            inc, ctx = self._pairs[(token_id - self.BASE) // 2]
+            token = Token(inc, ctx, token_id % 2 == 1)
+            if token_id >= self.BASE:  # a code's pair never changes once given
+                self._tokens[token_id] = token
+        return token
+
+    def inc_of(self, token_id: int) -> int:
+        """``decode(token_id).inc``."""
+        return self._pairs[(token_id - self.BASE) // 2][0]
 
 
 class StopTokenizer:

@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Any
 
 from racesim.engine_vllm.engine.views import Vocabulary
-from racesim.engine_vllm.runner.real import query_starts
 
 __all__ = ["runner_books", "input_errors"]
 
@@ -33,15 +32,17 @@ __all__ = ["runner_books", "input_errors"]
 def runner_books(real: Any, sched: Any, so: Any, inc_of: Any) -> list[str]:
     runner = real.runner
     batch = runner.input_batch
-    rows = [r for r in batch.req_ids[:batch.num_reqs]]
+    rows = batch.req_ids[:batch.num_reqs]
     problems: list[str] = []
-    seen: set[str] = set()
-    for rid in rows:
-        if rid in seen:
-            problems.append(f"batch row {rid!r} appears twice")
-        seen.add(rid)
+    seen = set(rows)
+    if len(seen) != len(rows):
+        seen = set()
+        for rid in rows:
+            if rid in seen:
+                problems.append(f"batch row {rid!r} appears twice")
+            seen.add(rid)
     scheduled = so.num_scheduled_tokens
-    if so.total_num_scheduled_tokens:
+    if so.total_num_scheduled_tokens and seen != scheduled.keys():
         for rid in sorted(seen - set(scheduled)):
             problems.append(f"batch row {rid!r} is not scheduled this step")
         for rid in sorted(set(scheduled) - seen):
@@ -70,26 +71,25 @@ def input_errors(real: Any, sched: Any, inc_of: Any,
     scheduled = so.num_scheduled_tokens if speculative else {}
     drafted = so.scheduled_spec_decode_tokens if speculative else {}
     batch = runner.input_batch
-    qsl = query_starts(runner)
-    ids = getattr(runner.input_ids, "gpu", runner.input_ids)
-    pos_t = getattr(runner.positions, "gpu", runner.positions)
     n = batch.num_reqs
     if n == 0:
         return {}
-    end = int(qsl[n])
+    qsl, ids, pos = real.model_inputs()
+    end = qsl.item(n)
     all_ids = ids[:end].tolist()
-    all_pos = pos_t[:end].tolist()
+    all_pos = pos[:end].tolist()
     requests = sched.requests
     vocab = real.vocab
     base = Vocabulary.BASE
     out: dict[str, list[list[Any]]] = {}
+    req_ids = batch.req_ids
     for i in range(n):
-        rid = batch.req_ids[i]
+        rid = req_ids[i]
         req = requests.get(rid)
         if req is None:
             continue  # runner_books reports it
         inc = inc_of(req)
-        lo, hi = int(qsl[i]), int(qsl[i + 1])
+        lo, hi = qsl.item(i), qsl.item(i + 1)
         start = req.num_computed_tokens - (hi - lo)
         if speculative and lo < hi:
             # the scheduler counts the in-flight drafts as computed (optimistic) and the runner
@@ -131,8 +131,8 @@ def input_errors(real: Any, sched: Any, inc_of: Any,
                 continue
             if t < base:
                 bad.append([p, t, f"output {k} in flight, a token of no incarnation"])
-            elif vocab.decode(t).inc != inc:
-                bad.append([p, t, f"output {k} in flight is inc {vocab.decode(t).inc}'s token"])
+            elif vocab.inc_of(t) != inc:
+                bad.append([p, t, f"output {k} in flight is inc {vocab.inc_of(t)}'s token"])
         if bad:
             out[rid] = bad
     return out

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from racesim.engine_model.messages import Token
 from racesim.engine_vllm.engine.views import Vocabulary
 from racesim.engine_vllm.runner import shims, spec
 
@@ -35,7 +34,20 @@ def query_starts(runner: Any) -> Any:
     qsl = runner.query_start_loc
     return qsl.np if hasattr(qsl, "np") else runner.query_start_loc_np
 
-_new_tuple = tuple.__new__
+
+class _View:
+    """The numpy view of a CPU tensor, made again only when the tensor object changes."""
+
+    __slots__ = ("_tensor", "_array")
+
+    def __init__(self) -> None:
+        self._tensor: Any = None
+        self._array: Any = None
+
+    def of(self, tensor: Any) -> Any:
+        if tensor is not self._tensor:
+            self._tensor, self._array = tensor, tensor.numpy()
+        return self._array
 
 
 class _StubModel:
@@ -125,15 +137,21 @@ class RealRunner:
             runner._may_reorder_batch = lambda *a, **k: None
         if v.api.key >= (0, 20):  # a Triton kernel there; 0.14 and older compute it in numpy
             for table in runner.input_batch.block_table.block_tables:
-                table.compute_slot_mapping = shims.torch_slot_mapping(table)
+                table.compute_slot_mapping = shims.cpu_slot_mapping(table)
         self.runner = runner
         self._so: Any = None  # the SchedulerOutput being executed
+        self._noted: Any = None  # the SchedulerOutput whose new states note_new has noted
         #: id(CachedRequestState) -> (it, incarnation, eos_at): the runner's request objects
         #: and the incarnation each was built for
         self._states: dict[int, tuple[Any, int, int | None]] = {}
         from vllm.v1.outputs import SamplerOutput
 
         self._sampler_output = SamplerOutput
+        import numpy
+
+        self._np = numpy
+        #: numpy views of the runner's input ids and positions (CPU tensors made once)
+        self._ids, self._positions = _View(), _View()
 
     # -- the executor's calls -------------------------------------------------------------------
 
@@ -141,20 +159,30 @@ class RealRunner:
         """``execute_model`` then ``sample_tokens``: the step's ModelRunnerOutput, or the
         release's async output object under async scheduling (``get_output()`` later), and
         whether ``execute_model`` left the sampling to ``sample_tokens`` (returned None)."""
+        self._so = so
+        self._noted = None
+        if self.verifier is None:
+            with shims.no_cuda():
+                return self._execute(so)
+        with shims.no_cuda(), spec.no_pinned_memory():
+            return self._execute(so)
+
+    def _execute(self, so: Any) -> tuple[Any, bool]:
         runner = self.runner
-        with shims.no_cuda(), (spec.no_pinned_memory() if self.verifier is not None
-                               else contextlib.nullcontext()):
-            self._so = so
-            out = runner.execute_model(so)
-            self.note_new(so)
-            deferred = out is None
-            if deferred:
-                out = runner.sample_tokens(None)
+        out = runner.execute_model(so)
+        self.note_new(so)
+        deferred = out is None
+        if deferred:
+            out = runner.sample_tokens(None)
         return out, deferred
 
     def note_new(self, so: Any) -> None:
         """The runner's state objects of the requests this step brought in (new, resumed or a
-        new object under an ID it held): their incarnation is the scheduler's request now."""
+        new object under an ID it held): their incarnation is the scheduler's request now.
+        Once per step: the sampler seams ask again, on the same books (nothing between
+        ``_update_states`` and the sampling adds a state or changes the scheduler's)."""
+        if so is self._noted:
+            return
         states = self._states
         requests = self.runner.requests
         new = {nr.req_id for nr in so.scheduled_new_reqs}
@@ -172,6 +200,14 @@ class RealRunner:
             live = {id(s) for s in requests.values()}
             for key in [k for k in states if k not in live]:
                 del states[key]
+        self._noted = so
+
+    def model_inputs(self) -> tuple[Any, Any, Any]:
+        """The batch rows' token offsets, input ids and positions the runner built (numpy)."""
+        runner = self.runner
+        return (query_starts(runner),
+                self._ids.of(getattr(runner.input_ids, "gpu", runner.input_ids)),
+                self._positions.of(getattr(runner.positions, "gpu", runner.positions)))
 
     def inc_of_state(self, state: Any) -> int:
         entry = self._states.get(id(state))
@@ -192,32 +228,32 @@ class RealRunner:
         self.note_new(self._so)
         batch = runner.input_batch
         n = batch.num_reqs
-        qsl = query_starts(runner)
         # a CpuGpuBuffer, or (0.33 positions) a tensor; on the CPU runner .gpu is the CPU one
-        ids = getattr(runner.input_ids, "gpu", runner.input_ids)
-        positions = getattr(runner.positions, "gpu", runner.positions)
-        vocab = self.vocab
-        base = Vocabulary.BASE
-        states = self._states
+        qsl, ids, positions = self.model_inputs()
         requests = runner.requests
+        answer = self._answer
+        req_ids = batch.req_ids
         out = []
         for i in range(n):
-            rid = batch.req_ids[i]
-            state = requests.get(rid)
-            entry = states.get(id(state))
-            inc, eos_at = (entry[1], entry[2]) if entry is not None else (0, None)
-            last = int(qsl[i + 1]) - 1
-            token_in = int(ids[last])
-            ctx = 0
-            if token_in >= base:
-                came = vocab.decode(token_in).inc
-                if came != inc:
-                    ctx = came  # the input token is another incarnation's
-            index = int(positions[last]) + 2 - state.num_prompt_tokens  # 1-based output index
-            out.append(vocab.encode(_new_tuple(Token, (inc, ctx, index == eos_at))))
-        torch = self.torch
-        sampled = torch.tensor(out, dtype=torch.int32).reshape(n, 1)
+            last = qsl.item(i + 1) - 1  # the row's last model input
+            out.append(answer(requests.get(req_ids[i]), ids.item(last), positions.item(last)))
+        sampled = self.torch.from_numpy(self._np.array(out, dtype=self._np.int32).reshape(n, 1))
         return self._sampler_output(sampled_token_ids=sampled, logprobs_tensors=None)
+
+    def _answer(self, state: Any, token_in: int, position: int) -> int:
+        """The token the network samples for the request of runner state ``state`` after its
+        model input ``token_in`` at ``position``: its incarnation, the incarnation of its input
+        token when that is another's (what a model fed the wrong token would continue from),
+        end-of-sequence at its ``eos_at``."""
+        entry = self._states.get(id(state))
+        inc, eos_at = (entry[1], entry[2]) if entry is not None else (0, None)
+        ctx = 0
+        if token_in >= Vocabulary.BASE:
+            came = self.vocab.inc_of(token_in)
+            if came != inc:
+                ctx = came  # the input token is another incarnation's
+        index = position + 2 - state.num_prompt_tokens  # 1-based output index
+        return self.vocab.code(inc, ctx, index == eos_at)
 
     def _verify_begin(self) -> None:
         self.note_new(self._so)
@@ -227,14 +263,6 @@ class RealRunner:
         index ``flat`` (what :meth:`_sample` answers for a row's last input)."""
         runner = self.runner
         state = runner.requests.get(runner.input_batch.req_ids[row])
-        entry = self._states.get(id(state))
-        inc, eos_at = (entry[1], entry[2]) if entry is not None else (0, None)
         token_in = int(getattr(runner.input_ids, "gpu", runner.input_ids)[flat])
-        ctx = 0
-        if token_in >= Vocabulary.BASE:
-            came = self.vocab.decode(token_in).inc
-            if came != inc:
-                ctx = came
         position = int(getattr(runner.positions, "gpu", runner.positions)[flat])
-        index = position + 2 - state.num_prompt_tokens
-        return self.vocab.encode(_new_tuple(Token, (inc, ctx, index == eos_at)))
+        return self._answer(state, token_in, position)

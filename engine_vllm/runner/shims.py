@@ -6,7 +6,7 @@ Each shim replaces a piece of hardware or of the network, never bookkeeping:
   ``prepare_inputs_event`` and, under async scheduling, ``AsyncGPUModelRunnerOutput`` records
   one (0.33 gpu_model_runner.py:269-316, 0.20 :227-272); the CPU runner's own placeholders
   (cpu_model_runner.py:141-161) lack ``record(stream)`` and ``torch.cuda.Event``;
-- the slot mapping is computed in torch where vLLM launches a Triton kernel (0.20
+- the slot mapping is computed in numpy where vLLM launches a Triton kernel (0.20
   block_table.py:141-163, 0.33 :153-178): ``block_table[req, pos // bs] * bs + pos % bs``;
 - a ``numba`` stub before the runner is imported on 0.14 and older (only the ngram proposer
   uses it; gpu_model_runner.py:153 imports it at module level; numba is not installed);
@@ -20,10 +20,9 @@ import contextlib
 import sys
 import tempfile
 import types
-from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["STREAM", "no_cuda", "stub_numba", "init_distributed", "torch_slot_mapping"]
+__all__ = ["STREAM", "no_cuda", "stub_numba", "init_distributed", "cpu_slot_mapping"]
 
 
 class _Event:
@@ -54,23 +53,45 @@ class _Stream(_Event):
 STREAM = _Stream()
 
 
-@contextlib.contextmanager
-def no_cuda() -> Iterator[None]:
-    """CUDA events and streams as no-ops while the runner is built or steps (no GPU here)."""
-    import torch
+class _NoCuda:
+    """The context of :func:`no_cuda` (a class: entered twice per engine step, where a
+    generator-based context manager costs several times more)."""
 
-    cuda = torch.cuda
-    saved = (torch.Event, cuda.Event, cuda.Stream, cuda.current_stream, cuda.default_stream,
-             cuda.stream)
-    torch.Event = cuda.Event = _Event  # type: ignore[misc,assignment]
-    cuda.Stream = _Stream  # type: ignore[misc,assignment]
-    cuda.current_stream = cuda.default_stream = lambda *a, **k: STREAM  # type: ignore
-    cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
-    try:
-        yield
-    finally:
+    __slots__ = ("_saved",)
+    _torch: Any = None
+
+    def __enter__(self) -> None:
+        torch = _NoCuda._torch
+        if torch is None:
+            import torch
+
+            _NoCuda._torch = torch
+        cuda = torch.cuda
+        self._saved = (torch.Event, cuda.Event, cuda.Stream, cuda.current_stream,
+                       cuda.default_stream, cuda.stream)
+        torch.Event = cuda.Event = _Event
+        cuda.Stream = _Stream
+        cuda.current_stream = cuda.default_stream = _current_stream
+        cuda.stream = _stream
+
+    def __exit__(self, *exc: Any) -> None:
+        torch = _NoCuda._torch
+        cuda = torch.cuda
         (torch.Event, cuda.Event, cuda.Stream, cuda.current_stream, cuda.default_stream,
-         cuda.stream) = saved  # type: ignore[misc]
+         cuda.stream) = self._saved
+
+
+def _current_stream(*args: Any, **kwargs: Any) -> _Stream:
+    return STREAM
+
+
+def _stream(*args: Any, **kwargs: Any) -> contextlib.nullcontext[None]:
+    return contextlib.nullcontext()
+
+
+def no_cuda() -> _NoCuda:
+    """CUDA events and streams as no-ops while the runner is built or steps (no GPU here)."""
+    return _NoCuda()
 
 
 def stub_numba() -> None:
@@ -116,23 +137,41 @@ def init_distributed(vc: Any) -> None:
         parallel_state.ensure_model_parallel_initialized(1, 1)
 
 
-def torch_slot_mapping(block_table: Any) -> Any:
-    """``BlockTable.compute_slot_mapping`` for one block table, in torch (the kernel's
-    arithmetic, with -1 past the batch's tokens)."""
-    import torch
+#: up to this many tokens a step's slot mapping is computed in Python, row by row (a decode
+#: step's one token per request); past it numpy's vectorised arithmetic is cheaper
+FEW_TOKENS = 16
+
+
+def cpu_slot_mapping(block_table: Any) -> Any:
+    """``BlockTable.compute_slot_mapping`` for one block table, on the CPU tensors' numpy views:
+    the kernel's arithmetic ``block_table[row, pos // bs] * bs + pos % bs`` for each scheduled
+    token of each row, then -1 past the batch's tokens (a few small arrays, for which numpy's
+    per-call cost, or for a few tokens Python's, is a fraction of torch's)."""
+    import numpy as np
 
     bs = block_table.block_size
+    # numpy views of the table's two buffers (allocated once by BlockTable, reused while the
+    # same tensor objects are there) and the row numbers 0..max_num_reqs-1
+    cached: list[Any] = [None, None, None, None]
+    rows_of = np.arange(block_table.block_table.gpu.shape[0])
 
     def compute(num_reqs: int, query_start_loc: Any, positions: Any) -> None:
+        table, out = block_table.block_table.gpu, block_table.slot_mapping.gpu
+        if table is not cached[0] or out is not cached[2]:
+            cached[:] = [table, table.numpy(), out, out.numpy()]
+        table_np, out_np = cached[1], cached[3]
         n = positions.shape[0]
-        qsl = query_start_loc[:num_reqs + 1].to(torch.int64)
-        counts = qsl[1:] - qsl[:-1]
-        rows = torch.repeat_interleave(torch.arange(num_reqs), counts)
-        pos = positions[:n].to(torch.int64)
-        table = block_table.block_table.gpu
-        slots = table[rows, pos // bs].to(torch.int64) * bs + pos % bs
-        out = block_table.slot_mapping.gpu
-        out[:n] = slots
-        out[n:].fill_(-1)
+        if n <= FEW_TOKENS:
+            starts = query_start_loc[:num_reqs + 1].tolist()
+            pos = positions.tolist()
+            block = table_np.item
+            out_np[:n] = [block(row, p // bs) * bs + p % bs for row in range(num_reqs)
+                          for p in pos[starts[row]:starts[row + 1]]]
+        else:
+            qsl = query_start_loc.numpy()[:num_reqs + 1].astype(np.int64)
+            rows = np.repeat(rows_of[:num_reqs], qsl[1:] - qsl[:-1])
+            pos = positions.numpy()[:n].astype(np.int64, copy=False)
+            out_np[:n] = table_np[rows, pos // bs].astype(np.int64) * bs + pos % bs
+        out_np[n:] = -1
 
     return compute

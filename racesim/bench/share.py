@@ -6,11 +6,17 @@ signal handler, which Python runs in the main thread at the next bytecode bounda
 sample to the innermost frame that is either vLLM's (its module is ``vllm`` or under it) or
 racesim's (under ``racesim``). Frames of any other library (torch, numpy, asyncio, simpy,
 msgspec, the standard library) belong to whoever called them, and a C call (a torch kernel)
-ends before the handler runs, in its Python caller's frame. So torch work that vLLM's model
-runner asks for is vLLM's time, and a racesim stand-in that vLLM calls (the fake sockets, the
-virtual clock, the runner's shims) is the harness's, as is asyncio running vLLM's tasks on
-racesim's loop (a real server's event loop is not vLLM's code either). A sample with neither on
-the stack is the harness's (the explore driver is racesim's).
+ends before the handler runs, in its Python caller's frame. Not always at once: CPython checks
+for a pending signal at a call's end, a loop's back edge and a function's entry, not after an
+operator (a tensor's ``a[idx]`` or ``a + b`` is C work with no call in the bytecode), so a sample
+taken during such work is handled at the entry of the next Python function called, with none of
+that function's code run: a sample whose frame stands at its ``RESUME`` (its entry, or a
+generator's re-entry) is its caller's. (Without that, vLLM's tensor work before it calls a
+racesim stand-in, the model's ``compute_logits`` or the sampler seam, was racesim's.) So torch
+work that vLLM's model runner asks for is vLLM's time, and a racesim stand-in that vLLM calls
+(the fake sockets, the virtual clock, the runner's shims) is the harness's, as is asyncio running
+vLLM's tasks on racesim's loop (a real server's event loop is not vLLM's code either). A sample
+with neither on the stack is the harness's (the explore driver is racesim's).
 
 The share is statistical: ``harness_share`` is the fraction of samples that are the harness's,
 with its standard error ``sqrt(p (1 - p) / samples)``. Compiled (mypyc) racesim functions have
@@ -25,6 +31,7 @@ sampler; racesim: ``sim``, ``engine_model``, ``engine_vllm.frontend``, ``engine_
 
 from __future__ import annotations
 
+import dis
 import math
 import signal
 import threading
@@ -44,8 +51,16 @@ _RACESIM_AREAS = ("engine_vllm.frontend", "engine_vllm.engine", "engine_vllm.run
                   "engine_vllm", "engine_model", "sim", "explore", "runner")
 
 
+#: the opcode a function's code starts (and a generator's resumes) with: CPython 3.11+
+_RESUME = dis.opmap.get("RESUME")
+
+
 def _area(frame: Any) -> str:
-    """``vllm:<area>`` or ``racesim:<area>`` of the innermost frame that is one of theirs."""
+    """``vllm:<area>`` or ``racesim:<area>`` of the innermost frame that is one of theirs,
+    frames that have not started to run their own code left to their callers."""
+    while (frame is not None and _RESUME is not None and frame.f_lasti >= 0
+           and frame.f_code.co_code[frame.f_lasti] == _RESUME):
+        frame = frame.f_back
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
         if name == "vllm" or name.startswith("vllm."):
