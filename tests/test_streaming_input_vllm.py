@@ -233,3 +233,23 @@ def test_a_sessions_collector_merges_and_splits_as_vllms(ops: list[tuple[Any, ..
                 [t for c in real.outputs for t in c.token_ids],
                 [c.finish_reason for c in real.outputs], real.finished))
     assert got_ours == got_theirs
+
+
+@pytest.mark.parametrize("frontend", ["model", "asyncllm"])
+def test_a_sessions_later_chunks_carry_chunk_tokens_on_either_frontend(
+        frontend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """#35755's realtime workload: a 64-token first prompt, then 8-token segments
+    (``chunk_tokens``), each of which resumes the session with its 8 tokens and the kept
+    output token (scheduler.py:1879-1911): the same prompt lengths whichever frontend sends
+    them, and 0.33.0 runs the whole session (vLLM's own frontend once sent 64-token segments,
+    past the session's max_model_len)."""
+    from racesim.runner import run_scenario
+    from racesim.scenarios import load_scenario
+
+    monkeypatch.setenv("RACESIM_VLLM_FRONTEND", frontend)
+    res = run_scenario(load_scenario("35755-streaming-short-final-chunk").with_vllm("0.33"),
+                       "internal-id", engine="vllm")
+    resumes = [e.detail.prompt_tokens for e in res.trace
+               if e.kind == "sched.session" and e.detail.action == "resume"]
+    assert resumes == [73, 82, 91, 100]
+    assert "engine-alive" not in res.violated

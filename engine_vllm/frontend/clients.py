@@ -72,10 +72,10 @@ class RealClient:
         return v.SamplingParams(n=spec.n, max_tokens=spec.max_tokens, output_kind=kind,
                                 stop=["a" * spec.stop_string_at])
 
-    def _prompt(self) -> Any:
+    def _prompt(self, tokens: int | None = None) -> Any:
         from racesim.engine_vllm.engine.views import PROMPT_TOKEN
 
-        ids = [PROMPT_TOKEN] * self.spec.prompt_tokens
+        ids = [PROMPT_TOKEN] * (self.spec.prompt_tokens if tokens is None else tokens)
         v = self.fe.v
         if v.tokens_input is not None:  # a rendered prompt, as the OpenAI server passes
             return v.tokens_input(ids)
@@ -84,13 +84,15 @@ class RealClient:
     async def _session(self) -> Any:
         """A streaming-input session's input stream (vLLM's ``StreamingInput`` chunks, which
         ``AsyncLLM.generate`` takes as an async generator): the first chunk at once, then one
-        more every ``chunk_interval``, each of ``prompt_tokens`` tokens; ending the stream is
-        what makes vLLM send the session's final add (async_llm.py ``handle_inputs``)."""
+        more every ``chunk_interval``, of ``chunk_tokens`` tokens (default: ``prompt_tokens``)
+        as the model's client sends them; ending the stream is what makes vLLM send the
+        session's final add (async_llm.py ``handle_inputs``)."""
         v = self.fe.v
-        for k in range(self.spec.input_chunks + 1):
+        spec = self.spec
+        for k in range(spec.input_chunks + 1):
             if k:
-                await asyncio.sleep(self.spec.chunk_interval)
-            yield v.StreamingInput(self._prompt())
+                await asyncio.sleep(spec.chunk_interval)
+            yield v.StreamingInput(self._prompt(spec.chunk_tokens if k else None))
 
     async def _arrive(self) -> None:
         """The client's arrival: its start time, the ``client.send`` await point, its send."""
