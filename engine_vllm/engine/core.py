@@ -3,13 +3,14 @@
 The simulated parts are the model's: the process shell (racesim.engine_model.engine_shell: the
 input thread, ``engine.input:preprocess``, the eager ``aborts_queue``'s copies, the idle wait,
 the GPU timing, ``engine.step:execute``, and death). Each pass of the busy loop is the release's
-own ``_process_input_queue`` with ``_handle_client_request`` (racesim.engine_vllm.engine.inputs),
-then its ``EngineCore.step`` / ``step_with_batch_queue`` with ``_process_aborts_queue`` and
-``post_step`` (racesim.engine_vllm.engine.stepper), which call the Scheduler's ``add_request``,
-``schedule`` and ``update_from_output`` through this core's bookkeeping (the trace, the
-block-table shadow, ``engine.step:update_from_output``). The executor (racesim.engine_vllm.engine.executor) steps
-vLLM's own model runner; its sampled tokens carry their incarnation through ``Vocabulary``. An
-exception from vLLM's code is what kills EngineCoreProc (core.py:1582-1587): the engine dies.
+own ``_process_input_queue`` with ``_handle_client_request``
+(racesim.engine_vllm.engine.inputs), then its ``EngineCore.step`` / ``step_with_batch_queue``
+with ``_process_aborts_queue`` and ``post_step`` (racesim.engine_vllm.engine.stepper), which
+call the Scheduler's ``add_request``, ``schedule`` and ``update_from_output`` through this
+core's bookkeeping (the trace, the block-table shadow, ``engine.step:update_from_output``). The
+executor (racesim.engine_vllm.engine.executor) steps vLLM's own model runner; its sampled tokens
+carry their incarnation through ``Vocabulary``. An exception from vLLM's code is what kills
+EngineCoreProc (core.py:1582-1587): the engine dies.
 """
 
 from __future__ import annotations

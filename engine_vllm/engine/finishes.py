@@ -18,8 +18,9 @@ scheduled is vLLM's decision. A pause with ``clear_cache`` (``[engine] pause_cle
 completes, at once or when the engine is next idle, with the real Scheduler's
 ``reset_prefix_cache(reset_running_requests=True)``: every running request preempted, the
 prefix cache emptied (:func:`clear_caches`); so does a ``reset_prefix_cache`` call with
-``reset_running_requests=True`` (``[engine] reset_prefix_cache_at``), between two steps. Not driven there: the multimodal and encoder
-caches (no multimodal inputs here: nothing is in them) and 0.33's ``synchronize_device``.
+``reset_running_requests=True`` (``[engine] reset_prefix_cache_at``), between two steps. Not
+driven there: the multimodal and encoder caches (no multimodal inputs here: nothing is in them)
+and 0.33's ``synchronize_device``.
 """
 
 from __future__ import annotations

@@ -3,12 +3,12 @@ inputs the shell's input thread queued.
 
 The busy loop's first half is the release's code, called on the stepper's facade (an
 ``EngineCoreProc`` made with ``object.__new__``): which inputs it takes before a step, when it
-blocks on the input queue (0.10.1.1 core.py:722-739 whenever no request is held, even with
-a batch still queued; 0.11.0 core.py:730-748 and 0.14.0 core.py:958-983 not while a batch is
+blocks on the input queue (0.10.1.1 core.py:722-739 whenever no request is held, even with a
+batch still queued; 0.11.0 core.py:730-748 and 0.14.0 core.py:958-983 not while a batch is
 queued; 0.20.0 core.py:1174-1204 and 0.33.0 core.py:1647-1676 ``has_work()``, with the
-idle-state callbacks; from 0.14 the idle loop drains ``aborts_queue``), and what each input does (``_handle_client_request``: 0.33.0's
-``_reject_add_while_paused``, ``EngineCore.add_request`` with ``abort_immediately``,
-``abort_requests``, a utility call's dispatch).
+idle-state callbacks; from 0.14 the idle loop drains ``aborts_queue``), and what each input does
+(``_handle_client_request``: 0.33.0's ``_reject_add_while_paused``, ``EngineCore.add_request``
+with ``abort_immediately``, ``abort_requests``, a utility call's dispatch).
 
 The facade's ``input_queue`` (:class:`InputFeed`) hands vLLM the ``(EngineCoreRequestType,
 request)`` pairs ``process_input_sockets`` would queue; a blocking ``get()`` on an empty queue

@@ -5,11 +5,12 @@ The step is the release's code, called on a facade: an ``EngineCoreProc`` made w
 ``object.__new__`` that holds only what those methods read (the real Scheduler, a batch queue
 built as the release's ``EngineCore.__init__`` builds it, the eager ``aborts_queue``, the
 executor below, and the input side of racesim.engine_vllm.engine.inputs: each pass of the busy
-loop runs the release's ``_process_input_queue`` before the step). Which one runs is the release's own choice (``step_fn``: the batch queue when
-the executor's ``max_concurrent_batches`` > 1, 0.20.0 core.py:188-215; on 0.33.0 the
-``VllmConfig``'s, core.py:208-234, config/vllm.py:588-600), and so are its rules on when the
-runner is called and when the step blocks (0.10.1.1 core.py:297-346 "no batch without tokens",
-0.20.0 core.py:500-507 ``done()``, 0.33.0 core.py:764-769 without it).
+loop runs the release's ``_process_input_queue`` before the step). Which one runs is the
+release's own choice (``step_fn``: the batch queue when the executor's
+``max_concurrent_batches`` > 1, 0.20.0 core.py:188-215; on 0.33.0 the ``VllmConfig``'s,
+core.py:208-234, config/vllm.py:588-600), and so are its rules on when the runner is called and
+when the step blocks (0.10.1.1 core.py:297-346 "no batch without tokens", 0.20.0 core.py:500-507
+``done()``, 0.33.0 core.py:764-769 without it).
 
 What stays simulated is time. The executor's ``execute_model`` runs vLLM's runner at once and
 returns a future done when the GPU queue reaches the batch (``EngineShell._on_gpu``); a blocking
