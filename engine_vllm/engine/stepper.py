@@ -44,6 +44,9 @@ from racesim.engine_vllm.oracle import StandInGap, raised_by_racesim, vllm_raise
 
 __all__ = ["Stepper"]
 
+#: what the loop's greenlet switches out with at the end of a pass
+_PASS_DONE = object()
+
 
 def _wait(event: simpy.Event | None) -> None:
     """Block the step's greenlet until ``event`` has been processed (the busy loop yields it)."""
@@ -191,6 +194,7 @@ class Stepper:
         #: whether the last pass submitted or applied a traced batch (a pass that did not, and
         #: took no input, is vLLM's spin: the loop waits for a wakeup instead)
         self._last_progressed = True
+        self._loop: greenlet | None = None
         self._feed = _AbortsFeed(core.aborts_queue)
         facade = object.__new__(inputs.facade_class())
         self.facade = facade
@@ -357,14 +361,23 @@ class Stepper:
             self._post_step(model_executed)
         self._last_progressed = self._progressed
 
+    def _passes(self) -> None:
+        """The busy loop's greenlet: one pass per switch into it (made once, not per pass;
+        an exception ends it, and the next pass makes another)."""
+        while True:
+            self._run()
+            getcurrent().parent.switch(_PASS_DONE)
+
     def run_pass(self) -> Generator[simpy.Event, Any, None]:
-        """Run :meth:`_run` in a greenlet; its waits are the busy loop's (a GPU event, or the
-        idle wait when vLLM blocks on its input queue)."""
-        child = greenlet(self._run)
+        """Run one pass (:meth:`_run`) in the loop's greenlet; its waits are the busy loop's
+        (a GPU event, or the idle wait when vLLM blocks on its input queue)."""
+        child = self._loop
+        if child is None or child.dead:
+            child = self._loop = greenlet(self._passes)
         idle = inputs.IDLE
         core = self.core
         event = self._switch(child)
-        while not child.dead:
+        while event is not _PASS_DONE:
             if event is idle:
                 yield from core._idle_wait()
             else:
