@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import queue
 from collections import deque
-from contextlib import nullcontext
 from collections.abc import Generator
+from contextlib import nullcontext
 from typing import Any
 
 import simpy
@@ -182,7 +182,7 @@ class _AbortsFeed:
 
 class Stepper:
     """Runs the release's step function for ``core`` (a VllmEngineCore), one pass per
-    :meth:`step`."""
+    :meth:`run_pass`."""
 
     def __init__(self, core: Any, vllm_config: Any, batch_queue_size: int) -> None:
         self.core = core
