@@ -149,9 +149,8 @@ def utility(core: VllmEngineCore, msg: UtilityMessage) -> None:
     core.world.emit(core.c_core, None, 0, EngineUtility(msg.method, msg.mode))
     if msg.method == "reset_prefix_cache":
         result = _reset(core, msg.clear_cache, False)
-        calls = core.__dict__.get("utility_replies")
-        if calls:
-            calls.popleft()(result)  # the call's answer is the reset's result
+        if (reply := _take_reply(core)) is not None:
+            reply(result)  # the call's answer is the reset's result
         return
     if msg.method == "resume_scheduler":
         core.reject_new_requests = False
@@ -163,18 +162,7 @@ def utility(core: VllmEngineCore, msg: UtilityMessage) -> None:
     sched.set_pause_state(v.PauseState.PAUSED_ALL if msg.mode == "keep"
                           else v.PauseState.PAUSED_NEW)
     core.reject_new_requests = msg.mode != "keep" and _rejects_while_paused(core)
-    if not msg.clear_cache:
-        reply_when_paused(core, True)
-        return
-    calls = core.__dict__.get("utility_replies")
-    reply = calls.popleft() if calls else None
-
-    def finish_pause() -> None:
-        clear_caches(core)
-        if reply is not None:
-            reply()
-
-    when_idle(core, finish_pause)
+    reply_when_paused(core, True, bool(msg.clear_cache))
 
 
 def _rejects_while_paused(core: Any) -> bool:
@@ -220,20 +208,34 @@ def _reset(core: Any, running_too: bool, connector: bool | None) -> Any:
     return result
 
 
-def reply_when_paused(core: Any, pausing: bool) -> None:
-    """The UTILITY reply vLLM's frontend awaits (``call_utility_async``), queued by
-    engine_side.to_shell for its calls only (the model's frontend awaits none). A pause
-    replies at once when the engine has no work left, else once it is idle: ``pause_scheduler``
-    returns a Future completed by an idle-state callback (core.py:2208-2223, 2239-2244). Its
-    abort outputs were sent first, on the same pipe."""
+def _take_reply(core: Any) -> Any:
+    """The reply of the oldest utility call vLLM's frontend awaits, queued by
+    engine_side.to_shell for its calls only (the model's frontend awaits none), or None."""
     calls = core.__dict__.get("utility_replies")
-    if not calls:
+    return calls.popleft() if calls else None
+
+
+def reply_when_paused(core: Any, pausing: bool, clear_cache: bool = False) -> None:
+    """The UTILITY reply vLLM's frontend awaits (``call_utility_async``). A pause completes at
+    once when the engine has no work left, else once it is idle: ``pause_scheduler`` returns a
+    Future completed by an idle-state callback (core.py:2208-2223, 2239-2244); completing it
+    clears the caches first when asked (``_finish_pause``). Its abort outputs were sent first,
+    on the same pipe."""
+    reply = _take_reply(core)
+    if not pausing:
+        if reply is not None:
+            reply()
         return
-    reply = calls.popleft()
-    if pausing:
-        when_idle(core, reply)
-    else:
-        reply()
+    if reply is None and not clear_cache:
+        return
+
+    def finish_pause() -> None:
+        if clear_cache:
+            clear_caches(core)
+        if reply is not None:
+            reply()
+
+    when_idle(core, finish_pause)
 
 
 def when_idle(core: Any, fn: Any) -> None:

@@ -35,21 +35,6 @@ def query_starts(runner: Any) -> Any:
     return qsl.np if hasattr(qsl, "np") else runner.query_start_loc_np
 
 
-class _View:
-    """The numpy view of a CPU tensor, made again only when the tensor object changes."""
-
-    __slots__ = ("_tensor", "_array")
-
-    def __init__(self) -> None:
-        self._tensor: Any = None
-        self._array: Any = None
-
-    def of(self, tensor: Any) -> Any:
-        if tensor is not self._tensor:
-            self._tensor, self._array = tensor, tensor.numpy()
-        return self._array
-
-
 class _StubModel:
     """The model's place: logits of width 1 (the sampler seam picks the token). Called by
     ``execute_model`` itself before ``_model_forward`` existed (0.11 gpu_model_runner.py:2298)."""
@@ -151,7 +136,7 @@ class RealRunner:
 
         self._np = numpy
         #: numpy views of the runner's input ids and positions (CPU tensors made once)
-        self._ids, self._positions = _View(), _View()
+        self._ids, self._positions = shims.NumpyView(), shims.NumpyView()
 
     # -- the executor's calls -------------------------------------------------------------------
 
@@ -263,6 +248,5 @@ class RealRunner:
         index ``flat`` (what :meth:`_sample` answers for a row's last input)."""
         runner = self.runner
         state = runner.requests.get(runner.input_batch.req_ids[row])
-        token_in = int(getattr(runner.input_ids, "gpu", runner.input_ids)[flat])
-        position = int(getattr(runner.positions, "gpu", runner.positions)[flat])
-        return self._answer(state, token_in, position)
+        _qsl, ids, positions = self.model_inputs()
+        return self._answer(state, ids.item(flat), positions.item(flat))

@@ -22,7 +22,8 @@ import tempfile
 import types
 from typing import Any
 
-__all__ = ["STREAM", "no_cuda", "stub_numba", "init_distributed", "cpu_slot_mapping"]
+__all__ = ["STREAM", "no_cuda", "stub_numba", "init_distributed", "cpu_slot_mapping",
+           "NumpyView"]
 
 
 class _Event:
@@ -137,6 +138,22 @@ def init_distributed(vc: Any) -> None:
         parallel_state.ensure_model_parallel_initialized(1, 1)
 
 
+class NumpyView:
+    """The numpy view of a CPU tensor, made again only when the tensor object changes (vLLM
+    allocates its buffers once and reuses them)."""
+
+    __slots__ = ("_tensor", "_array")
+
+    def __init__(self) -> None:
+        self._tensor: Any = None
+        self._array: Any = None
+
+    def of(self, tensor: Any) -> Any:
+        if tensor is not self._tensor:
+            self._tensor, self._array = tensor, tensor.numpy()
+        return self._array
+
+
 #: up to this many tokens a step's slot mapping is computed in Python, row by row (a decode
 #: step's one token per request); past it numpy's vectorised arithmetic is cheaper
 FEW_TOKENS = 16
@@ -150,16 +167,14 @@ def cpu_slot_mapping(block_table: Any) -> Any:
     import numpy as np
 
     bs = block_table.block_size
-    # numpy views of the table's two buffers (allocated once by BlockTable, reused while the
-    # same tensor objects are there) and the row numbers 0..max_num_reqs-1
-    cached: list[Any] = [None, None, None, None]
+    # numpy views of the table's two buffers (allocated once by BlockTable) and the row
+    # numbers 0..max_num_reqs-1
+    table_view, out_view = NumpyView(), NumpyView()
     rows_of = np.arange(block_table.block_table.gpu.shape[0])
 
     def compute(num_reqs: int, query_start_loc: Any, positions: Any) -> None:
-        table, out = block_table.block_table.gpu, block_table.slot_mapping.gpu
-        if table is not cached[0] or out is not cached[2]:
-            cached[:] = [table, table.numpy(), out, out.numpy()]
-        table_np, out_np = cached[1], cached[3]
+        table_np = table_view.of(block_table.block_table.gpu)
+        out_np = out_view.of(block_table.slot_mapping.gpu)
         n = positions.shape[0]
         if n <= FEW_TOKENS:
             starts = query_start_loc[:num_reqs + 1].tolist()
